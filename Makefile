@@ -1,0 +1,42 @@
+# rayscope — the two commands a fresh machine needs: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+
+# Ray ignores --node-ip-address=127.0.0.1 without this (DESIGN.md): every process that
+# starts or talks to a test cluster needs it.
+export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
+export RAY_USAGE_STATS_ENABLED := 0
+
+.PHONY: setup test lint demo golden lock clean
+
+setup: $(STAMP)  ## .venv with rayscope (editable), ray and the test tools, pinned by constraints.txt
+
+$(STAMP): pyproject.toml constraints.txt requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -r requirements-dev.txt -e '.[ray]'
+	touch $@
+
+test: setup  ## the whole suite, live Ray cluster included
+	$(BIN)/python -m pytest
+
+lint: setup  ## ruff + mypy (strict)
+	$(BIN)/ruff check agent tests
+	$(BIN)/ruff format --check agent tests
+	$(BIN)/mypy
+
+demo: setup  ## a Ray cluster on 127.0.0.1, the seed's bookings, `rayscope status`, then stop
+	$(BIN)/python tests/livecluster.py demo
+
+golden: setup  ## rewrite tests/golden/ from the renderers; review the diff
+	RAYSCOPE_UPDATE_GOLDEN=1 $(BIN)/python -m pytest tests/test_render.py -q
+
+lock:  ## re-pin constraints.txt from requirements-dev.txt in a scratch venv
+	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
+	.lock-venv/bin/pip install --quiet -r requirements-dev.txt -e '.[ray]'
+	{ head -2 constraints.txt; .lock-venv/bin/pip freeze --exclude-editable | grep -v '^-e'; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt && rm -rf .lock-venv
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

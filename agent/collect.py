@@ -1,0 +1,128 @@
+"""Glue between the sources and the pure parts: one node's report, the embedded status,
+the node diagnostics. The CLI and the node agent call these; they hold no formatting.
+"""
+
+import math
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import Callable, Optional
+
+from agent.errors import AgentError
+from agent.model import (
+    SCHEMA_VERSION,
+    ClusterStatus,
+    NodeDiagnostics,
+    NodeReport,
+    RayletInfo,
+    RayNode,
+    ReceivedReport,
+    SourceStatus,
+)
+from agent.rollup import rollup
+from agent.sources import gcs, host, nvml, raylet
+
+EXIT_NO_DATA = 2
+
+
+def local_report(node_raylet: Optional[RayletInfo], now: float) -> NodeReport:
+    """What this host knows about itself: its raylet, NVML and the host (never raises)."""
+    driver, gpus, nvml_status = nvml.read_gpus()
+    host_info, host_status = host.read_host()
+    return NodeReport(
+        schema=SCHEMA_VERSION,
+        node_id=node_raylet.node_id if node_raylet else "",
+        collected_at=now,
+        raylet=node_raylet,
+        host=host_info,
+        driver_version=driver,
+        gpus=gpus,
+        sources=[nvml_status, host_status],
+    )
+
+
+def resolve_gcs(
+    explicit: Optional[str], raylets: Sequence[RayletInfo], environ: Mapping[str, str] = os.environ
+) -> str:
+    """The GCS address to read, or an :class:`AgentError` (exit 2) saying none is known."""
+    address, origin = gcs.resolve_address(explicit, environ, raylets)
+    if address is None:
+        raise AgentError(origin, EXIT_NO_DATA)
+    try:
+        return gcs.parse_address(address)
+    except ValueError as err:
+        raise AgentError(f"bad GCS address from {origin}: {err}", EXIT_NO_DATA) from None
+
+
+def _attach_local(
+    raylets: Sequence[RayletInfo], views: Sequence[RayNode], now: float
+) -> tuple[dict[str, ReceivedReport], list[SourceStatus]]:
+    """This host's NVML and host facts, attached to the one local node of this cluster.
+
+    Several raylets on one host share its GPUs: the measurement goes to one of them (the
+    head's if it runs here) so the cluster sums count each GPU once.
+    """
+    known = {v.node_id for v in views}
+    mine = raylet.pick_raylet([r for r in raylets if r.node_id in known], None)
+    if mine is None:
+        skipped = SourceStatus(
+            name="nvml", ok=False, reason="not read: no raylet of this cluster runs on this host"
+        )
+        return {}, [skipped]
+    report = local_report(mine, now)
+    return {mine.node_id: ReceivedReport(report=report, received_at=now, local=True)}, report.sources
+
+
+def embedded_status(
+    explicit_gcs: Optional[str], timeout_s: float, clock: Callable[[], float] = time.time
+) -> ClusterStatus:
+    """``rayscope status`` without a head agent: the GCS for every node, NVML for this host."""
+    raylets, raylet_status = raylet.find_raylets()
+    address = resolve_gcs(explicit_gcs, raylets)
+    views, gcs_status = gcs.read_cluster(address, timeout_s)
+    if not gcs_status.ok:
+        raise AgentError(gcs_status.reason, EXIT_NO_DATA)
+    now = clock()
+    reports, local_sources = _attach_local(raylets, views, now)
+    return rollup(
+        views,
+        reports,
+        now=now,
+        stale_after_s=math.inf,
+        view="gcs",
+        gcs_address=address,
+        sources=[gcs_status, raylet_status, *local_sources],
+    )
+
+
+def node_diagnostics(
+    explicit_gcs: Optional[str], timeout_s: float, clock: Callable[[], float] = time.time
+) -> NodeDiagnostics:
+    """``rayscope node``: this host's raylets, GPUs and host; their booking if the GCS answers."""
+    raylets, raylet_status = raylet.find_raylets()
+    sources = [raylet_status]
+    booking = {}
+    address: Optional[str] = None
+    try:
+        address = resolve_gcs(explicit_gcs, raylets)
+    except AgentError as err:
+        sources.append(SourceStatus(name="gcs", ok=False, reason=str(err)))
+    if address is not None:
+        views, gcs_status = gcs.read_cluster(address, timeout_s)
+        sources.append(gcs_status)
+        local_ids = {r.node_id for r in raylets}
+        mine = [v for v in views if v.node_id in local_ids]
+        status = rollup(mine, {}, now=clock(), stale_after_s=math.inf, view="gcs")
+        booking = dict(status.nodes)
+    report = local_report(None, clock())
+    return NodeDiagnostics(
+        schema=SCHEMA_VERSION,
+        generated_at=clock(),
+        gcs_address=address,
+        raylets=raylets,
+        host=report.host,
+        driver_version=report.driver_version,
+        gpus=report.gpus,
+        booking=booking,
+        sources=sources + report.sources,
+    )

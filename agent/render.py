@@ -1,0 +1,227 @@
+"""Pure formatting: ClusterStatus / NodeDiagnostics → human lines or JSON. Never queries.
+
+The status lines are a contract (DESIGN.md "Status lines"): GPU fractions ``.2f``, GPU
+totals and CPUs ``.0f``, ``booked: used/total MB`` only where the node advertises
+``VRAM_MB``, NVML memory in GiB ``.1f`` labelled ``GB`` with ``NA`` for unknown numbers.
+Units, thresholds and wording live here and nowhere else.
+"""
+
+from collections.abc import Sequence
+from typing import Optional
+
+import msgspec
+
+from agent.model import (
+    ClusterStatus,
+    GpuDevice,
+    HostInfo,
+    NodeDiagnostics,
+    NodeStatus,
+    RayletInfo,
+    SourceStatus,
+)
+
+GIB = 1024**3
+MIB = 1024**2
+
+# Resources a raylet advertises that say nothing to an operator reading `node`.
+_HIDDEN_RESOURCE_PREFIXES = ("node:",)
+
+
+def gib(value: Optional[float]) -> str:
+    """Bytes as GiB with one decimal (labelled ``GB`` like nvidia-smi does), ``NA`` if unknown."""
+    return "NA" if value is None else f"{value / GIB:.1f}"
+
+
+def size(value: float) -> str:
+    """Bytes for reading, not for columns: ``23.2 GB`` or ``150 MB`` (binary units)."""
+    return f"{value / GIB:.1f} GB" if value >= GIB else f"{value / MIB:.0f} MB"
+
+
+def visible_nodes(status: ClusterStatus, include_dead: bool) -> list[NodeStatus]:
+    """The nodes to show, in display order (the rollup already sorted them)."""
+    return [n for n in status.nodes.values() if include_dead or n.alive]
+
+
+def has_gpus(node: NodeStatus) -> bool:
+    """Scheduler GPUs, or — for a node the scheduler does not know — GPUs its agent saw
+    (or could not count)."""
+    if node.in_scheduler:
+        return node.total_gpu > 0
+    return node.gpus is None or len(node.gpus) > 0
+
+
+def node_markers(node: NodeStatus, view: str, scheduler_ok: bool) -> list[str]:
+    """What to append to a node's line so old or missing numbers are never silent."""
+    markers = []
+    if not node.alive:
+        markers.append("dead")
+    if not node.in_scheduler:
+        markers.append("no raylet" if scheduler_ok else "not in scheduler view")
+    if node.stale and node.report_age_s is not None:
+        markers.append(f"stale {node.report_age_s:.0f}s")
+    if view == "head" and node.agent == "none" and node.alive:
+        markers.append("no agent")
+    return markers
+
+
+def booking(node: NodeStatus) -> str:
+    """``GPU: 0.04/1 booked: 20480/24576 MB`` — the scheduler's two GPU numbers."""
+    text = f"GPU: {node.used_gpu:.2f}/{node.total_gpu:.0f}"
+    if node.total_vram_mb > 0:
+        text += f" booked: {node.used_vram_mb:.0f}/{node.total_vram_mb:.0f} MB"
+    return text
+
+
+def node_line(node: NodeStatus, view: str = "gcs", scheduler_ok: bool = True) -> str:
+    """One node, e.g. ``10.0.0.5 [worker] T4 GPU: 0.99/1 VRAM: 5.8/24.0 GB  CPU: 6/8``."""
+    words = [node.node_ip or node.hostname or node.node_id[:12], "[HEAD]" if node.head else "[worker]"]
+    cpu = f"CPU: {node.used_cpu:.0f}/{node.total_cpu:.0f}"
+    memory = f"VRAM: {gib(node.used_gpu_memory)}/{gib(node.total_gpu_memory)} GB"
+    if not node.in_scheduler:  # an agent's node the scheduler does not know: nothing booked to show
+        words.append(memory)
+    elif node.total_gpu > 0:
+        if node.accelerator_type:
+            words.append(node.accelerator_type)
+        # The seed's format: a booking segment is followed by two spaces, a bare fraction by one.
+        gap = "  " if node.total_vram_mb > 0 else " "
+        words.append(f"{booking(node)}{gap}{memory}  {cpu}")
+    else:
+        words.append(cpu)
+    line = " ".join(words)
+    markers = node_markers(node, view, scheduler_ok)
+    return line + ("  " + ", ".join(markers) if markers else "")
+
+
+def cluster_line(status: ClusterStatus) -> str:
+    """``Cluster: 16/32 CPUs, 1.03/2 GPUs, booked: 20480/24576 MB``."""
+    c = status.cluster
+    line = f"Cluster: {c.used_cpu:.0f}/{c.total_cpu:.0f} CPUs, {c.used_gpu:.2f}/{c.total_gpu:.0f} GPUs"
+    if c.total_vram_mb > 0:
+        line += f", booked: {c.used_vram_mb:.0f}/{c.total_vram_mb:.0f} MB"
+    return line
+
+
+def _source_ok(sources: Sequence[SourceStatus], name: str) -> bool:
+    return any(s.name == name and s.ok for s in sources)
+
+
+def source_notes(sources: Sequence[SourceStatus]) -> list[str]:
+    """``NVML: NVML library not found ...`` for every source that did not answer."""
+    return [f"{s.name.upper()}: {s.reason}" for s in sources if not s.ok]
+
+
+def status_lines(status: ClusterStatus, include_dead: bool = False) -> list[str]:
+    """The human status: cluster line, GPU nodes, CPU-only nodes, then notes."""
+    scheduler_ok = _source_ok(status.sources, "gcs")
+    nodes = visible_nodes(status, include_dead)
+    gpu_nodes = [n for n in nodes if has_gpus(n)]
+    cpu_nodes = [n for n in nodes if not has_gpus(n)]
+    lines = [cluster_line(status)]
+    for title, group in (("GPU nodes:", gpu_nodes), ("CPU-only nodes:", cpu_nodes)):
+        if group:
+            lines += ["", title]
+            lines += ["  " + node_line(n, status.view, scheduler_ok) for n in group]
+    notes = source_notes(status.sources)
+    unmeasured = status.cluster.gpu_nodes - status.cluster.gpu_nodes_measured
+    if status.view == "gcs" and unmeasured > 0:
+        notes.append(
+            f"VRAM: NA on {unmeasured} GPU node(s): without a head agent only this host's"
+            " NVML is read (run `rayscope head` and `rayscope push` on every node)"
+        )
+    if notes:
+        lines += ["", *notes]
+    return lines
+
+
+def _encode(value: object) -> str:
+    return msgspec.json.format(msgspec.json.encode(value), indent=2).decode()
+
+
+def status_json(status: ClusterStatus, include_dead: bool = False) -> str:
+    """The JSON document: BioEngine's ``{"cluster": ..., "nodes": ...}`` plus our keys."""
+    if not include_dead:
+        nodes = {n.node_id: n for n in visible_nodes(status, include_dead)}
+        status = msgspec.structs.replace(status, nodes=nodes)
+    return _encode(status)
+
+
+def node_json(diag: NodeDiagnostics) -> str:
+    """``rayscope node --json``."""
+    return _encode(diag)
+
+
+def _number(value: float) -> str:
+    return f"{value:.0f}" if value == int(value) else f"{value:g}"
+
+
+def resources_text(resources: dict[str, float]) -> str:
+    """Static resources as an operator reads them: memory in GiB, tokens without ``:1``."""
+    words = []
+    for name, value in sorted(resources.items()):
+        if name.startswith(_HIDDEN_RESOURCE_PREFIXES):
+            continue
+        if name in ("memory", "object_store_memory"):
+            words.append(f"{name} {size(value)}")
+        else:
+            words.append(f"{name} {_number(value)}")
+    return ", ".join(words)
+
+
+def raylet_lines(raylet: RayletInfo, node: Optional[NodeStatus]) -> list[str]:
+    """One raylet: identity, what the scheduler has booked on it, what it advertises."""
+    role = "[HEAD]" if raylet.is_head else "[worker]"
+    lines = [f"Ray node {raylet.node_ip} {role} {raylet.node_id}  raylet pid {raylet.pid}"]
+    if node is not None:
+        gpu = f"{booking(node)}  " if node.total_gpu > 0 else ""
+        lines.append(f"  scheduler: {gpu}CPU: {node.used_cpu:.0f}/{node.total_cpu:.0f}")
+    else:
+        lines.append("  scheduler: unknown (GCS not read)")
+    lines.append(f"  advertises: {resources_text(raylet.static_resources)}")
+    if raylet.gcs_address:
+        lines.append(f"  gcs: {raylet.gcs_address}")
+    return lines
+
+
+def gpu_line(gpu: GpuDevice) -> str:
+    """``GPU0 NVIDIA GeForce RTX 3090  used 5.8/24.0 GB  util 87%``."""
+    util = "NA" if gpu.utilization_gpu_pct is None else f"{gpu.utilization_gpu_pct}%"
+    memory = f"{gib(gpu.memory_used_bytes)}/{gib(gpu.memory_total_bytes)} GB"
+    line = f"GPU{gpu.index} {gpu.name or 'NA'}  used {memory}  util {util}"
+    if gpu.errors:
+        line += "  (" + "; ".join(f"{k}: {v}" for k, v in sorted(gpu.errors.items())) + ")"
+    return line
+
+
+def host_line(host: HostInfo) -> str:
+    """``Host gpu-07: 64 CPUs, load 3.10 2.90 2.80, memory 120.3/503.8 GB used``."""
+    parts = [f"Host {host.hostname}:"]
+    if host.cpu_count is not None:
+        parts.append(f"{host.cpu_count} CPUs,")
+    if host.load_1m is not None:
+        parts.append(f"load {host.load_1m:.2f} {host.load_5m:.2f} {host.load_15m:.2f},")
+    if host.memory_total_bytes is not None and host.memory_available_bytes is not None:
+        used = host.memory_total_bytes - host.memory_available_bytes
+        parts.append(f"memory {gib(used)}/{gib(host.memory_total_bytes)} GB used")
+    return " ".join(parts).rstrip(",")
+
+
+def node_lines(diag: NodeDiagnostics) -> list[str]:
+    """``rayscope node``: raylets and their booking, GPUs, host, which sources answered."""
+    lines: list[str] = []
+    for raylet in diag.raylets:
+        lines += raylet_lines(raylet, diag.booking.get(raylet.node_id))
+    if not diag.raylets:
+        lines.append("Ray node: none (no raylet process on this host)")
+    if diag.gpus is not None:
+        driver = f" (driver {diag.driver_version})" if diag.driver_version else ""
+        lines.append(f"GPUs: {len(diag.gpus)}{driver}")
+        lines += ["  " + gpu_line(g) for g in diag.gpus]
+    else:
+        lines.append("GPUs: NA")
+    if diag.host is not None:
+        lines.append(host_line(diag.host))
+    answered = ", ".join(f"{s.name} {'ok' if s.ok else 'no'}" for s in diag.sources)
+    lines.append(f"Sources: {answered}")
+    lines += ["  " + note for note in source_notes(diag.sources)]
+    return lines

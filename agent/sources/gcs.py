@@ -1,0 +1,251 @@
+"""The Ray scheduler's view of every node, read from the GCS without ``ray.init()``.
+
+Where the address comes from, in order: ``--gcs``, ``RAYSCOPE_GCS``, the local raylet's
+command line, ``<ray temp dir>/ray_current_cluster``. Ray's ``GcsClient`` constructor blocks
+about 40 s on an unreachable address whatever timeout it is given, so every read runs under
+our own deadline (default 5 s), after a TCP connect check that fails fast on a closed port:
+
+* one-shot reads (the CLI) run ``gcs_read`` as a child process, killed at the deadline — no
+  thread left blocked in Ray's C++ client, Ray's C++ log lines kept off the terminal, and
+  Ray's import cost and process-wide state kept out of rayscope's own process;
+* the head agent keeps one in-process client (:class:`GcsReader`) and reads it once per
+  interval in a worker thread under the same deadline.
+"""
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any, Callable, Optional, TypeVar
+
+import msgspec
+
+from agent.model import RayletInfo, RayNode, SourceStatus
+from agent.sources import gcs_read
+
+T = TypeVar("T")
+
+DEFAULT_TIMEOUT_S = 5.0
+ADDRESS_ENV = "RAYSCOPE_GCS"
+ADDRESS_FILE = "ray_current_cluster"
+
+
+class GcsUnavailable(Exception):
+    """The GCS could not be read; ``str()`` is the operator's one-line reason."""
+
+
+def parse_address(text: str) -> str:
+    """Validate ``host:port`` (``[v6]:port`` too); raise ``ValueError`` saying what is wrong."""
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"{text!r} is not HOST:PORT")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{text!r}: port must be a number from 1 to 65535")
+    if any(c.isspace() for c in host) or "/" in host:
+        raise ValueError(f"{text!r}: not a host name or IP address")
+    return f"{host}:{int(port)}"
+
+
+def split_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def ray_temp_dir(environ: Mapping[str, str]) -> str:
+    """Ray's own rule: ``$RAY_TMPDIR``, else ``$TMPDIR``, else ``/tmp``; then ``/ray``."""
+    return os.path.join(environ.get("RAY_TMPDIR") or environ.get("TMPDIR") or "/tmp", "ray")
+
+
+def address_from_file(environ: Mapping[str, str]) -> Optional[str]:
+    """The address ``ray start`` wrote for local drivers, if any."""
+    try:
+        with open(os.path.join(ray_temp_dir(environ), ADDRESS_FILE)) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def resolve_address(
+    explicit: Optional[str], environ: Mapping[str, str], raylets: Sequence[RayletInfo]
+) -> tuple[Optional[str], str]:
+    """(address, where it came from); ``(None, why)`` when no source names one."""
+    if explicit:
+        return explicit, "--gcs"
+    if environ.get(ADDRESS_ENV):
+        return environ[ADDRESS_ENV], ADDRESS_ENV
+    from_raylets = sorted({r.gcs_address for r in raylets if r.gcs_address})
+    if len(from_raylets) > 1:
+        clusters = ", ".join(from_raylets)
+        return None, f"raylets of {len(from_raylets)} clusters run on this host ({clusters}): pass --gcs"
+    if from_raylets:
+        pids = ", ".join(str(r.pid) for r in raylets if r.gcs_address)
+        return from_raylets[0], f"raylet pid {pids}"
+    from_file = address_from_file(environ)
+    if from_file:
+        return from_file, os.path.join(ray_temp_dir(environ), ADDRESS_FILE)
+    return None, (
+        f"no GCS address: pass --gcs HOST:PORT or set {ADDRESS_ENV}"
+        " (no raylet runs on this host and no ray_current_cluster file was found)"
+    )
+
+
+def ray_importable() -> bool:
+    return importlib.util.find_spec("ray") is not None
+
+
+def _with_deadline(fn: Callable[[], T], timeout_s: float, busy: list[threading.Thread]) -> T:
+    """Run ``fn`` in a daemon thread; ``TimeoutError`` if it has not returned in time.
+
+    A thread that overran is remembered in ``busy``: no second one is started while it
+    still blocks (a long-running head agent must not pile threads onto a hung GCS).
+    """
+    if busy and busy[0].is_alive():
+        raise TimeoutError("previous GCS call still blocked")
+    box: list[Any] = []
+
+    def run() -> None:
+        try:
+            box.append((True, fn()))
+        except BaseException as err:  # handed to the caller's thread
+            box.append((False, err))
+
+    thread = threading.Thread(target=run, name="rayscope-gcs", daemon=True)
+    busy[:] = [thread]
+    thread.start()
+    thread.join(timeout_s)
+    if not box:
+        raise TimeoutError
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value  # type: ignore[no-any-return]
+
+
+def check_port(address: str, timeout_s: float) -> None:
+    """Fail fast, with the reason, when nothing listens at the GCS address."""
+    host, port = split_address(address)
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            pass
+    except ConnectionRefusedError:
+        raise GcsUnavailable(f"GCS unreachable at {address} (connection refused)") from None
+    except socket.timeout:
+        raise GcsUnavailable(f"GCS unreachable at {address} (timeout {timeout_s:g} s)") from None
+    except OSError as err:
+        raise GcsUnavailable(f"GCS unreachable at {address} ({err.strerror or type(err).__name__})") from None
+
+
+def explain(err: BaseException, address: str, timeout_s: float, token_source: Optional[str]) -> str:
+    """A GCS client error in the operator's words."""
+    text = str(err)
+    lowered = text.lower()
+    if isinstance(err, TimeoutError) or "timed out" in lowered or "deadline" in lowered:
+        return f"GCS unreachable at {address} (timeout {timeout_s:g} s)"
+    if "unauthenticated" in lowered or "authentication" in lowered or "token" in lowered:
+        if token_source:
+            return f"GCS at {address} rejected the token from {token_source}"
+        return (
+            f"GCS at {address} requires token authentication:"
+            " set RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH (and RAY_AUTH_MODE=token)"
+        )
+    first_line = text.strip().splitlines()[0] if text.strip() else type(err).__name__
+    return f"GCS at {address} failed: {first_line}"
+
+
+class GcsReader:
+    """Reads the scheduler's view; keeps its client between reads (the head agent polls)."""
+
+    def __init__(self, address: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self._client: Any = None
+        self._busy: list[threading.Thread] = []
+        self._token_source = gcs_read.prepare_auth_env(os.environ)
+
+    def read_raw(self) -> list[dict]:  # type: ignore[type-arg]
+        """Plain node dicts (``gcs_read``'s format); raises :class:`GcsUnavailable`."""
+        if not ray_importable():
+            raise GcsUnavailable(f"ray is not importable by this Python ({sys.executable})")
+        try:
+            if self._client is None:
+                check_port(self.address, self.timeout_s)
+                self._client = _with_deadline(
+                    lambda: gcs_read.connect(self.address), self.timeout_s, self._busy
+                )
+            client = self._client
+            return _with_deadline(
+                lambda: gcs_read.read_nodes(client, self.timeout_s), self.timeout_s, self._busy
+            )
+        except GcsUnavailable:
+            raise
+        except Exception as err:
+            self._client = None  # reconnect next time: the GCS may have restarted
+            raise GcsUnavailable(explain(err, self.address, self.timeout_s, self._token_source)) from err
+
+    def read(self) -> tuple[list[RayNode], SourceStatus]:
+        """Every node the GCS knows, and the source's status; never raises."""
+        try:
+            raw = self.read_raw()
+        except GcsUnavailable as err:
+            return [], SourceStatus(name="gcs", ok=False, reason=str(err), detail=self.address)
+        return _to_nodes(raw, self.address, f"{self.address} in process")
+
+
+def _to_nodes(raw: object, address: str, detail: str) -> tuple[list[RayNode], SourceStatus]:
+    try:
+        nodes = msgspec.convert(raw, list[RayNode])
+    except msgspec.ValidationError as err:
+        return [], SourceStatus(name="gcs", ok=False, reason=f"unexpected GCS answer from {address}: {err}")
+    return nodes, SourceStatus(name="gcs", ok=True, detail=detail)
+
+
+def read_in_child(address: str, timeout_s: float, python: str) -> list[dict]:  # type: ignore[type-arg]
+    """Run ``gcs_read`` under ``python`` with a deadline; its nodes, or :class:`GcsUnavailable`."""
+    check_port(address, timeout_s)
+    source = gcs_read.__loader__.get_source(gcs_read.__name__)  # type: ignore[union-attr]
+    try:
+        done = subprocess.run(
+            [python, "-c", source, address, str(timeout_s)],
+            capture_output=True,
+            timeout=timeout_s,
+            text=True,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise GcsUnavailable(f"GCS unreachable at {address} (timeout {timeout_s:g} s)") from None
+    except OSError as err:
+        raise GcsUnavailable(f"cannot run {python} for the GCS read: {err.strerror}") from None
+    try:
+        answer = json.loads(done.stdout)
+    except ValueError:
+        last = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+        raise GcsUnavailable(f"GCS read under {python} failed: {last}") from None
+    if not answer.get("ok"):
+        raise GcsUnavailable(
+            explain(RuntimeError(answer.get("error", "")), address, timeout_s, _token_source())
+        )
+    return answer["nodes"]  # type: ignore[no-any-return]
+
+
+def _token_source() -> Optional[str]:
+    return gcs_read.prepare_auth_env(dict(os.environ))
+
+
+def read_cluster(
+    address: str, timeout_s: float = DEFAULT_TIMEOUT_S, python: Optional[str] = None
+) -> tuple[list[RayNode], SourceStatus]:
+    """One-shot read of every node (the CLI's path), in a child process under ``python``
+    (default: this interpreter, which must be able to import ray). Never raises."""
+    python = python or sys.executable
+    if python == sys.executable and not ray_importable():
+        reason = f"ray is not importable by this Python ({sys.executable})"
+        return [], SourceStatus(name="gcs", ok=False, reason=reason, detail=address)
+    try:
+        raw = read_in_child(address, timeout_s, python)
+    except GcsUnavailable as err:
+        return [], SourceStatus(name="gcs", ok=False, reason=str(err), detail=address)
+    return _to_nodes(raw, address, f"{address} via {python}")

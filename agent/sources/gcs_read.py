@@ -1,0 +1,112 @@
+"""Read every node's resources from a Ray GCS without ``ray.init()``: no driver, no job.
+
+Standalone on purpose — the standard library and ``ray`` only, no rayscope import — so the
+same file also runs as a script under the Ray node's own Python when the interpreter
+running rayscope cannot import ray (``python gcs_read.py ADDRESS TIMEOUT`` prints one JSON
+document). Ray-version quirks live here and in ``gcs.py`` only.
+
+Output, per node: ``node_id`` (hex), ``node_ip``, ``hostname``, ``is_head``, ``alive``,
+``total``, ``available`` (``null`` when the GCS holds none, e.g. for a dead node), ``labels``.
+"""
+
+import importlib
+import json
+import os
+import sys
+from collections.abc import MutableMapping
+from typing import Any, Optional
+
+AUTH_MODE = "RAY_AUTH_MODE"
+DEFAULT_TOKEN_PATH = os.path.join("~", ".ray", "auth_token")
+
+
+def prepare_auth_env(environ: MutableMapping[str, str]) -> Optional[str]:
+    """Turn Ray token auth on the way ``ray start`` does, before ray is imported.
+
+    ``ray start`` enables token auth by itself when ``RAY_AUTH_MODE`` is unset and a token
+    exists (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``); a client
+    must do the same or the GCS refuses it. Returns where the token comes from, if any.
+    """
+    if environ.get("RAY_AUTH_TOKEN"):
+        source = "RAY_AUTH_TOKEN"
+    elif environ.get("RAY_AUTH_TOKEN_PATH"):
+        source = "RAY_AUTH_TOKEN_PATH"
+    elif os.path.exists(os.path.expanduser(DEFAULT_TOKEN_PATH)):
+        source = DEFAULT_TOKEN_PATH
+    else:
+        return None
+    environ.setdefault(AUTH_MODE, "token")
+    return source
+
+
+def _ray(module: str) -> Any:
+    """A ray module, imported on first use (ray's own stubs do not cover these names)."""
+    return importlib.import_module(module)
+
+
+def connect(address: str) -> Any:
+    """A GCS client. Blocks ~40 s on an unreachable address: callers run it under a deadline."""
+    return _ray("ray._raylet").GcsClient(address=address)
+
+
+def _resources(entries: Any) -> dict[str, float]:
+    return {str(k): float(v) for k, v in dict(entries).items()}
+
+
+def _resource_states(client: Any, timeout_s: float) -> dict[str, Any]:
+    """The autoscaler's per-node total/available view, keyed by hex node id."""
+    reply = _ray("ray.core.generated.autoscaler_pb2").GetClusterResourceStateReply()
+    reply.ParseFromString(client.get_cluster_resource_state(timeout_s=timeout_s))
+    return {s.node_id.hex(): s for s in reply.cluster_resource_state.node_states}
+
+
+def read_nodes(client: Any, timeout_s: float) -> list[dict[str, Any]]:
+    """Every node the GCS knows, alive or dead, as plain JSON-ready dicts."""
+    alive_state = _ray("ray.core.generated.gcs_pb2").GcsNodeInfo.GcsNodeState.ALIVE
+    infos = client.get_all_node_info(timeout=timeout_s)
+    # Ray 2.x returns {NodeID: GcsNodeInfo}; some releases returned a list.
+    items = list(infos.values()) if isinstance(infos, dict) else list(infos)
+    states = _resource_states(client, timeout_s)
+    nodes = []
+    for info in items:
+        node_id = info.node_id.hex()
+        alive = info.state == alive_state
+        state = states.get(node_id)
+        labels = {str(k): str(v) for k, v in dict(info.labels).items()}
+        if state is not None:
+            labels.update({str(k): str(v) for k, v in dict(state.labels).items()})
+        nodes.append(
+            {
+                "node_id": node_id,
+                "node_ip": info.node_manager_address,
+                "hostname": info.node_manager_hostname,
+                "is_head": bool(info.is_head_node),
+                "alive": alive,
+                "total": _resources(state.total_resources if state is not None else info.resources_total),
+                "available": _resources(state.available_resources) if state is not None and alive else None,
+                "labels": labels,
+            }
+        )
+    return nodes
+
+
+def ray_version() -> str:
+    return str(_ray("ray").__version__)
+
+
+def main(argv: list[str]) -> int:
+    """Script mode: ``ADDRESS TIMEOUT_S`` → one JSON document on stdout."""
+    address, timeout_s = argv[1], float(argv[2])
+    prepare_auth_env(os.environ)
+    try:
+        nodes = read_nodes(connect(address), timeout_s)
+        out: dict[str, Any] = {"ok": True, "nodes": nodes, "ray_version": ray_version()}
+    except Exception as err:  # reported to the parent as data, never a traceback
+        out = {"ok": False, "error": f"{type(err).__name__}: {err}"}
+    out["python"] = sys.executable
+    json.dump(out, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

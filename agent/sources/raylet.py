@@ -1,0 +1,120 @@
+"""The local raylet process(es): who this Ray node is, read from the raylet's command line.
+
+A raw read (:func:`find_raylets`, psutil) and a pure parser (:func:`parse_raylet_cmdline`)
+that the tests feed recorded command lines. The raylet's command line carries
+``--node_id``, ``--node_ip_address``, ``--static_resource_list`` (custom resources and the
+GPU count included), ``--gcs-address``, ``--head``, ``--labels`` (JSON) and
+``--python_worker_command`` (whose first word is the Ray node's own Python).
+"""
+
+import json
+import os
+import shlex
+from collections.abc import Sequence
+from typing import Optional
+
+import psutil
+
+from agent.model import RayletInfo, SourceStatus
+
+RAYLET_NAME = "raylet"
+
+
+def _flags(argv: Sequence[str]) -> dict[str, str]:
+    """``--key=value`` and bare ``--flag`` arguments, keys with ``-`` folded to ``_``."""
+    flags: dict[str, str] = {}
+    for arg in argv[1:]:
+        if not arg.startswith("--"):
+            continue
+        key, sep, value = arg[2:].partition("=")
+        flags[key.replace("-", "_")] = value if sep else "true"
+    return flags
+
+
+def parse_resource_list(text: str) -> dict[str, float]:
+    """``VRAM_MB,24576,CPU,8`` → ``{"VRAM_MB": 24576.0, "CPU": 8.0}``; bad pairs skipped."""
+    items = text.split(",") if text else []
+    resources: dict[str, float] = {}
+    for name, value in zip(items[0::2], items[1::2]):
+        try:
+            resources[name] = float(value)
+        except ValueError:
+            continue
+    return resources
+
+
+def parse_labels(text: str) -> dict[str, str]:
+    """``--labels``: JSON in current Ray, ``k=v,k2=v2`` in some older releases."""
+    if not text:
+        return {}
+    try:
+        loaded = json.loads(text)
+    except ValueError:
+        pairs = (item.partition("=") for item in text.split(","))
+        return {k: v for k, sep, v in pairs if sep}
+    return {str(k): str(v) for k, v in loaded.items()} if isinstance(loaded, dict) else {}
+
+
+def _first_word(command: str) -> Optional[str]:
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        words = command.split()
+    return words[0] if words else None
+
+
+def parse_raylet_cmdline(argv: Sequence[str], pid: int = 0) -> Optional[RayletInfo]:
+    """A raylet's identity from its argv; ``None`` if this is not a raylet's command line."""
+    if not argv or os.path.basename(argv[0]) != RAYLET_NAME:
+        return None
+    flags = _flags(argv)
+    node_id = flags.get("node_id", "")
+    if not node_id:
+        return None
+    return RayletInfo(
+        pid=pid,
+        node_id=node_id,
+        node_ip=flags.get("node_ip_address", ""),
+        is_head=flags.get("head") == "true",
+        gcs_address=flags.get("gcs_address") or None,
+        session_dir=flags.get("session_dir") or None,
+        temp_dir=flags.get("temp_dir") or None,
+        static_resources=parse_resource_list(flags.get("static_resource_list", "")),
+        labels=parse_labels(flags.get("labels", "")),
+        python_executable=_first_word(flags.get("python_worker_command", "")),
+    )
+
+
+def find_raylets() -> tuple[list[RayletInfo], SourceStatus]:
+    """Every raylet process on this host, head first then by node id."""
+    raylets: list[RayletInfo] = []
+    denied = 0
+    for proc in psutil.process_iter(["pid", "name"]):
+        if proc.info.get("name") != RAYLET_NAME:
+            continue
+        try:
+            info = parse_raylet_cmdline(proc.cmdline(), proc.pid)
+        except psutil.AccessDenied:
+            denied += 1
+            continue
+        except psutil.Error:  # exited while we looked
+            continue
+        if info is not None:
+            raylets.append(info)
+    raylets.sort(key=lambda r: (not r.is_head, r.node_id))
+    if raylets:
+        detail = ", ".join(f"{r.node_id[:12]} pid {r.pid}" for r in raylets)
+        return raylets, SourceStatus(name="raylet", ok=True, detail=detail)
+    reason = "no raylet process on this host"
+    if denied:
+        reason += f" readable ({denied} raylet(s) not readable: permission denied)"
+    return [], SourceStatus(name="raylet", ok=False, reason=reason)
+
+
+def pick_raylet(raylets: Sequence[RayletInfo], node_id: Optional[str]) -> Optional[RayletInfo]:
+    """The raylet this host reports for: the one pinned by ``node_id`` (a prefix is
+    enough), else the head's if it runs here, else the first."""
+    if node_id:
+        matches = [r for r in raylets if r.node_id.startswith(node_id)]
+        return matches[0] if len(matches) == 1 else None
+    return raylets[0] if raylets else None

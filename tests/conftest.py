@@ -1,0 +1,177 @@
+"""Shared fixtures: the real Ray cluster (in its own process) and a way to run rayscope.
+
+The cluster runs on 127.0.0.1 only, under its own short ``RAY_TMPDIR``, with
+``RAY_AUTH_MODE`` set explicitly (a stray ``~/.ray/auth_token`` would turn token auth on
+otherwise). Teardown kills what the session started, by pid, even when tests fail.
+"""
+
+import contextlib
+import json
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, Optional
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+LIVECLUSTER = REPO / "tests" / "livecluster.py"
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+START_TIMEOUT_S = 180.0
+REPLY = "@@"
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    """This environment minus anything that points rayscope or Ray at another cluster."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAYSCOPE_", "RAY_AUTH"))}
+    env.update(LOOPBACK_ENV)
+    env.update(extra)
+    return env
+
+
+def run_rayscope(
+    *args: str, env: Optional[Mapping[str, str]] = None, timeout: float = 60.0
+) -> "subprocess.CompletedProcess[str]":
+    """``python -m agent ARGS`` as an operator runs it: its own process, real exit code."""
+    return subprocess.run(
+        [sys.executable, "-m", "agent", *args],
+        cwd=REPO,
+        env=dict(env) if env is not None else base_env(RAY_AUTH_MODE="disabled"),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+class LiveCluster:
+    """A handle on ``tests/livecluster.py serve``: its state file and its command channel."""
+
+    def __init__(self, root: Path, topology: str, auth_env: Mapping[str, str]) -> None:
+        self.root = root
+        self.env = base_env(RAY_TMPDIR=str(root), **auth_env)
+        self.log = open(root / "launcher.log", "w")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                str(LIVECLUSTER),
+                "serve",
+                "--state",
+                str(root / "state.json"),
+                "--topology",
+                topology,
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            env=self.env,
+            text=True,
+            cwd=REPO,
+        )
+        self._replies: queue.Queue[str] = queue.Queue()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self.state: dict[str, Any] = {}
+        try:
+            self._reply(START_TIMEOUT_S)
+            self.state = json.loads((root / "state.json").read_text())
+        except Exception:
+            self.stop()
+            raise
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            if line.startswith(REPLY):
+                self._replies.put(line[len(REPLY) :])
+
+    def _reply(self, timeout_s: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                reply: dict[str, Any] = json.loads(self._replies.get(timeout=0.5))
+                return reply
+            except queue.Empty:
+                if self.process.poll() is not None:
+                    break
+        log = (self.root / "launcher.log").read_text()[-3000:]
+        raise RuntimeError(f"Ray test cluster did not answer (exit {self.process.poll()}):\n{log}")
+
+    def request(self, timeout_s: float = 90.0, **request: Any) -> dict[str, Any]:
+        """Send one command to the launcher (``op=actor|kill_actor|state``) and wait."""
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        reply = self._reply(timeout_s)
+        if not reply.get("ok"):
+            raise RuntimeError(f"launcher refused {request}: {reply.get('error')}")
+        return reply
+
+    @property
+    def gcs_address(self) -> str:
+        return str(self.state["gcs_address"])
+
+    def node_id(self, name: str) -> str:
+        return str(self.state["nodes"][name]["node_id"])
+
+    def started_pids(self) -> list[int]:
+        """Every process this cluster owns: the launcher, Ray's daemons, and every process
+        whose command line names our private temp dir (Ray's workers do)."""
+        pids = {self.process.pid, *self.state.get("pids", [])}
+        marker = str(self.root)
+        for proc in psutil.process_iter(["pid", "cmdline"]):
+            if any(marker in arg for arg in proc.info.get("cmdline") or []):
+                pids.add(proc.info["pid"])
+        pids.discard(os.getpid())
+        return sorted(pids)
+
+    def stop(self) -> None:
+        """Graceful shutdown first, then SIGKILL by pid for anything left over."""
+        leftovers = self.started_pids()
+        if self.process.stdin and not self.process.stdin.closed:
+            with contextlib.suppress(OSError):
+                self.process.stdin.close()
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        for pid in leftovers + self.started_pids():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        self._reader.join(timeout=10)
+        if self.process.stdout:
+            self.process.stdout.close()
+        self.log.close()
+
+
+def start_cluster(topology: str, auth_env: Mapping[str, str]) -> LiveCluster:
+    # Short path: Ray's Unix socket paths must stay under 108 bytes.
+    root = Path(tempfile.mkdtemp(prefix="rs-", dir="/tmp"))
+    return LiveCluster(root, topology, auth_env)
+
+
+@pytest.fixture(scope="session")
+def live_cluster() -> Iterator[LiveCluster]:
+    """The seed's three nodes: Europa head (VRAM_MB 24576, 4 × 5120 MB booked), a deNBI T4
+    worker (0.33 GPU booked), a CPU-only worker."""
+    cluster = start_cluster("seed", {"RAY_AUTH_MODE": "disabled"})
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(cluster.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def rayscope_env(live_cluster: LiveCluster) -> dict[str, str]:
+    """Environment for running rayscope against the live cluster."""
+    return base_env(RAY_AUTH_MODE="disabled", RAY_TMPDIR=str(live_cluster.root))

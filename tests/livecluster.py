@@ -1,0 +1,256 @@
+"""A real Ray cluster on 127.0.0.1 for the tests and ``make demo``, in a process of its own.
+
+``python tests/livecluster.py serve --state FILE [--topology seed|demo|single]`` starts the
+cluster with ``ray.cluster_utils.Cluster`` (several raylets on this host, fake GPUs declared
+with ``num_gpus``), books the seed's replicas as real actors, writes FILE (GCS address,
+node ids, every pid it started), then answers JSON commands on stdin — one per line,
+replies on stdout prefixed with ``@@`` — until stdin closes or SIGTERM; then it shuts the
+cluster down. ``python tests/livecluster.py demo`` runs the README's demo.
+
+Keeping Ray out of the pytest process keeps its process-wide state (auth mode, the
+driver) from leaking between clusters, and lets a token-auth cluster run beside the main one.
+Environment: the caller sets ``RAY_TMPDIR`` (short: Unix socket paths are limited) and
+``RAY_AUTH_MODE``; this script sets ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` so Ray keeps to
+127.0.0.1.
+"""
+
+import argparse
+import importlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # honour 127.0.0.1 (DESIGN.md)
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+LOOPBACK = "127.0.0.1"
+REPLY = "@@"
+
+# name -> ray node args. The seed's two cases: Europa (an RTX 3090 booked by VRAM_MB) and
+# deNBI (a T4 booked by GPU fraction), plus a CPU-only node.
+HEAD = {"num_cpus": 8, "num_gpus": 1, "resources": {"VRAM_MB": 24576, "accelerator_type:G": 1}}
+DENBI = {"num_cpus": 8, "num_gpus": 1, "resources": {"accelerator_type:T4": 1}}
+CPU_ONLY = {"num_cpus": 16, "num_gpus": 0}
+TOPOLOGIES: dict[str, list[tuple[str, dict[str, Any]]]] = {
+    "seed": [("head", HEAD), ("denbi", DENBI), ("cpu", CPU_ONLY)],
+    "demo": [("head", HEAD), ("denbi", DENBI)],
+    "single": [("head", HEAD)],
+}
+# name -> (node, ray options): four federated-unet replicas of 5120 MB on Europa, one
+# deNBI app holding a third of the T4.
+SEED_ACTORS: list[tuple[str, str, dict[str, Any]]] = [
+    *[
+        (f"federated-unet-{i}", "head", {"num_gpus": 0.01, "num_cpus": 2, "resources": {"VRAM_MB": 5120}})
+        for i in range(4)
+    ],
+    ("denbi-app", "denbi", {"num_gpus": 0.33, "num_cpus": 1}),
+]
+
+
+def _node_pids(node: Any) -> list[int]:
+    return [info.process.pid for infos in node.all_processes.values() for info in infos if info.process]
+
+
+class LiveCluster:
+    """The cluster, its named nodes and the actors booked on them (this process is the driver)."""
+
+    def __init__(self, topology: str) -> None:
+        # Imported as Any: this harness drives Ray's test utilities, which ray's stubs omit.
+        ray: Any = importlib.import_module("ray")
+        cluster_class: Any = importlib.import_module("ray.cluster_utils").Cluster
+
+        self.ray = ray
+        temp_dir = os.path.join(os.environ.get("RAY_TMPDIR") or tempfile.gettempdir(), "ray")
+        os.makedirs(temp_dir, exist_ok=True)
+        common = {"node_ip_address": LOOPBACK, "temp_dir": temp_dir, "dashboard_agent_listen_port": None}
+        spec = TOPOLOGIES[topology]
+        head_name, head_args = spec[0]
+        self.cluster = cluster_class(
+            initialize_head=True,
+            head_node_args={**common, "include_dashboard": False, **head_args},
+        )
+        self.nodes: dict[str, Any] = {head_name: self.cluster.head_node}
+        for name, args in spec[1:]:
+            self.nodes[name] = self.cluster.add_node(**common, **args)
+        self.cluster.wait_for_nodes()
+        ray.init(address=self.cluster.address, log_to_driver=False, logging_level="ERROR")
+        self.actors: dict[str, Any] = {}
+        self.temp_dir = temp_dir
+
+    def place(self, name: str, node: str, options: dict[str, Any]) -> dict[str, Any]:
+        """A real actor pinned to ``node``; returns its pid and actor id once it runs."""
+        strategies: Any = importlib.import_module("ray.util.scheduling_strategies")
+
+        class Replica:
+            def pid(self) -> int:
+                return os.getpid()
+
+        remote_replica: Any = self.ray.remote(Replica)
+        strategy = strategies.NodeAffinitySchedulingStrategy(self.nodes[node].node_id, soft=False)
+        actor = remote_replica.options(name=name, scheduling_strategy=strategy, **options).remote()
+        pid = self.ray.get(actor.pid.remote(), timeout=60)
+        self.actors[name] = (actor, node, options)
+        self.settle()
+        return {"name": name, "node": node, "pid": pid, "actor_id": actor._actor_id.hex()}
+
+    def kill(self, name: str) -> dict[str, Any]:
+        self.ray.kill(self.actors.pop(name)[0])
+        self.settle()
+        return {"name": name}
+
+    def _expected_use(self) -> dict[str, dict[str, float]]:
+        use: dict[str, dict[str, float]] = {n.node_id: {} for n in self.nodes.values()}
+        for _, node, options in self.actors.values():
+            booked = use[self.nodes[node].node_id]
+            requests = {"CPU": options.get("num_cpus", 0), "GPU": options.get("num_gpus", 0)}
+            for resource, amount in {**requests, **options.get("resources", {})}.items():
+                booked[resource] = booked.get(resource, 0) + amount
+        return use
+
+    def settle(self, timeout_s: float = 30.0) -> None:
+        """Wait until the GCS's view shows every booking: raylets report their availability
+        to the GCS asynchronously, so a running actor is not yet a booked resource there."""
+        state: Any = importlib.import_module("ray._private.state")
+        expected = self._expected_use()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            totals, available = state.total_resources_per_node(), state.available_resources_per_node()
+            if all(
+                abs(totals.get(node_id, {}).get(r, 0) - available.get(node_id, {}).get(r, 0) - amount) < 1e-4
+                for node_id, booked in expected.items()
+                for r, amount in booked.items()
+            ):
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"the GCS never showed the bookings {expected}")
+
+    def state(self) -> dict[str, Any]:
+        nodes = {
+            name: {"node_id": n.node_id, "raylet_pid": n.all_processes["raylet"][0].process.pid}
+            for name, n in self.nodes.items()
+        }
+        pids = sorted({pid for n in self.nodes.values() for pid in _node_pids(n)})
+        return {
+            "gcs_address": self.cluster.address,
+            "temp_dir": self.temp_dir,
+            "launcher_pid": os.getpid(),
+            "python": sys.executable,
+            "nodes": nodes,
+            "pids": pids,
+        }
+
+    def shutdown(self) -> None:
+        self.ray.shutdown()
+        self.cluster.shutdown()
+
+
+def serve(args: argparse.Namespace) -> int:
+    cluster = LiveCluster(args.topology)
+    stopping: list[int] = []
+
+    def on_sigterm(*_: object) -> None:
+        stopping.append(1)
+        sys.stdin.close()  # ends the command loop below
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        placed = [cluster.place(*actor) for actor in SEED_ACTORS if actor[1] in cluster.nodes]
+        state = {**cluster.state(), "actors": placed}
+        tmp = args.state + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(state, f)
+        os.replace(tmp, args.state)
+        print(f"{REPLY}{json.dumps({'ok': True, 'ready': True})}", flush=True)
+        for line in sys.stdin:
+            if stopping:
+                break
+            request = json.loads(line)
+            try:
+                op = request.pop("op")
+                if op == "actor":
+                    reply = cluster.place(request["name"], request["node"], request.get("options", {}))
+                elif op == "kill_actor":
+                    reply = cluster.kill(request["name"])
+                else:
+                    reply = {"state": cluster.state()}
+                out = {"ok": True, **reply}
+            except Exception as err:  # reported to the test, which decides
+                out = {"ok": False, "error": f"{type(err).__name__}: {err}"}
+            print(f"{REPLY}{json.dumps(out)}", flush=True)
+    except ValueError:  # stdin closed by SIGTERM
+        pass
+    finally:
+        cluster.shutdown()
+    return 0
+
+
+def demo() -> int:
+    """``make demo``: a two-node cluster, the seed's bookings, rayscope's answer, then stop."""
+    root = tempfile.mkdtemp(prefix="rs-demo-", dir="/tmp")
+    env = {**os.environ, "RAY_TMPDIR": root, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")}
+    state_file = os.path.join(root, "state.json")
+    print(
+        f"Starting a Ray cluster on {LOOPBACK} (head with VRAM_MB 24576 + one worker, fake GPUs) ...",
+        flush=True,
+    )
+    launcher = subprocess.Popen(
+        [sys.executable, __file__, "serve", "--state", state_file, "--topology", "demo"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
+    try:
+        assert launcher.stdout is not None
+        for line in launcher.stdout:
+            if line.startswith(REPLY):
+                break
+        with open(state_file) as f:
+            state = json.load(f)
+        print("Booked four federated-unet replicas (num_gpus=0.01, VRAM_MB=5120)")
+        print("and one deNBI app (num_gpus=0.33) as real actors.")
+        rayscope = [sys.executable, "-m", "agent"]
+        gcs = ["--gcs", state["gcs_address"]]
+        print(f"\n$ rayscope status --gcs {state['gcs_address']}", flush=True)
+        subprocess.run([*rayscope, "status", *gcs], env=env, check=True, timeout=60)
+        out = subprocess.run(
+            [*rayscope, "status", "--json", *gcs],
+            env=env,
+            check=True,
+            timeout=60,
+            capture_output=True,
+            text=True,
+        ).stdout
+        print(f"\n$ rayscope status --json --gcs {state['gcs_address']}  # the cluster block")
+        print(json.dumps(json.loads(out)["cluster"], indent=2))
+    finally:
+        print("\nStopping the cluster ...", flush=True)
+        if launcher.stdin:
+            launcher.stdin.close()
+        try:
+            launcher.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            launcher.kill()
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve_parser = sub.add_parser("serve")
+    serve_parser.add_argument("--state", required=True)
+    serve_parser.add_argument("--topology", choices=sorted(TOPOLOGIES), default="seed")
+    sub.add_parser("demo")
+    args = parser.parse_args()
+    if args.command == "serve":
+        return serve(args)
+    return demo()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

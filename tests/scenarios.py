@@ -1,0 +1,194 @@
+"""Recorded cluster states for the pure tests and the golden files.
+
+``seed`` is the cluster of DESIGN.md's status example (Europa head booked by VRAM_MB, a T4
+worker booked by fraction, a CPU-only worker), every node reporting to a head agent.
+``mixed`` is what goes wrong in real clusters: a stale agent, a node without agent, an
+agent whose node the scheduler does not know, a dead node, a lost GPU.
+"""
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import msgspec
+from agent.model import (
+    ClusterStatus,
+    GpuDevice,
+    HostInfo,
+    NodeDiagnostics,
+    NodeReport,
+    RayletInfo,
+    RayNode,
+    ReceivedReport,
+    SourceStatus,
+)
+from agent.rollup import rollup
+
+DATA = Path(__file__).resolve().parent / "data"
+NOW = 1_796_000_000.0
+GIB = 1024**3
+RTX_3090_BYTES = 24 * GIB
+
+EUROPA = "e0" * 28
+T4 = "a5" * 28
+CPU = "c7" * 28
+DEAD = "de" * 28
+UNKNOWN = "99" * 28
+NO_AGENT = "0a" * 28
+
+
+def recorded_gcs_nodes() -> list[RayNode]:
+    """``gcs_read.read_nodes`` on the live seed topology (Ray 2.60.0), as recorded."""
+    raw = json.loads((DATA / "gcs_seed_nodes.json").read_text())["nodes"]
+    return msgspec.convert(raw, list[RayNode])
+
+
+def recorded_raylet_argv(name: str) -> list[str]:
+    argv: list[str] = json.loads((DATA / f"raylet_cmdline_{name}.json").read_text())["argv"]
+    return argv
+
+
+def view(
+    node_id: str,
+    ip: str,
+    total: dict[str, float],
+    available: Optional[dict[str, float]],
+    *,
+    alive: bool = True,
+) -> RayNode:
+    resources = {f"node:{ip}": 1.0, **total}
+    return RayNode(
+        node_id=node_id,
+        node_ip=ip,
+        hostname=f"host-{ip}",
+        is_head="node:__internal_head__" in total,
+        alive=alive,
+        total=resources,
+        available=None if available is None else {f"node:{ip}": 1.0, **available},
+    )
+
+
+def gpu(index: int, used_gib: float, name: str = "NVIDIA GeForce RTX 3090") -> GpuDevice:
+    return GpuDevice(
+        index=index,
+        name=name,
+        uuid=f"GPU-{index:08x}-0000-0000-0000-000000000000",
+        memory_total_bytes=RTX_3090_BYTES,
+        memory_used_bytes=int(used_gib * GIB),
+        memory_info_version=2,
+        utilization_gpu_pct=87,
+    )
+
+
+def report(node_id: str, gpus: Optional[list[GpuDevice]], ip: str, *, age_s: float = 2.0) -> ReceivedReport:
+    sources = [SourceStatus(name="nvml", ok=gpus is not None), SourceStatus(name="host", ok=True)]
+    body = NodeReport(
+        node_id=node_id,
+        collected_at=NOW - age_s,
+        raylet=RayletInfo(pid=4242, node_id=node_id, node_ip=ip),
+        host=HostInfo(hostname=f"host-{ip}", cpu_count=16),
+        driver_version="550.54.14" if gpus is not None else None,
+        gpus=gpus,
+        sources=sources,
+    )
+    return ReceivedReport(report=body, received_at=NOW - age_s)
+
+
+GB = 1e9
+SEED_VIEWS = [
+    view(
+        EUROPA,
+        "172.17.0.3",
+        {"CPU": 8, "GPU": 1, "VRAM_MB": 24576, "accelerator_type:G": 1, "node:__internal_head__": 1,
+         "memory": 32 * GB, "object_store_memory": 4 * GB},
+        {"GPU": 0.96, "VRAM_MB": 4096, "accelerator_type:G": 1, "node:__internal_head__": 1,
+         "memory": 32 * GB, "object_store_memory": 4 * GB},
+    ),
+    view(
+        T4,
+        "10.0.0.5",
+        {"CPU": 8, "GPU": 1, "accelerator_type:T4": 1, "memory": 16 * GB, "object_store_memory": 2 * GB},
+        {"CPU": 2, "GPU": 0.01, "accelerator_type:T4": 1, "memory": 12 * GB, "object_store_memory": 2 * GB},
+    ),
+    view(
+        CPU,
+        "10.0.0.7",
+        {"CPU": 16, "memory": 64 * GB, "object_store_memory": 8 * GB, "slurm_job_id:8812": 1},
+        {"CPU": 14, "memory": 64 * GB, "object_store_memory": 7 * GB, "slurm_job_id:8812": 1},
+    ),
+]  # fmt: skip
+SEED_REPORTS = {
+    EUROPA: report(EUROPA, [gpu(0, 5.8)], "172.17.0.3"),
+    T4: report(T4, [gpu(0, 5.8, "Tesla T4")], "10.0.0.5"),
+    CPU: report(CPU, [], "10.0.0.7"),
+}
+
+
+def seed_status() -> ClusterStatus:
+    """DESIGN.md's example cluster, every node's agent reporting."""
+    return rollup(
+        SEED_VIEWS,
+        SEED_REPORTS,
+        now=NOW,
+        stale_after_s=15.0,
+        view="head",
+        gcs_address="172.17.0.3:6379",
+        sources=[SourceStatus(name="gcs", ok=True, detail="172.17.0.3:6379")],
+    )
+
+
+def mixed_status() -> ClusterStatus:
+    """A cluster with every kind of missing data."""
+    views = [
+        *SEED_VIEWS,
+        view(DEAD, "10.0.0.9", {"CPU": 4, "GPU": 1, "accelerator_type:T4": 1}, None, alive=False),
+        view(NO_AGENT, "10.0.0.11", {"CPU": 4, "GPU": 2, "accelerator_type:A100": 1}, {"CPU": 4, "GPU": 1.5}),
+    ]
+    lost = GpuDevice(index=1, errors={"device": "GPU is lost"})
+    reports = {
+        EUROPA: report(EUROPA, [gpu(0, 5.8), lost], "172.17.0.3"),
+        T4: report(T4, [gpu(0, 3.1, "Tesla T4")], "10.0.0.5", age_s=42.0),
+        CPU: report(CPU, [], "10.0.0.7"),
+        UNKNOWN: report(UNKNOWN, None, "10.0.0.12"),
+    }
+    return rollup(
+        views,
+        reports,
+        now=NOW,
+        stale_after_s=15.0,
+        view="head",
+        gcs_address="172.17.0.3:6379",
+        sources=[SourceStatus(name="gcs", ok=True, detail="172.17.0.3:6379")],
+    )
+
+
+def seed_node_diagnostics() -> NodeDiagnostics:
+    """``rayscope node`` on the Europa head: the recorded raylet, one RTX 3090."""
+    from agent.sources.raylet import parse_raylet_cmdline
+
+    raylet = parse_raylet_cmdline(recorded_raylet_argv("head"), pid=4471)
+    assert raylet is not None
+    status = seed_status()
+    return NodeDiagnostics(
+        generated_at=NOW,
+        gcs_address=raylet.gcs_address,
+        raylets=[raylet],
+        host=HostInfo(
+            hostname="bioengine-worker-europa",
+            cpu_count=8,
+            load_1m=3.1,
+            load_5m=2.9,
+            load_15m=2.8,
+            memory_total_bytes=32 * GIB,
+            memory_available_bytes=20 * GIB,
+        ),
+        driver_version="550.54.14",
+        gpus=[gpu(0, 5.8)],
+        booking={raylet.node_id: msgspec.structs.replace(status.nodes[EUROPA], node_id=raylet.node_id)},
+        sources=[
+            SourceStatus(name="raylet", ok=True),
+            SourceStatus(name="gcs", ok=True),
+            SourceStatus(name="nvml", ok=True, detail="1 GPU(s), memory info v2"),
+            SourceStatus(name="host", ok=True),
+        ],
+    )

@@ -1,0 +1,80 @@
+"""The CLI as an operator meets it: one-line errors, exit codes, deadlines, help."""
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+from agent import __version__
+from tests.conftest import run_rayscope
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def silent_listener() -> Iterator[int]:
+    """A port that accepts TCP connections and never says a word (a hung GCS, a firewall)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)
+        yield int(s.getsockname()[1])
+
+
+def test_closed_port_is_one_line_and_exit_2_within_the_deadline() -> None:
+    port = free_port()
+    started = time.monotonic()
+    done = run_rayscope("status", "--gcs", f"127.0.0.1:{port}")
+    assert time.monotonic() - started < 5.0
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr == f"rayscope: GCS unreachable at 127.0.0.1:{port} (connection refused)\n"
+
+
+def test_silent_gcs_answers_at_our_deadline_not_rays_40_s(silent_listener: int) -> None:
+    started = time.monotonic()
+    done = run_rayscope("status", "--gcs", f"127.0.0.1:{silent_listener}", "--timeout", "1.5")
+    elapsed = time.monotonic() - started
+    assert done.returncode == 2
+    assert done.stderr == f"rayscope: GCS unreachable at 127.0.0.1:{silent_listener} (timeout 1.5 s)\n"
+    assert elapsed < 10.0  # 1.5 s deadline plus interpreter start; Ray alone would block ~40 s
+
+
+@pytest.mark.parametrize("bad", ["foo", "127.0.0.1:99999", "127.0.0.1:"])
+def test_malformed_address_is_a_usage_error(bad: str) -> None:
+    done = run_rayscope("status", "--gcs", bad)
+    assert done.returncode == 2
+    assert "Invalid value for '--gcs'" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_non_positive_timeout_is_a_usage_error() -> None:
+    done = run_rayscope("status", "--timeout", "0", "--gcs", "127.0.0.1:1")
+    assert done.returncode == 2 and "Invalid value for '--timeout'" in done.stderr
+
+
+def test_version() -> None:
+    done = run_rayscope("--version")
+    assert done.returncode == 0 and done.stdout == f"rayscope {__version__}\n"
+
+
+def test_help_explains_the_three_numbers() -> None:
+    done = run_rayscope("--help")
+    assert done.returncode == 0
+    assert "VRAM_MB" in done.stdout and "NVML" in done.stdout
+    for command in ("status", "node"):
+        assert command in done.stdout
+
+
+def test_node_works_without_any_cluster(tmp_path: object) -> None:
+    """Diagnostics on a host with no Ray cluster reachable: sources report, exit 0."""
+    done = run_rayscope("node", "--json", "--gcs", f"127.0.0.1:{free_port()}")
+    assert done.returncode == 0, done.stderr
+    diag = json.loads(done.stdout)
+    gcs = next(s for s in diag["sources"] if s["name"] == "gcs")
+    assert not gcs["ok"] and "connection refused" in gcs["reason"]
+    assert diag["host"]["cpu_count"] >= 1

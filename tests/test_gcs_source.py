@@ -1,0 +1,78 @@
+"""The GCS source's pure parts: address rules, error wording, token auth set-up."""
+
+from pathlib import Path
+
+import pytest
+from agent.model import RayletInfo
+from agent.sources.gcs import explain, parse_address, ray_temp_dir, resolve_address
+from agent.sources.gcs_read import prepare_auth_env
+
+
+def raylet(gcs: str, pid: int = 10) -> RayletInfo:
+    return RayletInfo(pid=pid, node_id="ab" * 28, node_ip="10.0.0.1", gcs_address=gcs)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("10.0.0.1:6379", "10.0.0.1:6379"), (" head:6379 ", "head:6379"), ("[::1]:6379", "[::1]:6379")],
+)
+def test_parse_address_accepts(text: str, expected: str) -> None:
+    assert parse_address(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text", ["foo", ":6379", "host:", "host:0", "host:70000", "host:port", "a b:1", "http://x:1"]
+)
+def test_parse_address_rejects(text: str) -> None:
+    with pytest.raises(ValueError, match=r"HOST:PORT|port|host"):
+        parse_address(text)
+
+
+def test_resolution_order(tmp_path: Path) -> None:
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "ray_current_cluster").write_text("10.0.0.4:6379\n")
+    env: dict[str, str] = {"RAY_TMPDIR": str(tmp_path)}
+    assert resolve_address(None, env, [])[0] == "10.0.0.4:6379"
+    assert resolve_address(None, env, [raylet("10.0.0.3:6379")])[0] == "10.0.0.3:6379"
+    env["RAYSCOPE_GCS"] = "10.0.0.2:6379"
+    assert resolve_address(None, env, [raylet("10.0.0.3:6379")]) == ("10.0.0.2:6379", "RAYSCOPE_GCS")
+    assert resolve_address("10.0.0.1:6379", env, []) == ("10.0.0.1:6379", "--gcs")
+
+
+def test_resolution_refuses_to_guess_between_clusters(tmp_path: Path) -> None:
+    address, why = resolve_address(None, {"RAY_TMPDIR": str(tmp_path)}, [raylet("a:1", 1), raylet("b:2", 2)])
+    assert address is None and "2 clusters" in why and "--gcs" in why
+
+
+def test_resolution_says_what_to_do_when_nothing_names_a_cluster(tmp_path: Path) -> None:
+    address, why = resolve_address(None, {"RAY_TMPDIR": str(tmp_path)}, [])
+    assert address is None and "--gcs" in why and "RAYSCOPE_GCS" in why
+
+
+def test_ray_temp_dir_follows_rays_rule() -> None:
+    assert ray_temp_dir({}) == "/tmp/ray"
+    assert ray_temp_dir({"TMPDIR": "/scratch"}) == "/scratch/ray"
+    assert ray_temp_dir({"TMPDIR": "/scratch", "RAY_TMPDIR": "/r"}) == "/r/ray"
+
+
+def test_explain_in_operator_words() -> None:
+    assert explain(TimeoutError(), "h:1", 5.0, None) == "GCS unreachable at h:1 (timeout 5 s)"
+    unauth = RuntimeError("Unauthenticated: RPC error: InvalidAuthToken: Authentication token is missing")
+    assert "requires token authentication" in explain(unauth, "h:1", 5.0, None)
+    assert (
+        explain(unauth, "h:1", 5.0, "RAY_AUTH_TOKEN") == "GCS at h:1 rejected the token from RAY_AUTH_TOKEN"
+    )
+    assert explain(RuntimeError("boom\nmore"), "h:1", 5.0, None) == "GCS at h:1 failed: boom"
+
+
+def test_token_on_disk_turns_token_auth_on_like_ray_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    env: dict[str, str] = {}
+    assert prepare_auth_env(env) is None and env == {}
+    (tmp_path / ".ray").mkdir()
+    (tmp_path / ".ray" / "auth_token").write_text("secret")
+    assert prepare_auth_env(env) is not None and env["RAY_AUTH_MODE"] == "token"
+    explicit = {"RAY_AUTH_MODE": "disabled", "RAY_AUTH_TOKEN": "x"}
+    assert prepare_auth_env(explicit) == "RAY_AUTH_TOKEN" and explicit["RAY_AUTH_MODE"] == "disabled"

@@ -1,0 +1,117 @@
+"""The pure rollup: BioEngine's derivation (used = total - available, clamped, rounded to
+1e-4), extended with VRAM_MB, merged with node reports.
+
+Positive control: each test names a number only the correct derivation gives. Replacing
+``used_vram_mb`` by 0 in ``_scheduler_numbers`` fails the Europa test while the deNBI test
+still passes; summing dead nodes fails ``test_dead_nodes_are_not_summed``.
+"""
+
+import math
+
+from agent.model import GpuDevice, RayNode
+from agent.rollup import accelerator_type, measured_memory, rollup, slurm_job_id, used_amount
+from tests.scenarios import (
+    CPU,
+    DEAD,
+    EUROPA,
+    NOW,
+    SEED_REPORTS,
+    SEED_VIEWS,
+    T4,
+    UNKNOWN,
+    mixed_status,
+    recorded_gcs_nodes,
+    report,
+    seed_status,
+)
+
+
+def test_used_is_total_minus_available_rounded_to_rays_unit() -> None:
+    assert 1 - 0.96 == 0.040000000000000036  # what the GCS really hands back
+    assert used_amount(1.0, 0.96) == 0.04
+    assert used_amount(1.0, 1.2) == 0.0  # clamped: never negative
+
+
+def test_recorded_gcs_europa_and_denbi() -> None:
+    """The live cluster's recorded GCS answer (Ray 2.60.0), through the rollup."""
+    status = rollup(recorded_gcs_nodes(), {}, now=NOW, stale_after_s=math.inf, view="gcs")
+    by_role = {(n.head, n.total_gpu > 0): n for n in status.nodes.values()}
+    europa = by_role[(True, True)]
+    assert (europa.used_vram_mb, europa.total_vram_mb, europa.used_gpu) == (20480, 24576, 0.04)
+    assert europa.used_cpu == 8  # no "CPU" key in available when all are booked
+    denbi = by_role[(False, True)]
+    assert (denbi.used_gpu, denbi.used_vram_mb, denbi.total_vram_mb) == (0.33, 0, 0)
+    assert denbi.accelerator_type == "T4"
+    assert status.cluster.used_gpu == 0.37 and status.cluster.used_vram_mb == 20480
+
+
+def test_accelerator_token_uses_removeprefix_not_lstrip() -> None:
+    # lstrip("accelerator_type:") strips a *set* of characters: a token starting with any of
+    # "acelorty_p:" loses its head ("ecc" would vanish); uppercase tokens happen to survive.
+    assert accelerator_type(["CPU", "accelerator_type:A10G"]) == "A10G"
+    assert accelerator_type(["accelerator_type:ecc"]) == "ecc"
+    assert accelerator_type(["accelerator_type:tpu-v4"]) == "tpu-v4"
+    assert accelerator_type(["CPU"]) is None
+    assert slurm_job_id(["slurm_job_id:8812"]) == "8812"
+
+
+def test_cluster_sums_alive_nodes_only() -> None:
+    status = mixed_status()
+    assert status.cluster.nodes_alive == 4 and status.cluster.nodes_dead == 1
+    assert status.cluster.total_cpu == 8 + 8 + 16 + 4  # the dead node's 4 CPUs are not summed
+
+
+def test_dead_nodes_are_not_summed() -> None:
+    dead = RayNode(node_id=DEAD, node_ip="10.0.0.9", alive=False, total={"CPU": 64, "GPU": 8}, available=None)
+    status = rollup([*SEED_VIEWS, dead], {}, now=NOW, stale_after_s=15, view="gcs")
+    assert status.cluster.total_gpu == 2 and status.cluster.total_cpu == 32
+    assert status.nodes[DEAD].used_gpu == 0 and not status.nodes[DEAD].alive
+
+
+def test_stale_report_is_kept_on_the_node_but_not_summed() -> None:
+    status = mixed_status()
+    t4 = status.nodes[T4]
+    assert t4.stale and t4.agent == "stale" and t4.report_age_s == 42.0
+    assert t4.used_gpu_memory is not None  # still shown, with its age
+    # Only Europa's GPU0 is in the sum: the T4's report is stale, the other nodes unmeasured.
+    assert status.cluster.used_gpu_memory == status.nodes[EUROPA].used_gpu_memory
+    assert status.cluster.gpu_nodes_measured == 1 and status.cluster.gpu_nodes == 3
+
+
+def test_fresh_reports_are_summed() -> None:
+    status = seed_status()
+    assert status.cluster.total_gpu_memory == 2 * 24 * 1024**3
+    assert status.nodes[EUROPA].agent == "reporting" and status.nodes[EUROPA].report_age_s == 2.0
+
+
+def test_report_for_unknown_node_is_not_in_scheduler() -> None:
+    node = mixed_status().nodes[UNKNOWN]
+    assert not node.in_scheduler and node.total_cpu == 0 and node.node_ip == "10.0.0.12"
+
+
+def test_cpu_only_node_without_report_has_zero_gpu_memory_like_bioengine() -> None:
+    status = rollup(SEED_VIEWS, {}, now=NOW, stale_after_s=15, view="head")
+    assert status.nodes[CPU].total_gpu_memory == 0
+    assert status.nodes[EUROPA].total_gpu_memory is None  # a GPU node nobody measured
+
+
+def test_measured_memory_distinguishes_unknown_from_none() -> None:
+    assert measured_memory(None) == (None, None)
+    assert measured_memory([]) == (0, 0)
+    lost = GpuDevice(index=0, errors={"device": "GPU is lost"})
+    assert measured_memory([lost]) == (None, None)
+    ok = GpuDevice(index=1, memory_total_bytes=10, memory_used_bytes=4)
+    assert measured_memory([lost, ok]) == (10, 4)
+
+
+def test_order_is_head_then_ip_numerically_then_id() -> None:
+    ips = [n.node_ip for n in mixed_status().nodes.values()]
+    assert ips == ["172.17.0.3", "10.0.0.5", "10.0.0.7", "10.0.0.9", "10.0.0.11", "10.0.0.12"]
+
+
+def test_local_report_is_never_stale() -> None:
+    local = report(EUROPA, [], "172.17.0.3", age_s=3600)
+    local.local = True
+    status = rollup(SEED_VIEWS, {EUROPA: local}, now=NOW, stale_after_s=15, view="gcs")
+    assert status.nodes[EUROPA].agent == "local" and not status.nodes[EUROPA].stale
+    assert SEED_REPORTS[EUROPA].local is False

@@ -7,15 +7,17 @@ read) or bad usage.
 
 import sys
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Annotated, Optional
 
 import typer
 
-from agent import __version__, collect, render
+# Deliberately not agent.collect here: it pulls psutil and pynvml, which `status --head`
+# (the fast path) does not need; the commands that do import it themselves.
+from agent import __version__, client, render, wire
 from agent.errors import AgentError
-from agent.sources.gcs import ADDRESS_ENV, DEFAULT_TIMEOUT_S, parse_address
+from agent.sources.gcs import ADDRESS_ENV, DEFAULT_TIMEOUT_S, parse_address, split_address
 
 app = typer.Typer(
     name="rayscope",
@@ -103,6 +105,55 @@ TimeoutOption = Annotated[
     typer.Option("--timeout", metavar="SECONDS", callback=_positive, help="Deadline for the GCS read."),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="One JSON document instead of lines.")]
+TokenFileOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--token-file",
+        metavar="FILE",
+        envvar="RAYSCOPE_TOKEN_FILE",
+        help="Shared secret of the head and its agents (the same file everywhere).",
+    ),
+]
+IntervalOption = Annotated[
+    float, typer.Option("--interval", metavar="SECONDS", callback=_positive, help="Seconds between reports.")
+]
+
+
+def _head_url(value: Optional[str]) -> Optional[str]:
+    if value is None:
+        return None
+    try:
+        return client.parse_head_url(value)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+
+
+def _endpoint(default_port: int) -> Callable[[str], str]:
+    def check(value: str) -> str:
+        text = value if ":" in value else f"{value}:{default_port}"
+        try:
+            return parse_address(text)
+        except ValueError as err:
+            raise typer.BadParameter(str(err)) from None
+
+    return check
+
+
+def _token(path: Optional[str]) -> bytes:
+    try:
+        return wire.read_token(path)
+    except ValueError as err:
+        raise AgentError(str(err), 2) from None
+
+
+def _daemon_logging() -> None:
+    import logging
+
+    logging.basicConfig(
+        level=logging.DEBUG if _verbose else logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
 
 
 def _print(lines: list[str]) -> None:
@@ -113,16 +164,34 @@ def _print(lines: list[str]) -> None:
 def status(
     json_out: JsonOption = False,
     all_nodes: Annotated[bool, typer.Option("--all", help="Show dead nodes too.")] = False,
+    head: Annotated[
+        Optional[str],
+        typer.Option(
+            "--head",
+            metavar="URL",
+            envvar=client.HEAD_ENV,
+            callback=_head_url,
+            help="Read a head agent (http://HOST:7532) instead of the GCS: every node's NVML.",
+        ),
+    ] = None,
     gcs: GcsOption = None,
+    token_file: TokenFileOption = None,
     timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
 ) -> None:
     """Cluster status: per node and summed, GPU fraction booked, VRAM_MB booked, NVML memory.
 
-    Reads the scheduler's view of every node from the GCS (no ray.init, no job) and NVML
-    on this host. Exit codes: 0 = answered; 2 = no data (GCS unreachable, no address).
+    With --head (or $RAYSCOPE_HEAD) it asks a head agent, which merges every node agent's
+    NVML with the scheduler's view. Without, it reads the scheduler's view of every node
+    from the GCS (no ray.init, no job) and NVML on this host only. The JSON's "view" says
+    which. Exit codes: 0 = answered; 2 = no data (head or GCS unreachable, no address).
     """
     with _one_line_errors():
-        result = collect.embedded_status(gcs, timeout)
+        if head:
+            result = client.head_status(head, _token(token_file), timeout)
+        else:
+            from agent import collect
+
+            result = collect.embedded_status(gcs, timeout)
         if json_out:
             _print([render.status_json(result, include_dead=all_nodes)])
         else:
@@ -139,8 +208,83 @@ def node(
     sources answered. Runs on any node, with or without Ray importable; exit code 0 unless
     rayscope itself fails."""
     with _one_line_errors():
+        from agent import collect
+
         diag = collect.node_diagnostics(gcs, timeout)
         _print([render.node_json(diag)] if json_out else render.node_lines(diag))
+
+
+@app.command("head")
+def head_agent(
+    listen: Annotated[
+        str,
+        typer.Option(
+            "--listen", metavar="HOST:PORT", callback=_endpoint(7531), help="Where node agents connect."
+        ),
+    ] = "127.0.0.1:7531",
+    http: Annotated[
+        str,
+        typer.Option(
+            "--http",
+            metavar="HOST:PORT",
+            callback=_endpoint(7532),
+            help="GET /v1/status, /metrics, /healthz.",
+        ),
+    ] = "127.0.0.1:7532",
+    gcs: GcsOption = None,
+    interval: IntervalOption = 5.0,
+    token_file: TokenFileOption = None,
+    timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
+) -> None:
+    """The head agent: takes node agents' reports, reads the scheduler once per interval,
+    serves the merged rollup over HTTP. A report older than 3 intervals is stale. Listening
+    beyond loopback requires --token-file. Stops cleanly on SIGTERM."""
+    import asyncio
+
+    from agent import collect
+    from agent.head import Head
+
+    with _one_line_errors():
+        _daemon_logging()
+        token = _token(token_file)
+        address = collect.resolve_gcs_here(gcs)
+        try:
+            server = Head(split_address(listen), split_address(http), address, interval, token, timeout)
+            asyncio.run(server.serve())
+        except ValueError as err:
+            raise AgentError(str(err), 2) from None
+        except OSError as err:
+            raise AgentError(f"head agent cannot start: {err.strerror or err}", 1) from None
+
+
+@app.command()
+def push(
+    head: Annotated[
+        str,
+        typer.Option(
+            "--head",
+            metavar="HOST:PORT",
+            callback=_endpoint(7531),
+            help="The head agent's report port (7531).",
+        ),
+    ],
+    interval: IntervalOption = 5.0,
+    token_file: TokenFileOption = None,
+    node_id: Annotated[
+        Optional[str],
+        typer.Option(
+            "--node-id", metavar="ID", help="The Ray node to report for (default: the local raylet's)."
+        ),
+    ] = None,
+) -> None:
+    """The node agent: every interval (with jitter) sends this node's raylet, NVML and host
+    facts to the head agent over one persistent connection; reconnects with backoff; never
+    queues old reports; stops cleanly on SIGTERM."""
+    from agent.push import Pusher
+
+    with _one_line_errors():
+        _daemon_logging()
+        Pusher(split_address(head), _token(token_file), interval, node_id).run()
 
 
 def main() -> None:

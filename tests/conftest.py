@@ -175,3 +175,121 @@ def live_cluster() -> Iterator[LiveCluster]:
 def rayscope_env(live_cluster: LiveCluster) -> dict[str, str]:
     """Environment for running rayscope against the live cluster."""
     return base_env(RAY_AUTH_MODE="disabled", RAY_TMPDIR=str(live_cluster.root))
+
+
+def free_port() -> int:
+    """A port nobody listens on right now (the daemon binds it a moment later)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Daemon:
+    """``python -m agent ARGS`` left running (head or push agent), stopped by pid."""
+
+    def __init__(self, args: list[str], env: Mapping[str, str], log_path: Path) -> None:
+        self.args = args
+        self.log_path = log_path
+        self._log = open(log_path, "a")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "agent", *args],
+            cwd=REPO,
+            env=dict(env),
+            stdout=self._log,
+            stderr=self._log,
+        )
+
+    def log_text(self) -> str:
+        return self.log_path.read_text()
+
+    def stop(self, timeout_s: float = 15.0) -> int:
+        """SIGTERM (the daemon must exit cleanly), SIGKILL if it does not; the exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=timeout_s)
+        self._log.close()
+        return int(self.process.returncode)
+
+    def kill(self) -> None:
+        """SIGKILL: an agent that dies without a word."""
+        self.process.kill()
+        self.process.wait(timeout=15)
+        self._log.close()
+
+
+class HeadDaemon(Daemon):
+    """A ``rayscope head`` on free loopback ports, with a way to query its HTTP side."""
+
+    def __init__(
+        self,
+        env: Mapping[str, str],
+        log_path: Path,
+        extra: list[str],
+        token_file: Optional[Path],
+        listen_port: Optional[int] = None,
+        http_port: Optional[int] = None,
+    ) -> None:
+        self.listen_port, self.http_port = listen_port or free_port(), http_port or free_port()
+        args = ["head", "--listen", f"127.0.0.1:{self.listen_port}", "--http", f"127.0.0.1:{self.http_port}"]
+        args += ["--token-file", str(token_file)] if token_file else []
+        super().__init__(args + extra, env, log_path)
+        self.token = token_file.read_text().strip() if token_file else ""
+        self.wait_ready()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def get(self, path: str, token: Optional[str] = None) -> tuple[int, bytes]:
+        import urllib.error
+        import urllib.request
+
+        request = urllib.request.Request(self.url + path)
+        bearer = self.token if token is None else token
+        if bearer:
+            request.add_header("Authorization", f"Bearer {bearer}")
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return int(response.status), bytes(response.read())
+        except urllib.error.HTTPError as err:
+            return int(err.code), bytes(err.read())
+
+    def wait_ready(self, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"head agent exited {self.process.returncode}:\n{self.log_text()}")
+            try:
+                if self.get("/healthz")[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"head agent never answered /healthz:\n{self.log_text()}")
+
+
+@pytest.fixture(scope="session")
+def wire_token(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("token") / "token"
+    path.write_text("0123456789abcdef0123456789abcdef\n")
+    return path
+
+
+@pytest.fixture(scope="session")
+def head_daemon(tmp_path_factory: pytest.TempPathFactory, wire_token: Path) -> Iterator[HeadDaemon]:
+    """A head agent with no reachable GCS (a closed port): the wire tests need no cluster."""
+    logs = tmp_path_factory.mktemp("head")
+    env = base_env(RAY_AUTH_MODE="disabled")
+    head = HeadDaemon(
+        env, logs / "head.log", ["--gcs", f"127.0.0.1:{free_port()}", "--interval", "1"], wire_token
+    )
+    try:
+        yield head
+    finally:
+        head.stop()

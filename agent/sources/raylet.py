@@ -94,6 +94,8 @@ def find_raylets() -> tuple[list[RayletInfo], SourceStatus]:
             continue
         try:
             info = parse_raylet_cmdline(proc.cmdline(), proc.pid)
+            if info is not None:
+                info.started_at = proc.create_time()
         except psutil.AccessDenied:
             denied += 1
             continue
@@ -118,3 +120,12 @@ def pick_raylet(raylets: Sequence[RayletInfo], node_id: Optional[str]) -> Option
         matches = [r for r in raylets if r.node_id.startswith(node_id)]
         return matches[0] if len(matches) == 1 else None
     return raylets[0] if raylets else None
+
+
+def still_running(info: RayletInfo) -> bool:
+    """Whether the raylet ``info`` describes is still the process with its pid (a cheap
+    check that spares the node agent a scan of every process on every cycle)."""
+    try:
+        return bool(psutil.Process(info.pid).create_time() == info.started_at)
+    except psutil.Error:
+        return False

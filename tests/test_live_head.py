@@ -1,0 +1,234 @@
+"""Node agents and the head agent on the real Ray test cluster.
+
+One ``rayscope push`` per Ray node (pinned with ``--node-id``: the test cluster runs three
+raylets on this one host) and one ``rayscope head``, all with a shared token, interval 1 s.
+"""
+
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import pytest
+
+from tests.conftest import Daemon, HeadDaemon, LiveCluster, base_env, free_port, run_rayscope
+
+pytestmark = pytest.mark.live
+
+INTERVAL = 1.0
+NODES = ("head", "denbi", "cpu")
+
+
+class Fleet:
+    """The head agent and one node agent per Ray node."""
+
+    def __init__(self, cluster: LiveCluster, logs: Path, token_file: Path) -> None:
+        self.cluster, self.logs, self.token_file = cluster, logs, token_file
+        self.env = base_env(RAY_AUTH_MODE="disabled", RAY_TMPDIR=str(cluster.root))
+        self.head = self.start_head()
+        self.agents = {name: self.start_agent(name) for name in NODES}
+
+    def start_head(self, listen_port: Optional[int] = None, http_port: Optional[int] = None) -> HeadDaemon:
+        extra = ["--gcs", self.cluster.gcs_address, "--interval", str(INTERVAL)]
+        return HeadDaemon(self.env, self.logs / "head.log", extra, self.token_file, listen_port, http_port)
+
+    def restart_head(self) -> None:
+        """Stop the head and start a new one on the same ports (agents keep their address)."""
+        assert self.head.stop() == 0  # SIGTERM: a clean exit
+        self.head = self.start_head(self.head.listen_port, self.head.http_port)
+
+    def start_agent(
+        self, name: str, token_file: Optional[Path] = None, node_id: Optional[str] = None
+    ) -> Daemon:
+        token = token_file or self.token_file
+        args = ["push", "--head", f"127.0.0.1:{self.head.listen_port}", "--interval", str(INTERVAL)]
+        args += ["--token-file", str(token), "--node-id", node_id or self.cluster.node_id(name)]
+        return Daemon(args, self.env, self.logs / f"push-{name}.log")
+
+    def run_status(self, *args: str) -> "subprocess.CompletedProcess[str]":
+        """``rayscope status --head URL --token-file F ARGS``."""
+        token = ["--token-file", str(self.token_file)]
+        return run_rayscope("status", "--head", self.head.url, *token, *args, env=self.env)
+
+    def status(self) -> dict[str, Any]:
+        done = self.run_status("--json", "--all")
+        assert done.returncode == 0, done.stderr
+        doc: dict[str, Any] = json.loads(done.stdout)
+        return doc
+
+    def node(self, name: str) -> dict[str, Any]:
+        node: dict[str, Any] = self.status()["nodes"][self.cluster.node_id(name)]
+        return node
+
+    def all_reporting(self) -> bool:
+        return all(self.node(n)["agent"] == "reporting" for n in NODES)
+
+    def stop(self) -> None:
+        for agent in self.agents.values():
+            agent.stop()
+        self.head.stop()
+
+
+def eventually(check: Callable[[], bool], timeout_s: float = 20.0, what: str = "") -> None:
+    """Poll ``check``; a KeyError counts as "not yet" (the node is not in the document yet)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except KeyError:
+            pass
+        time.sleep(0.2)
+    pytest.fail(f"not within {timeout_s} s: {what}")
+
+
+@pytest.fixture(scope="module")
+def fleet(
+    live_cluster: LiveCluster, tmp_path_factory: pytest.TempPathFactory, wire_token: Path
+) -> Iterator[Fleet]:
+    fleet = Fleet(live_cluster, tmp_path_factory.mktemp("fleet"), wire_token)
+    try:
+        eventually(fleet.all_reporting, what="all agents reporting")
+        yield fleet
+    finally:
+        fleet.stop()
+
+
+def test_every_node_reports_fresh_through_the_head(fleet: Fleet) -> None:
+    doc = fleet.status()
+    assert doc["view"] == "head"
+    for name in NODES:
+        node = doc["nodes"][fleet.cluster.node_id(name)]
+        assert node["agent"] == "reporting" and node["stale"] is False
+        assert node["report_age_s"] is not None and node["report_age_s"] < 3 * INTERVAL
+        assert node["hostname"]  # the agent's host facts arrived
+    head = doc["nodes"][fleet.cluster.node_id("head")]
+    assert (head["used_vram_mb"], head["total_vram_mb"], head["used_gpu"]) == (20480, 24576, 0.04)
+
+
+def test_head_lines_carry_no_marker_when_all_report(fleet: Fleet) -> None:
+    done = fleet.run_status()
+    assert done.returncode == 0, done.stderr
+    assert "  127.0.0.1 [HEAD] G GPU: 0.04/1 booked: 20480/24576 MB  VRAM: NA/NA GB  CPU: 8/8" in done.stdout
+    assert "stale" not in done.stdout and "no agent" not in done.stdout
+
+
+def test_rayscope_head_env_names_the_head(fleet: Fleet) -> None:
+    env = {**fleet.env, "RAYSCOPE_HEAD": fleet.head.url, "RAYSCOPE_TOKEN_FILE": str(fleet.token_file)}
+    done = run_rayscope("status", "--json", env=env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["view"] == "head"
+
+
+def test_a_killed_agent_turns_stale_then_fresh_when_restarted(fleet: Fleet) -> None:
+    fleet.agents["denbi"].kill()
+    eventually(lambda: fleet.node("denbi")["stale"], timeout_s=6 * INTERVAL + 5, what="denbi stale")
+    stale = fleet.node("denbi")
+    assert stale["agent"] == "stale" and stale["report_age_s"] > 3 * INTERVAL
+    done = fleet.run_status()
+    t4 = [line for line in done.stdout.splitlines() if " T4 " in line]
+    assert len(t4) == 1 and " stale " in t4[0] + " "
+    fleet.agents["denbi"] = fleet.start_agent("denbi")
+    eventually(lambda: fleet.node("denbi")["agent"] == "reporting", what="denbi fresh again")
+
+
+def test_agents_reconnect_to_a_restarted_head_by_themselves(fleet: Fleet) -> None:
+    fleet.restart_head()
+    eventually(
+        fleet.all_reporting,
+        timeout_s=30,
+        what="all agents back after a head restart",
+    )
+    assert all(agent.process.poll() is None for agent in fleet.agents.values())
+
+
+def test_wrong_token_is_rejected_and_the_head_keeps_serving(fleet: Fleet, tmp_path: Path) -> None:
+    wrong = tmp_path / "wrong"
+    wrong.write_text("not the shared secret")
+    impostor = fleet.start_agent("impostor", token_file=wrong, node_id="baad" * 14)
+    try:
+        eventually(lambda: "bad MAC" in fleet.head.log_text(), what="the head logs the bad MAC")
+        doc = fleet.status()
+        assert "baad" * 14 not in doc["nodes"]
+        assert all(doc["nodes"][fleet.cluster.node_id(n)]["agent"] == "reporting" for n in NODES)
+    finally:
+        impostor.stop()
+
+
+def test_report_for_a_node_the_gcs_does_not_know_is_no_raylet(fleet: Fleet) -> None:
+    ghost = fleet.start_agent("ghost", node_id="0ddba11" + "0" * 49)
+    try:
+        eventually(lambda: "0ddba11" + "0" * 49 in fleet.status()["nodes"], what="the ghost node shows up")
+        assert fleet.status()["nodes"]["0ddba11" + "0" * 49]["in_scheduler"] is False
+        done = fleet.run_status()
+        assert any(line.endswith("no raylet") for line in done.stdout.splitlines())
+    finally:
+        assert ghost.stop() == 0  # SIGTERM: a clean exit
+
+
+def test_metrics_and_auth(fleet: Fleet) -> None:
+    code, body = fleet.head.get("/metrics")
+    assert code == 200
+    text = body.decode()
+    head_id = fleet.cluster.node_id("head")
+    assert f'rayscope_vram_booked_megabytes{{node_id="{head_id}",node_ip="127.0.0.1"}} 20480' in text
+    assert f'rayscope_gpus_booked{{node_id="{head_id}",node_ip="127.0.0.1"}} 0.04' in text
+    assert 'rayscope_source_up{source="gcs"} 1' in text
+    assert "rayscope_report_age_seconds{" in text
+    assert "rayscope_gpu_memory_used_bytes{" not in text.replace("# ", "")  # unknown: absent, not 0
+    assert fleet.head.get("/metrics", token="wrong")[0] == 401
+    assert fleet.head.get("/v1/status", token="wrong")[0] == 401
+    assert fleet.head.get("/healthz", token="wrong")[0] == 200
+
+
+def test_status_head_without_token_says_so(fleet: Fleet) -> None:
+    done = run_rayscope("status", "--head", fleet.head.url, env=fleet.env)
+    assert done.returncode == 2
+    assert done.stderr == f"rayscope: head agent at {fleet.head.url} requires its token: pass --token-file\n"
+
+
+def test_unreachable_head_is_one_line_and_exit_2() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    done = run_rayscope("status", "--head", url)
+    assert done.returncode == 2
+    assert done.stderr == f"rayscope: head agent unreachable at {url} (connection refused)\n"
+
+
+def test_non_loopback_without_token_is_refused(live_cluster: LiveCluster) -> None:
+    done = run_rayscope("head", "--http", "0.0.0.0:7532", "--gcs", live_cluster.gcs_address)
+    assert done.returncode == 2
+    assert done.stderr.startswith("rayscope: refusing to listen on 0.0.0.0 without a token")
+    assert len(done.stderr.splitlines()) == 1
+
+
+def test_agent_started_before_its_head_connects_when_it_comes_up(
+    live_cluster: LiveCluster, tmp_path: Path, wire_token: Path
+) -> None:
+    env = base_env(RAY_AUTH_MODE="disabled")
+    listen = free_port()
+    agent = Daemon(
+        ["push", "--head", f"127.0.0.1:{listen}", "--interval", "1", "--token-file", str(wire_token),
+         "--node-id", live_cluster.node_id("cpu")],
+        env,
+        tmp_path / "push.log",
+    )  # fmt: skip
+    try:
+        time.sleep(2)  # it tries, fails, backs off
+        extra = ["--gcs", live_cluster.gcs_address, "--interval", "1"]
+        head = HeadDaemon(env, tmp_path / "head.log", extra, wire_token, listen_port=listen)
+        try:
+
+            def reporting() -> bool:
+                _, body = head.get("/v1/status")
+                return bool(json.loads(body)["nodes"][live_cluster.node_id("cpu")]["agent"] == "reporting")
+
+            eventually(reporting, timeout_s=20, what="the early agent reporting")
+        finally:
+            head.stop()
+        log = agent.log_text()
+        assert log.count("unreachable") == 1  # one line per state change, not one per retry
+        assert "connected to head" in log
+    finally:
+        assert agent.stop() == 0

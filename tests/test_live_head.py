@@ -232,3 +232,20 @@ def test_agent_started_before_its_head_connects_when_it_comes_up(
         assert "connected to head" in log
     finally:
         assert agent.stop() == 0
+
+
+def test_head_json_has_every_bioengine_key_plus_ours(fleet: Fleet) -> None:
+    code, body = fleet.head.get("/v1/status")
+    assert code == 200
+    doc = json.loads(body)
+    bioengine_node_keys = {
+        "node_ip", "head", "total_cpu", "used_cpu", "total_gpu", "used_gpu", "total_gpu_memory",
+        "used_gpu_memory", "total_memory", "used_memory", "total_object_store_memory",
+        "used_object_store_memory", "accelerator_type", "slurm_job_id",
+    }  # fmt: skip
+    seed_pr_keys = {"total_vram_mb", "used_vram_mb"}
+    ours = {"report_age_s", "stale", "alive", "gpus", "agent"}
+    for node in doc["nodes"].values():
+        assert bioengine_node_keys | seed_pr_keys | ours <= node.keys()
+    assert {"total_cpu", "used_cpu", "total_gpu", "used_gpu"} | seed_pr_keys <= doc["cluster"].keys()
+    assert {"schema", "generated_at", "sources", "view"} <= doc.keys() and doc["view"] == "head"

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 import msgspec
+
 from agent.model import (
     ClusterStatus,
     GpuDevice,

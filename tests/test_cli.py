@@ -6,6 +6,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+
 from agent import __version__
 from tests.conftest import run_rayscope
 

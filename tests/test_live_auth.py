@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from tests.conftest import LiveCluster, base_env, run_rayscope, start_cluster
 
 pytestmark = pytest.mark.live

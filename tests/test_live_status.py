@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from tests.conftest import LiveCluster, run_rayscope
 
 pytestmark = pytest.mark.live

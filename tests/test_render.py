@@ -4,6 +4,7 @@ import json
 
 import msgspec
 import pytest
+
 from agent import render
 from agent.model import NodeStatus
 from tests.golden import check_golden

@@ -103,6 +103,16 @@ TimeoutOption = Annotated[
     typer.Option("--timeout", metavar="SECONDS", callback=_positive, help="Deadline for the GCS read."),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="One JSON document instead of lines.")]
+GpusOption = Annotated[
+    bool,
+    typer.Option(
+        "--gpus",
+        help=(
+            "Per GPU: the actors on it, what each booked (VRAM_MB, GPU) beside what it uses"
+            " (NVML), and memory held by processes that booked nothing."
+        ),
+    ),
+]
 
 
 def _print(lines: list[str]) -> None:
@@ -115,6 +125,7 @@ def status(
     all_nodes: Annotated[bool, typer.Option("--all", help="Show dead nodes too.")] = False,
     gcs: GcsOption = None,
     timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
+    gpus: GpusOption = False,
 ) -> None:
     """Cluster status: per node and summed, GPU fraction booked, VRAM_MB booked, NVML memory.
 
@@ -122,11 +133,12 @@ def status(
     on this host. Exit codes: 0 = answered; 2 = no data (GCS unreachable, no address).
     """
     with _one_line_errors():
-        result = collect.embedded_status(gcs, timeout)
+        result = collect.embedded_status(gcs, timeout, gpus=gpus)
         if json_out:
             _print([render.status_json(result, include_dead=all_nodes)])
         else:
-            _print(render.status_lines(result, include_dead=all_nodes))
+            lines = render.status_lines(result, include_dead=all_nodes)
+            _print(lines + render.status_gpu_lines(result, include_dead=all_nodes) if gpus else lines)
 
 
 @app.command()
@@ -134,13 +146,14 @@ def node(
     json_out: JsonOption = False,
     gcs: GcsOption = None,
     timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
+    gpus: GpusOption = False,
 ) -> None:
     """This node's diagnostics: raylet identity and booking, GPUs (NVML), host, and which
     sources answered. Runs on any node, with or without Ray importable; exit code 0 unless
     rayscope itself fails."""
     with _one_line_errors():
-        diag = collect.node_diagnostics(gcs, timeout)
-        _print([render.node_json(diag)] if json_out else render.node_lines(diag))
+        diag = collect.node_diagnostics(gcs, timeout, gpus=gpus)
+        _print([render.node_json(diag)] if json_out else render.node_lines(diag, gpus=gpus))
 
 
 def main() -> None:

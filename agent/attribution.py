@@ -54,7 +54,16 @@ def short_class_name(class_name: str) -> str:
     return class_name.rsplit(".", 1)[-1] if class_name else ""
 
 
+SERVE_REPLICA_CLASS = "ServeReplica:"
+"""Ray Serve's replica actors: class ``ServeReplica:<app>:<deployment>``, named
+``SERVE_REPLICA::<app>#<deployment>#<suffix>``."""
+
+
 def actor_name(actor: ActorBooking) -> str:
+    """What the operator calls the actor: a Serve replica's deployment, else its name, else
+    its class."""
+    if actor.class_name.startswith(SERVE_REPLICA_CLASS):
+        return actor.class_name.rsplit(":", 1)[-1]
     return actor.name or short_class_name(actor.class_name) or "actor"
 
 
@@ -298,7 +307,20 @@ def attribute_node(
             attributed.append(msgspec.structs.replace(gpu, attribution=attribution))
     full = [g.index for g in attributed if g.attribution is not None and FULL in g.attribution.flags]
     hidden = len(gpus) > 1 and total_vram_mb > 0 and used_vram_mb < total_vram_mb and bool(full)
+    users = [u for key in sorted(per_device) for u in per_device[key].values()]
+    booked = {
+        u.actor_id for u in users if u.actor_id and ((u.booked_vram_mb or 0) > 0 or (u.booked_gpu or 0) > 0)
+    }
     node = NodeAttribution(
+        booked_vram_mb=round(sum(u.booked_vram_mb or 0.0 for u in users if u.actor_id), 4)
+        if matcher.actors_read
+        else None,
+        booked_gpu=round(sum(u.booked_gpu or 0.0 for u in users if u.actor_id), 4)
+        if matcher.actors_read
+        else None,
+        booked_actors=len(booked),
+        actors_used_bytes=sum(u.used_memory_bytes or 0 for u in users if u.actor_id),
+        unbooked_bytes=sum(u.used_memory_bytes or 0 for u in users if UNBOOKED in u.flags),
         actors_read=matcher.actors_read,
         processes_mapped=processes is not None,
         node_total_vram_mb=total_vram_mb,

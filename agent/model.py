@@ -144,6 +144,16 @@ class NodeAttribution(msgspec.Struct, kw_only=True):
     device is fully booked: the node-level number hides it."""
     off_gpu: list[GpuUser] = []
     """Actors of this node that booked ``GPU``/``VRAM_MB`` but are on none of its GPUs."""
+    booked_vram_mb: Optional[float] = None
+    """Summed over this node's GPUs: ``VRAM_MB`` the actors on them booked (``None``: the
+    actor table was not read)."""
+    booked_gpu: Optional[float] = None
+    booked_actors: int = 0
+    """Distinct actors with a ``GPU`` or ``VRAM_MB`` booking on this node's GPUs."""
+    actors_used_bytes: int = 0
+    """NVML: memory the actors' processes hold, summed over this node's GPUs."""
+    unbooked_bytes: int = 0
+    """NVML: memory held by processes that booked nothing, summed over this node's GPUs."""
 
 
 class GpuDevice(msgspec.Struct, kw_only=True):

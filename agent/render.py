@@ -267,22 +267,24 @@ def booked_text(gpu: GpuDevice) -> str:
     """``booked 20480 MB by 4 actors``: ``VRAM_MB`` where booked, else the ``GPU`` fraction
     (on a ``VRAM_MB`` node the fraction is a device handle, not the reservation)."""
     att = gpu.attribution
-    if att is None or att.booked_vram_mb is None:
+    if att is None:
         return "booked NA"
-    if att.booked_actors == 0:
+    users = att.users or [u for mig in gpu.mig_devices if mig.attribution for u in mig.attribution.users]
+    return _booked_words(att.booked_vram_mb, users, att.booked_actors)
+
+
+def _booked_words(vram_mb: Optional[float], users: Sequence[GpuUser], actors: int) -> str:
+    """``booked 20480 MB + 0.33 GPU by 5 actors``: the ``GPU`` fraction counts only actors
+    that booked no ``VRAM_MB``."""
+    if vram_mb is None:
+        return "booked NA"
+    if actors == 0:
         return "booked nothing"
-    fraction = 0.0
-    for user in att.users:
-        if user.kind == "actor" and not user.booked_vram_mb:
-            fraction += user.booked_gpu or 0.0
-    if not att.users:  # a MIG parent: its instances list the users
-        fraction = 0.0 if att.booked_vram_mb else att.booked_gpu or 0.0
-    parts = []
-    if att.booked_vram_mb:
-        parts.append(f"{att.booked_vram_mb:.0f} MB")
+    fraction = sum(u.booked_gpu or 0.0 for u in users if u.kind == "actor" and not u.booked_vram_mb)
+    parts = [f"{vram_mb:.0f} MB"] if vram_mb else []
     if fraction > 0:
         parts.append(f"{fraction:.2f} GPU")
-    return f"booked {' + '.join(parts)} by {_count(att.booked_actors, 'actor')}"
+    return f"booked {' + '.join(parts)} by {_count(actors, 'actor')}"
 
 
 def gpu_booking_line(gpu: GpuDevice) -> str:
@@ -348,6 +350,19 @@ def node_attribution_lines(attribution: Optional[NodeAttribution], gpus: Sequenc
     if attribution is None:
         return []
     lines = []
+    if len(gpus) > 1:
+        users = [
+            u
+            for leaf in gpus
+            for g in (leaf.mig_devices or [leaf])
+            if g.attribution
+            for u in g.attribution.users
+        ]
+        booked = _booked_words(attribution.booked_vram_mb, users, attribution.booked_actors)
+        mapped = attribution.processes_mapped
+        actors_use = gib(attribution.actors_used_bytes if mapped and attribution.actors_read else None)
+        unbooked = gib(attribution.unbooked_bytes if mapped else None)
+        lines.append(f"all GPUs: {booked}  actors use {actors_use} GB  unbooked {unbooked} GB")
     if "hidden_full" in attribution.flags:
         full = []
         for gpu in gpus:

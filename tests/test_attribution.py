@@ -69,7 +69,7 @@ def outsider(pid: int, name: str = "python") -> ProcessInfo:
 def actor(
     actor_id: str,
     pid: int,
-    name: str = "federated-unet",
+    name: str = "SERVE_REPLICA::unet#federated-unet#k3x9",
     *,
     vram_mb: float = 0.0,
     gpu: float = 0.0,
@@ -86,7 +86,7 @@ def actor(
         node_id=node_id,
         pid=pid,
         name=name,
-        class_name="ServeReplica:unet:federated-unet",
+        class_name="ServeReplica:unet:federated-unet" if name.startswith("SERVE_REPLICA::") else "Replica",
         job_id="01000000",
         required=required,
         gpu_ids=[0] if gpu_ids is None and gpu else (gpu_ids or []),
@@ -245,7 +245,9 @@ def test_node_wide_vram_booking_that_hides_a_full_device() -> None:
         lines[0] == "GPU0 NVIDIA GeForce RTX 3090  booked 24576 MB by 3 actors  used 20.0 GB  util 87%  full"
     )
     assert lines[-1] == "VRAM_MB booked node-wide 24576/49152 MB hides a full device: GPU0 (24576/24576 MB)"
+    assert lines[-2] == "all GPUs: booked 24576 MB by 3 actors  actors use 19.5 GB  unbooked 0.0 GB"
     assert node.flags == ["hidden_full"] and node.full_gpus == [0]
+    assert (node.booked_vram_mb, node.booked_actors, node.actors_used_bytes) == (24576, 3, 3 * int(6.5 * GIB))
     _, alone = attribute_node(gpus[:1], processes, booked, {NODE}, total_vram_mb=24576, used_vram_mb=24576)
     assert alone.flags == [] and alone.full_gpus == [0]  # one GPU: the node line already says it
 

@@ -8,8 +8,7 @@ attributed to the wrong actor fails it too.
 """
 
 import json
-from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -54,18 +53,32 @@ def over_booker(live_cluster: LiveCluster) -> Any:
         live_cluster.request(op="kill_actor", name="over-booker")
 
 
-def test_gpu_memory_is_attributed_to_the_actors_that_hold_it(
+class FakeGpu(NamedTuple):
+    """The environment that makes rayscope see the fake GPU, and who is on it."""
+
+    env: dict[str, str]
+    actors: dict[str, dict[str, Any]]
+    sleeper: int
+
+
+@pytest.fixture
+def fake_gpu(
     live_cluster: LiveCluster,
     rayscope_env: dict[str, str],
     fake_nvml_lib: fake.FakeNvml,
     sleeper: int,
     over_booker: dict[str, Any],
-    tmp_path: Path,
-) -> None:
+) -> FakeGpu:
     actors = {a["name"]: a for a in [*live_cluster.state["actors"], over_booker]}
-    path = tmp_path / "scenario.txt"
+    path = live_cluster.root / "fake-gpu-scenario.txt"
     path.write_text(scenario({name: a["pid"] for name, a in actors.items()}, sleeper))
-    env = fake_nvml_lib.env(rayscope_env, path)
+    return FakeGpu(fake_nvml_lib.env(rayscope_env, path), actors, sleeper)
+
+
+def test_gpu_memory_is_attributed_to_the_actors_that_hold_it(
+    live_cluster: LiveCluster, fake_gpu: FakeGpu
+) -> None:
+    env, actors, sleeper = fake_gpu
     head_id, denbi_id = live_cluster.node_id("head"), live_cluster.node_id("denbi")
 
     done = run_rayscope("status", "--gpus", "--gcs", live_cluster.gcs_address, env=env)

@@ -97,6 +97,7 @@ def test_two_gpus_with_processes(fake_nvml_lib: fake.FakeNvml, sleeper: int, tmp
         f"    pid {sleeper} sleep booked nothing used 1.2 GB  unbooked",
         "  GPU1 NVIDIA GeForce RTX 3090  booked NA  used 0.0 GB  util 0%",
         "    bus 00000000:02:00.0  temp 61 C  power 21/350 W  memory 0.0/24.0 GB, 0.3 GB reserved (v2)",
+        "  all GPUs: booked NA  actors use NA GB  unbooked 1.2 GB",
     ]
 
 
@@ -154,6 +155,7 @@ def test_one_gpu_lost(fake_nvml_lib: fake.FakeNvml, tmp_path: Path) -> None:
         "  GPU0 NVIDIA GeForce RTX 3090  booked NA  used 5.8 GB  util 87%",
         "    bus 00000000:01:00.0  temp 61 C  power 245/350 W  memory 5.8/24.0 GB, 0.3 GB reserved (v2)",
         "  GPU1 NA  booked NA  used NA GB  util NA  (device: GPU is lost)",
+        "  all GPUs: booked NA  actors use NA GB  unbooked 0.0 GB",
     ]
 
 
@@ -229,5 +231,6 @@ def test_in_a_container_host_pids_are_not_mapped(
         f"    pid {fake.NO_SUCH_PID} booked NA used 0.5 GB  not mapped",
         "  GPU1 NVIDIA GeForce RTX 3090  booked NA  used 0.0 GB  util 0%",
         "    bus 00000000:02:00.0  temp 61 C  power 21/350 W  memory 0.0/24.0 GB, 0.3 GB reserved (v2)",
+        "  all GPUs: booked NA  actors use NA GB  unbooked NA GB",
         CONTAINER,
     ]

@@ -12,7 +12,6 @@ Per live actor: ``actor_id``, ``node_id``, ``pid``, ``name``, ``class_name``, ``
 ``job_id`` (hex), ``required`` (resources it booked), ``gpu_ids`` (the GPU ids Ray gave it).
 """
 
-import asyncio
 import importlib
 import json
 import os
@@ -99,6 +98,7 @@ def _actor_table(client: Any, timeout_s: float) -> list[Any]:
     if hasattr(client, "get_all_actor_info"):  # a synchronous call in some Ray releases
         infos = client.get_all_actor_info(actor_state_name="ALIVE", timeout=timeout_s)
     else:  # Ray 2.4x-2.6x: only the asyncio variant
+        import asyncio  # here, not at the top: the CLI imports this module on every run
 
         async def fetch() -> Any:
             return await client.async_get_all_actor_info(actor_state_name="ALIVE", timeout=timeout_s)

@@ -156,6 +156,18 @@ def _daemon_logging() -> None:
     )
 
 
+GpusOption = Annotated[
+    bool,
+    typer.Option(
+        "--gpus",
+        help=(
+            "Per GPU: the actors on it, what each booked (VRAM_MB, GPU) beside what it uses"
+            " (NVML), and memory held by processes that booked nothing."
+        ),
+    ),
+]
+
+
 def _print(lines: list[str]) -> None:
     sys.stdout.write("\n".join(lines) + "\n")
 
@@ -177,6 +189,7 @@ def status(
     gcs: GcsOption = None,
     token_file: TokenFileOption = None,
     timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
+    gpus: GpusOption = False,
 ) -> None:
     """Cluster status: per node and summed, GPU fraction booked, VRAM_MB booked, NVML memory.
 
@@ -187,15 +200,16 @@ def status(
     """
     with _one_line_errors():
         if head:
-            result = client.head_status(head, _token(token_file), timeout)
+            result = client.head_status(head, _token(token_file), timeout, gpus=gpus)
         else:
             from agent import collect
 
-            result = collect.embedded_status(gcs, timeout)
+            result = collect.embedded_status(gcs, timeout, gpus=gpus)
         if json_out:
             _print([render.status_json(result, include_dead=all_nodes)])
         else:
-            _print(render.status_lines(result, include_dead=all_nodes))
+            lines = render.status_lines(result, include_dead=all_nodes)
+            _print(lines + render.status_gpu_lines(result, include_dead=all_nodes) if gpus else lines)
 
 
 @app.command()
@@ -203,6 +217,7 @@ def node(
     json_out: JsonOption = False,
     gcs: GcsOption = None,
     timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
+    gpus: GpusOption = False,
 ) -> None:
     """This node's diagnostics: raylet identity and booking, GPUs (NVML), host, and which
     sources answered. Runs on any node, with or without Ray importable; exit code 0 unless
@@ -210,8 +225,8 @@ def node(
     with _one_line_errors():
         from agent import collect
 
-        diag = collect.node_diagnostics(gcs, timeout)
-        _print([render.node_json(diag)] if json_out else render.node_lines(diag))
+        diag = collect.node_diagnostics(gcs, timeout, gpus=gpus)
+        _print([render.node_json(diag)] if json_out else render.node_lines(diag, gpus=gpus))
 
 
 @app.command("head")

@@ -31,10 +31,10 @@ def parse_head_url(text: str) -> str:
     return f"{url.scheme}://{host}:{port}"
 
 
-def head_status(url: str, token: bytes, timeout_s: float) -> ClusterStatus:
+def head_status(url: str, token: bytes, timeout_s: float, gpus: bool = False) -> ClusterStatus:
     """The rollup a head agent serves (``GET /v1/status?all=1``); :class:`AgentError` (exit 2)
     when it cannot be had. No ray import on this path: it is the fast one."""
-    request = urllib.request.Request(f"{url}/v1/status?all=1")
+    request = urllib.request.Request(f"{url}/v1/status?all=1" + ("&gpus=1" if gpus else ""))
     if token:
         request.add_header("Authorization", "Bearer " + token.decode())
     try:

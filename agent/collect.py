@@ -8,19 +8,23 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Callable, Optional
 
+from agent.attribution import attribute_cluster, attribute_node, leaf_devices
 from agent.errors import AgentError
 from agent.model import (
     SCHEMA_VERSION,
+    ActorBooking,
     ClusterStatus,
+    GpuDevice,
     NodeDiagnostics,
     NodeReport,
+    ProcessInfo,
     RayletInfo,
     RayNode,
     ReceivedReport,
     SourceStatus,
 )
 from agent.rollup import rollup
-from agent.sources import gcs, host, nvml, raylet
+from agent.sources import gcs, host, nvml, procs, raylet
 
 EXIT_NO_DATA = 2
 
@@ -29,6 +33,7 @@ def local_report(node_raylet: Optional[RayletInfo], now: float) -> NodeReport:
     """What this host knows about itself: its raylet, NVML and the host (never raises)."""
     driver, gpus, nvml_status = nvml.read_gpus()
     host_info, host_status = host.read_host()
+    processes, procs_sources = gpu_processes(gpus)
     return NodeReport(
         schema=SCHEMA_VERSION,
         node_id=node_raylet.node_id if node_raylet else "",
@@ -37,8 +42,21 @@ def local_report(node_raylet: Optional[RayletInfo], now: float) -> NodeReport:
         host=host_info,
         driver_version=driver,
         gpus=gpus,
-        sources=[nvml_status, host_status],
+        sources=[nvml_status, host_status, *procs_sources],
+        processes=processes,
     )
+
+
+def gpu_processes(
+    gpus: Optional[Sequence[GpuDevice]],
+) -> tuple[Optional[list[ProcessInfo]], list[SourceStatus]]:
+    """This host's view of every pid NVML lists on ``gpus``; no read (and no status) when
+    there is none."""
+    pids = [p.pid for g in leaf_devices(gpus or []) for p in g.processes or []]
+    if not pids:
+        return ([] if gpus is not None else None), []
+    processes, status = procs.read_processes(pids)
+    return processes, [status]
 
 
 def resolve_gcs(
@@ -80,48 +98,80 @@ def resolve_gcs_here(explicit: Optional[str]) -> str:
 
 
 def embedded_status(
-    explicit_gcs: Optional[str], timeout_s: float, clock: Callable[[], float] = time.time
+    explicit_gcs: Optional[str],
+    timeout_s: float,
+    clock: Callable[[], float] = time.time,
+    gpus: bool = False,
 ) -> ClusterStatus:
-    """``rayscope status`` without a head agent: the GCS for every node, NVML for this host."""
+    """``rayscope status`` without a head agent: the GCS for every node, NVML for this host.
+
+    ``gpus``: also read the actor table (same child process) and attribute this host's GPU
+    memory to the actors of its raylets.
+    """
     raylets, raylet_status = raylet.find_raylets()
     address = resolve_gcs(explicit_gcs, raylets)
-    views, gcs_status = gcs.read_cluster(address, timeout_s)
+    actors: Optional[list[ActorBooking]] = None
+    if gpus:
+        views, actors, gcs_statuses = gcs.read_cluster_actors(address, timeout_s)
+        gcs_status = gcs_statuses[0]
+    else:
+        views, gcs_status = gcs.read_cluster(address, timeout_s)
+        gcs_statuses = [gcs_status]
     if not gcs_status.ok:
         raise AgentError(gcs_status.reason, EXIT_NO_DATA)
     now = clock()
     reports, local_sources = _attach_local(raylets, views, now)
-    return rollup(
+    status = rollup(
         views,
         reports,
         now=now,
         stale_after_s=math.inf,
         view="gcs",
         gcs_address=address,
-        sources=[gcs_status, raylet_status, *local_sources],
+        sources=[*gcs_statuses, raylet_status, *local_sources],
+    )
+    if not gpus:
+        return status
+    # Every raylet of this cluster on this host shares its GPUs: their actors may hold them.
+    local = {r.node_id for r in raylets} & {v.node_id for v in views}
+    return attribute_cluster(
+        status, {n: r.report for n, r in reports.items()}, actors, {n: local for n in reports}
     )
 
 
 def node_diagnostics(
-    explicit_gcs: Optional[str], timeout_s: float, clock: Callable[[], float] = time.time
+    explicit_gcs: Optional[str],
+    timeout_s: float,
+    clock: Callable[[], float] = time.time,
+    gpus: bool = False,
 ) -> NodeDiagnostics:
-    """``rayscope node``: this host's raylets, GPUs and host; their booking if the GCS answers."""
+    """``rayscope node``: this host's raylets, GPUs and host; their booking if the GCS answers.
+
+    ``gpus``: also read the actor table and attribute this host's GPU memory to the actors
+    of its raylets (bookings are ``NA`` where the GCS does not answer).
+    """
     raylets, raylet_status = raylet.find_raylets()
     sources = [raylet_status]
     booking = {}
+    actors: Optional[list[ActorBooking]] = None
     address: Optional[str] = None
     try:
         address = resolve_gcs(explicit_gcs, raylets)
     except AgentError as err:
         sources.append(SourceStatus(name="gcs", ok=False, reason=str(err)))
     if address is not None:
-        views, gcs_status = gcs.read_cluster(address, timeout_s)
-        sources.append(gcs_status)
+        if gpus:
+            views, actors, gcs_statuses = gcs.read_cluster_actors(address, timeout_s)
+            sources += gcs_statuses
+        else:
+            views, gcs_status = gcs.read_cluster(address, timeout_s)
+            sources.append(gcs_status)
         local_ids = {r.node_id for r in raylets}
         mine = [v for v in views if v.node_id in local_ids]
         status = rollup(mine, {}, now=clock(), stale_after_s=math.inf, view="gcs")
         booking = dict(status.nodes)
     report = local_report(None, clock())
-    return NodeDiagnostics(
+    diag = NodeDiagnostics(
         schema=SCHEMA_VERSION,
         generated_at=clock(),
         gcs_address=address,
@@ -131,4 +181,15 @@ def node_diagnostics(
         gpus=report.gpus,
         booking=booking,
         sources=sources + report.sources,
+        processes=report.processes,
     )
+    if gpus and report.gpus is not None:
+        diag.gpus, diag.attribution = attribute_node(
+            report.gpus,
+            report.processes,
+            actors,
+            {r.node_id for r in raylets},
+            total_vram_mb=round(sum(n.total_vram_mb for n in booking.values()), 4),
+            used_vram_mb=round(sum(n.used_vram_mb for n in booking.values()), 4),
+        )
+    return diag

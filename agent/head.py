@@ -26,8 +26,10 @@ from urllib.parse import parse_qs, urlsplit
 import msgspec
 
 from agent import render, wire
+from agent.attribution import attribute_cluster
 from agent.model import (
     SCHEMA_VERSION,
+    ActorBooking,
     ClusterStatus,
     NodeReport,
     NodeStatus,
@@ -60,6 +62,8 @@ class HeadState:
         self._reports: dict[str, ReceivedReport] = {}
         self._base: dict[str, NodeStatus] = {}  # rollup.scheduler_nodes of the latest view
         self._gcs_status = SourceStatus(name="gcs", ok=False, reason="not read yet", detail=gcs_address or "")
+        self._actors: Optional[list[ActorBooking]] = None
+        self._actors_status = SourceStatus(name="gcs_actors", ok=False, reason="not read yet")
         self._decoder = msgspec.msgpack.Decoder(NodeReport)
         self.reports_received = 0
         self.frames_rejected = 0
@@ -99,19 +103,32 @@ class HeadState:
                 self._base = base
             self._gcs_status = status
 
-    def status(self, now: float) -> ClusterStatus:
-        """The rollup as of ``now``: reports older than 3 intervals are stale."""
+    def set_actors(self, actors: Optional[list[ActorBooking]], status: SourceStatus) -> None:
+        """The actor table's bookings (``--gpus``); a failed read keeps the last good one."""
+        with self._lock:
+            if actors is not None:
+                self._actors = actors
+            self._actors_status = status
+
+    def status(self, now: float, gpus: bool = False) -> ClusterStatus:
+        """The rollup as of ``now``: reports older than 3 intervals are stale. ``gpus``: also
+        attribute each fresh report's GPU memory to the actors on it (agent.attribution)."""
         with self._lock:
             base, reports, gcs_status = self._base, dict(self._reports), self._gcs_status
-        return merge(
+            actors, actors_status = self._actors, self._actors_status
+        status = merge(
             base,
             reports,
             now=now,
             stale_after_s=STALE_INTERVALS * self.interval_s,
             view="head",
             gcs_address=self.gcs_address,
-            sources=[gcs_status],
+            sources=[gcs_status, actors_status] if gpus else [gcs_status],
         )
+        if not gpus:
+            return status
+        fresh = {node_id: r.report for node_id, r in reports.items() if not status.nodes[node_id].stale}
+        return attribute_cluster(status, fresh, actors, co_hosted(fresh))
 
 
 class ReportProtocol(asyncio.Protocol):
@@ -211,10 +228,12 @@ class _StatusHandler(BaseHTTPRequestHandler):
             return self._send(404, TEXT, b"not found: try /v1/status, /metrics, /healthz\n")
         if self.token and not self._authorized():
             return self._send(401, TEXT, b"bearer token required\n")
-        status = self.state.status(time.time())
+        query = parse_qs(url.query)
+        gpus = query.get("gpus", ["0"])[0] in ("1", "true", "yes")
+        status = self.state.status(time.time(), gpus=gpus)
         if url.path == "/metrics":
             return self._send(200, PROMETHEUS_TEXT, render.metrics_text(status).encode())
-        include_dead = parse_qs(url.query).get("all", ["0"])[0] in ("1", "true", "yes")
+        include_dead = query.get("all", ["0"])[0] in ("1", "true", "yes")
         document = render.status_json(status, include_dead, indent=0)
         return self._send(200, "application/json", document.encode())
 
@@ -233,6 +252,18 @@ class _StatusHandler(BaseHTTPRequestHandler):
         log.debug("http %s " + format, self.client_address[0], *args)
 
 
+def co_hosted(reports: dict[str, NodeReport]) -> dict[str, set[str]]:
+    """Node ids grouped by the host that reported them: raylets on one machine share its GPUs,
+    so an actor of any of them may hold memory on them."""
+    by_host: dict[str, set[str]] = {}
+    for node_id, report in reports.items():
+        if report.host is not None:
+            by_host.setdefault(report.host.hostname, set()).add(node_id)
+    return {
+        node_id: by_host.get(r.host.hostname, set()) if r.host else set() for node_id, r in reports.items()
+    }
+
+
 def is_loopback(host: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")
 
@@ -246,6 +277,8 @@ def poll_gcs(state: HeadState, reader: Optional[gcs.GcsReader], stop: threading.
             status = SourceStatus(name="gcs", ok=False, reason="no GCS address")
         else:
             views, status = reader.read()
+            if status.ok:
+                state.set_actors(*reader.read_actors())
         state.set_view(views, status)
         if status.ok != was_ok:
             if status.ok:

@@ -38,6 +38,129 @@ class SourceStatus(msgspec.Struct, kw_only=True, gc=False):
     """What answered, when that matters (the GCS address, the NVML memory API used)."""
 
 
+class GpuProcess(msgspec.Struct, kw_only=True, gc=False):
+    """One process holding memory on one GPU, as the driver lists it
+    (``nvidia-smi --query-compute-apps=pid,used_memory``; graphics processes too).
+
+    ``pid`` is in the driver's pid namespace: the host's, even when rayscope runs in a container.
+    """
+
+    pid: int
+    used_memory_bytes: Optional[int] = None
+    """``None`` when the driver does not say (WDDM, some MIG set-ups, no permission)."""
+    kinds: list[str] = []
+    """``compute`` and/or ``graphics``: the NVML process lists the pid appeared in."""
+    gpu_instance_id: Optional[int] = None
+    compute_instance_id: Optional[int] = None
+
+
+class ProcessInfo(msgspec.Struct, kw_only=True, gc=False):
+    """What this host says about one GPU process's pid: psutil and Ray's own session logs."""
+
+    pid: int
+    visible: bool = True
+    """``False``: no such pid in this host's process table (exited, or another namespace)."""
+    name: Optional[str] = None
+    """The executable's name (``comm``), e.g. ``python``."""
+    title: Optional[str] = None
+    """The process title of the Ray worker that owns it: ``ray::Replica``,
+    ``ray::ServeReplica:app:deployment``, ``ray::IDLE``; ``None`` outside Ray."""
+    worker_pid: Optional[int] = None
+    """The Ray worker process that owns this pid: itself, or the ancestor the raylet started."""
+    raylet_pid: Optional[int] = None
+    node_id: Optional[str] = None
+    """The Ray node id of the raylet that started the worker (its command line)."""
+    job_id: Optional[str] = None
+    """Hex job id, from the worker's log file name in the raylet's session directory."""
+    actor_id: Optional[str] = None
+    """Hex actor id, where the worker's core log names the actor it created."""
+
+
+class ActorBooking(msgspec.Struct, kw_only=True, gc=False):
+    """One live actor as the GCS actor table holds it: what it booked, where it runs."""
+
+    actor_id: str
+    node_id: str
+    pid: Optional[int] = None
+    name: str = ""
+    """The name given with ``options(name=...)``; ``""`` for an anonymous actor."""
+    class_name: str = ""
+    """``Replica``, ``ServeReplica:app:deployment``, ... (outer scopes as Ray records them)."""
+    state: str = "ALIVE"
+    job_id: str = ""
+    required: dict[str, float] = {}
+    """Required resources: ``GPU`` (device handles), ``VRAM_MB`` (MB booked), ``CPU``, ..."""
+    gpu_ids: list[int] = []
+    """The GPU ids Ray assigned it (indices of the raylet's visible GPUs)."""
+
+
+class GpuUser(msgspec.Struct, kw_only=True, gc=False):
+    """One actor, Ray worker or other process on one GPU: what it booked beside what it uses."""
+
+    kind: str
+    """``actor`` (in the GCS actor table), ``ray worker`` (a Ray worker the actor table does
+    not name: a task), or ``process`` (outside Ray, or not mapped)."""
+    pids: list[int] = []
+    actor_id: Optional[str] = None
+    name: str = ""
+    """Actor name, else class name; for other processes the process title or name."""
+    job_id: Optional[str] = None
+    booked_gpu: Optional[float] = None
+    """This GPU's share of the ``GPU`` resource it booked; ``None`` = booking not known."""
+    booked_vram_mb: Optional[float] = None
+    """This GPU's share of the ``VRAM_MB`` it booked; ``None`` = booking not known."""
+    used_memory_bytes: Optional[int] = None
+    """NVML: memory its processes hold on this GPU; ``None`` when the driver does not say."""
+    flags: list[str] = []
+    """``over_booking`` (uses more than it booked, over all its GPUs), ``unbooked`` (holds
+    memory but booked nothing), ``booking_unknown`` (a Ray worker the actor table does not
+    name), ``not_mapped`` (its pid could not be mapped to a process on this host)."""
+
+
+class GpuAttribution(msgspec.Struct, kw_only=True, gc=False):
+    """One GPU's bookings beside its measured memory (agent.attribution, never a source)."""
+
+    booked_gpu: Optional[float] = None
+    """Sum of the ``GPU`` shares booked on this device; ``None`` = the actor table was not read."""
+    booked_vram_mb: Optional[float] = None
+    booked_actors: int = 0
+    capacity_mb: Optional[float] = None
+    """The device's memory in MB (MiB, as ``VRAM_MB`` counts), from NVML."""
+    unbooked_bytes: int = 0
+    """Memory held by processes that booked nothing."""
+    users: list[GpuUser] = []
+    flags: list[str] = []
+    """``full``: booked ``VRAM_MB`` on this device reaches its capacity."""
+
+
+class NodeAttribution(msgspec.Struct, kw_only=True, gc=False):
+    """A node's GPU attribution beyond single devices."""
+
+    actors_read: bool = False
+    """Whether the GCS actor table was read (else bookings are unknown, ``NA``)."""
+    processes_mapped: bool = False
+    """Whether GPU pids could be mapped to this host's processes (not in a container)."""
+    node_total_vram_mb: float = 0.0
+    node_used_vram_mb: float = 0.0
+    full_gpus: list[int] = []
+    """Indices of full devices (see :class:`GpuAttribution`)."""
+    flags: list[str] = []
+    """``hidden_full``: a multi-GPU node whose node-wide ``VRAM_MB`` shows room while a
+    device is fully booked: the node-level number hides it."""
+    off_gpu: list[GpuUser] = []
+    """Actors of this node that booked ``GPU``/``VRAM_MB`` but are on none of its GPUs."""
+    booked_vram_mb: Optional[float] = None
+    """Summed over this node's GPUs: ``VRAM_MB`` the actors on them booked (``None``: the
+    actor table was not read)."""
+    booked_gpu: Optional[float] = None
+    booked_actors: int = 0
+    """Distinct actors with a ``GPU`` or ``VRAM_MB`` booking on this node's GPUs."""
+    actors_used_bytes: int = 0
+    """NVML: memory the actors' processes hold, summed over this node's GPUs."""
+    unbooked_bytes: int = 0
+    """NVML: memory held by processes that booked nothing, summed over this node's GPUs."""
+
+
 class GpuDevice(msgspec.Struct, kw_only=True, gc=False):
     """One GPU as NVML reports it (``nvidia-smi --query-gpu=...``). ``None`` = unknown."""
 
@@ -51,6 +174,27 @@ class GpuDevice(msgspec.Struct, kw_only=True, gc=False):
     utilization_gpu_pct: Optional[int] = None
     errors: dict[str, str] = {}
     """Field name → why it is ``None`` (``Not Supported``, ``GPU is lost``)."""
+    pci_bus_id: Optional[str] = None
+    memory_reserved_bytes: Optional[int] = None
+    """Memory the driver reserves (memory info v2 only; ``None`` with v1)."""
+    temperature_c: Optional[int] = None
+    power_draw_mw: Optional[int] = None
+    power_limit_mw: Optional[int] = None
+    """The enforced power limit (``nvidia-smi --query-gpu=enforced.power.limit``), mW."""
+    mig_enabled: Optional[bool] = None
+    """Current MIG mode; ``False`` too where the GPU does not support MIG."""
+    parent_index: Optional[int] = None
+    """A MIG instance: the index of its physical GPU (``index`` is then the MIG index)."""
+    gpu_instance_id: Optional[int] = None
+    compute_instance_id: Optional[int] = None
+    mig_devices: list["GpuDevice"] = []
+    """MIG instances of this GPU, each reported as its own device (their memory is part of
+    the parent's: sums use the parents only)."""
+    processes: Optional[list[GpuProcess]] = None
+    """Processes holding memory on this device; ``None`` when NVML could not list them
+    (reason in ``errors``). On a MIG-enabled GPU they are listed on its MIG devices."""
+    attribution: Optional[GpuAttribution] = None
+    """Bookings beside measured memory; set by ``agent.attribution``, never by a node agent."""
 
 
 class HostInfo(msgspec.Struct, kw_only=True, gc=False):
@@ -114,6 +258,8 @@ class NodeReport(msgspec.Struct, kw_only=True, gc=False):
     sources: list[SourceStatus] = []
     interval_s: Optional[float] = None
     """How often the agent sends: the head judges staleness by its own interval and this."""
+    processes: Optional[list[ProcessInfo]] = None
+    """This host's view of the GPU processes' pids; ``None`` when not read or not mappable."""
 
 
 class ReceivedReport(msgspec.Struct, kw_only=True, gc=False):
@@ -160,6 +306,8 @@ class NodeStatus(msgspec.Struct, kw_only=True, gc=False):
     driver_version: Optional[str] = None
     gpus: Optional[list[GpuDevice]] = None
     sources: list[SourceStatus] = []
+    attribution: Optional[NodeAttribution] = None
+    """Set by ``agent.attribution`` (``status --gpus``); ``None`` otherwise."""
 
 
 class ClusterTotals(msgspec.Struct, kw_only=True):
@@ -211,3 +359,6 @@ class NodeDiagnostics(msgspec.Struct, kw_only=True):
     booking: dict[str, NodeStatus] = {}
     """The local raylets' nodes as the scheduler sees them (empty if the GCS was not read)."""
     sources: list[SourceStatus] = []
+    processes: Optional[list[ProcessInfo]] = None
+    attribution: Optional[NodeAttribution] = None
+    """This host's GPUs attributed to the local raylets' actors (``node --gpus``)."""

@@ -23,6 +23,8 @@ from typing import Any, Optional
 import psutil
 import pytest
 
+from tests import fake_nvml
+
 REPO = Path(__file__).resolve().parent.parent
 LIVECLUSTER = REPO / "tests" / "livecluster.py"
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
@@ -293,3 +295,20 @@ def head_daemon(tmp_path_factory: pytest.TempPathFactory, wire_token: Path) -> I
         yield head
     finally:
         head.stop()
+
+
+@pytest.fixture(scope="session")
+def fake_nvml_lib(tmp_path_factory: pytest.TempPathFactory) -> fake_nvml.FakeNvml:
+    """The fake ``libnvidia-ml.so.1``, built from C once per session (tests/fake_nvml)."""
+    return fake_nvml.build(tmp_path_factory.mktemp("fake-nvml"))
+
+
+@pytest.fixture(scope="session")
+def sleeper() -> Iterator[int]:
+    """The pid of a process outside Ray (``sleep``) for scenarios to list as a GPU process."""
+    proc = subprocess.Popen(["sleep", "3600"])
+    try:
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)

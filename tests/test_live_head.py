@@ -63,7 +63,9 @@ class Fleet:
         return node
 
     def all_reporting(self) -> bool:
-        return all(self.node(n)["agent"] == "reporting" for n in NODES)
+        """Every node's agent fresh, and the head's scheduler view read (reports can arrive
+        before the head's first GCS read, and then nodes show as not in the scheduler)."""
+        return all(self.node(n)["agent"] == "reporting" and self.node(n)["in_scheduler"] for n in NODES)
 
     def stop(self) -> None:
         for agent in self.agents.values():

@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional, TypeVar
 
 import msgspec
 
-from agent.model import RayletInfo, RayNode, SourceStatus
+from agent.model import ActorBooking, RayletInfo, RayNode, SourceStatus
 from agent.sources import gcs_read
 
 T = TypeVar("T")
@@ -186,6 +186,22 @@ class GcsReader:
             self._client = None  # reconnect next time: the GCS may have restarted
             raise GcsUnavailable(explain(err, self.address, self.timeout_s, self._token_source)) from err
 
+    def read_actors(self) -> tuple[Optional[list[ActorBooking]], SourceStatus]:
+        """Every live actor (the head agent's attribution input); never raises."""
+        if self._client is None:
+            self.read()  # connects, or says why not
+        client = self._client
+        if client is None:
+            return None, SourceStatus(name="gcs_actors", ok=False, reason="GCS not connected")
+        try:
+            raw = _with_deadline(
+                lambda: gcs_read.read_actors(client, self.timeout_s), self.timeout_s, self._busy
+            )
+        except Exception as err:
+            reason = explain(err, self.address, self.timeout_s, self._token_source)
+            return None, SourceStatus(name="gcs_actors", ok=False, reason=reason)
+        return _to_actors(raw, self.address)
+
     def read(self) -> tuple[list[RayNode], SourceStatus]:
         """Every node the GCS knows, and the source's status; never raises."""
         try:
@@ -205,11 +221,16 @@ def _to_nodes(raw: object, address: str, detail: str) -> tuple[list[RayNode], So
 
 def read_in_child(address: str, timeout_s: float, python: str) -> list[dict]:  # type: ignore[type-arg]
     """Run ``gcs_read`` under ``python`` with a deadline; its nodes, or :class:`GcsUnavailable`."""
+    return _run_child(address, timeout_s, python)["nodes"]  # type: ignore[no-any-return]
+
+
+def _run_child(address: str, timeout_s: float, python: str, *extra: str) -> dict[str, Any]:
+    """``gcs_read`` as a script under ``python`` with a deadline: its whole JSON answer."""
     check_port(address, timeout_s)
     source = gcs_read.__loader__.get_source(gcs_read.__name__)  # type: ignore[union-attr]
     try:
         done = subprocess.run(
-            [python, "-c", source, address, str(timeout_s)],
+            [python, "-c", source, address, str(timeout_s), *extra],
             capture_output=True,
             timeout=timeout_s,
             text=True,
@@ -228,7 +249,7 @@ def read_in_child(address: str, timeout_s: float, python: str) -> list[dict]:  #
         raise GcsUnavailable(
             explain(RuntimeError(answer.get("error", "")), address, timeout_s, _token_source())
         )
-    return answer["nodes"]  # type: ignore[no-any-return]
+    return answer  # type: ignore[no-any-return]
 
 
 def _token_source() -> Optional[str]:
@@ -249,3 +270,37 @@ def read_cluster(
     except GcsUnavailable as err:
         return [], SourceStatus(name="gcs", ok=False, reason=str(err), detail=address)
     return _to_nodes(raw, address, f"{address} via {python}")
+
+
+def _to_actors(raw: object, address: str) -> tuple[Optional[list[ActorBooking]], SourceStatus]:
+    try:
+        actors = msgspec.convert(raw, list[ActorBooking])
+    except msgspec.ValidationError as err:
+        reason = f"unexpected actor table from {address}: {err}"
+        return None, SourceStatus(name="gcs_actors", ok=False, reason=reason)
+    return actors, SourceStatus(name="gcs_actors", ok=True, detail=f"{len(actors)} live actor(s)")
+
+
+def read_cluster_actors(
+    address: str, timeout_s: float = DEFAULT_TIMEOUT_S, python: Optional[str] = None
+) -> tuple[list[RayNode], Optional[list[ActorBooking]], list[SourceStatus]]:
+    """:func:`read_cluster` plus the live actors, in the same child process (one deadline).
+
+    Statuses: the nodes' (``gcs``) first, then the actor table's (``gcs_actors``); actors are
+    ``None`` when the actor table did not answer, even if the nodes did. Never raises.
+    """
+    python = python or sys.executable
+    if python == sys.executable and not ray_importable():
+        reason = f"ray is not importable by this Python ({sys.executable})"
+        return [], None, [SourceStatus(name="gcs", ok=False, reason=reason, detail=address)]
+    try:
+        answer = _run_child(address, timeout_s, python, "actors")
+    except GcsUnavailable as err:
+        return [], None, [SourceStatus(name="gcs", ok=False, reason=str(err), detail=address)]
+    views, status = _to_nodes(answer["nodes"], address, f"{address} via {python}")
+    if "actors" not in answer:
+        error = answer.get("actors_error", "no actor table in the answer")
+        reason = explain(RuntimeError(error), address, timeout_s, _token_source())
+        return views, None, [status, SourceStatus(name="gcs_actors", ok=False, reason=reason)]
+    actors, actors_status = _to_actors(answer["actors"], address)
+    return views, actors, [status, actors_status]

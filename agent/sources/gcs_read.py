@@ -3,10 +3,13 @@
 Standalone on purpose — the standard library and ``ray`` only, no rayscope import — so the
 same file also runs as a script under the Ray node's own Python when the interpreter
 running rayscope cannot import ray (``python gcs_read.py ADDRESS TIMEOUT`` prints one JSON
-document). Ray-version quirks live here and in ``gcs.py`` only.
+document; ``python gcs_read.py ADDRESS TIMEOUT actors`` adds the live actors). Ray-version
+quirks live here and in ``gcs.py`` only.
 
 Output, per node: ``node_id`` (hex), ``node_ip``, ``hostname``, ``is_head``, ``alive``,
 ``total``, ``available`` (``null`` when the GCS holds none, e.g. for a dead node), ``labels``.
+Per live actor: ``actor_id``, ``node_id``, ``pid``, ``name``, ``class_name``, ``state``,
+``job_id`` (hex), ``required`` (resources it booked), ``gpu_ids`` (the GPU ids Ray gave it).
 """
 
 import importlib
@@ -90,19 +93,65 @@ def read_nodes(client: Any, timeout_s: float) -> list[dict[str, Any]]:
     return nodes
 
 
+def _actor_table(client: Any, timeout_s: float) -> list[Any]:
+    """The GCS actor table's ALIVE entries (only live actors hold resources)."""
+    if hasattr(client, "get_all_actor_info"):  # a synchronous call in some Ray releases
+        infos = client.get_all_actor_info(actor_state_name="ALIVE", timeout=timeout_s)
+    else:  # Ray 2.4x-2.6x: only the asyncio variant
+        import asyncio  # here, not at the top: the CLI imports this module on every run
+
+        async def fetch() -> Any:
+            return await client.async_get_all_actor_info(actor_state_name="ALIVE", timeout=timeout_s)
+
+        infos = asyncio.run(fetch())
+    return list(infos.values()) if isinstance(infos, dict) else list(infos)
+
+
+def read_actors(client: Any, timeout_s: float) -> list[dict[str, Any]]:
+    """Every live actor: what it booked and where it runs, as plain JSON-ready dicts."""
+    states = _ray("ray.core.generated.gcs_pb2").ActorTableData.ActorState
+    actors = []
+    for info in _actor_table(client, timeout_s):
+        node_id = info.node_id or info.address.node_id
+        gpu_ids = sorted(
+            {int(r.index) for m in info.resource_mapping if m.name == "GPU" for r in m.resource_ids}
+        )
+        actors.append(
+            {
+                "actor_id": info.actor_id.hex(),
+                "node_id": node_id.hex(),
+                "pid": int(info.pid) or None,
+                "name": info.name,
+                "class_name": info.class_name,
+                "state": states.Name(info.state),
+                "job_id": info.job_id.hex(),
+                "required": _resources(info.required_resources),
+                "gpu_ids": gpu_ids,
+            }
+        )
+    return actors
+
+
 def ray_version() -> str:
     return str(_ray("ray").__version__)
 
 
 def main(argv: list[str]) -> int:
-    """Script mode: ``ADDRESS TIMEOUT_S`` → one JSON document on stdout."""
+    """Script mode: ``ADDRESS TIMEOUT_S [actors]`` → one JSON document on stdout."""
     address, timeout_s = argv[1], float(argv[2])
+    with_actors = argv[3:4] == ["actors"]
     prepare_auth_env(os.environ)
     try:
-        nodes = read_nodes(connect(address), timeout_s)
+        client = connect(address)
+        nodes = read_nodes(client, timeout_s)
         out: dict[str, Any] = {"ok": True, "nodes": nodes, "ray_version": ray_version()}
     except Exception as err:  # reported to the parent as data, never a traceback
         out = {"ok": False, "error": f"{type(err).__name__}: {err}"}
+    if with_actors and out["ok"]:
+        try:  # the nodes stand even when the actor table does not answer
+            out["actors"] = read_actors(client, timeout_s)
+        except Exception as err:
+            out["actors_error"] = f"{type(err).__name__}: {err}"
     out["python"] = sys.executable
     json.dump(out, sys.stdout)
     return 0

@@ -1,12 +1,14 @@
 """GPUs as the NVIDIA driver reports them, through NVML (the real ``pynvml`` binding).
 
-Owns pynvml: every ``NVMLError`` becomes data. A missing library or driver becomes the
-source's status with a reason; one failed field of one GPU becomes ``None`` plus an entry
-in that GPU's ``errors``; one lost GPU degrades its own row only. NVML is initialised once
-per process and shut down at exit.
+Owns pynvml: every ``NVMLError`` becomes data. A missing library or driver, or a library
+that does not match the loaded kernel driver, becomes the source's status with a hint; one
+failed field of one GPU becomes ``None`` plus an entry in that GPU's ``errors``; one lost GPU
+degrades its own row only. NVML is initialised once per process and shut down at exit.
 
-Command line equivalent: ``nvidia-smi --query-gpu=index,name,uuid,memory.total,memory.used,
-utilization.gpu,driver_version --format=csv``.
+Command line equivalent: ``nvidia-smi --query-gpu=index,name,uuid,pci.bus_id,memory.total,
+memory.used,memory.reserved,utilization.gpu,temperature.gpu,power.draw,enforced.power.limit,
+mig.mode.current,driver_version --format=csv`` and ``nvidia-smi --query-compute-apps=pid,
+used_memory`` (graphics processes too). MIG instances are read as devices of their own.
 """
 
 import atexit
@@ -16,7 +18,7 @@ from typing import Any, Callable, Optional, TypeVar
 
 import pynvml
 
-from agent.model import GpuDevice, SourceStatus
+from agent.model import GpuDevice, GpuProcess, SourceStatus
 
 T = TypeVar("T")
 
@@ -36,6 +38,9 @@ _REASONS: dict[int, str] = {
     ),
     pynvml.NVML_ERROR_NO_PERMISSION: "no permission to query NVML (check /dev/nvidia* access)",
 }
+
+# The error pynvml raises (not an NVMLError) when this driver's NVML lacks an entry point.
+_LIBRARY_TOO_OLD = getattr(pynvml, "NVMLLibraryMismatchError", pynvml.NVMLError)
 
 
 def reason_for(err: "pynvml.NVMLError") -> str:
@@ -76,22 +81,141 @@ def _field(errors: dict[str, str], name: str, read: Callable[[], T]) -> Optional
     except pynvml.NVMLError as err:
         errors[name] = _text(err)
         return None
+    except _LIBRARY_TOO_OLD:
+        errors[name] = "Function Not Found (NVML library older than this query)"
+        return None
 
 
-def _memory(handle: Any, errors: dict[str, str]) -> tuple[Optional[int], Optional[int], Optional[int]]:
-    """(total, used, API version): v2 counts reserved memory apart (drivers ≥ 510), v1 where
-    the driver or library lacks v2."""
+def _memory(
+    handle: Any, errors: dict[str, str]
+) -> tuple[Optional[int], Optional[int], Optional[int], Optional[int]]:
+    """(total, used, reserved, API version): v2 counts reserved memory apart (drivers ≥ 510),
+    v1 where the driver or library lacks v2 (then reserved is unknown and part of used)."""
     try:
         info = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
-        return int(info.total), int(info.used), 2
+        return int(info.total), int(info.used), int(info.reserved), 2
     except pynvml.NVMLError:
         pass
     try:
         info = pynvml.nvmlDeviceGetMemoryInfo(handle)
-        return int(info.total), int(info.used), 1
+        return int(info.total), int(info.used), None, 1
     except pynvml.NVMLError as err:
         errors["memory"] = _text(err)
-        return None, None, None
+        return None, None, None, None
+
+
+def _mig_mode(handle: Any, errors: dict[str, str]) -> Optional[bool]:
+    """Current MIG mode. A GPU without MIG support answers Not Supported: that is "off",
+    quietly, not an error on every consumer GPU's row."""
+    try:
+        current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
+    except pynvml.NVMLError as err:
+        if err.value == pynvml.NVML_ERROR_NOT_SUPPORTED:
+            return False
+        errors["mig_enabled"] = _text(err)
+        return None
+    return bool(current == pynvml.NVML_DEVICE_MIG_ENABLE)
+
+
+def _used_memory(value: Any) -> Optional[int]:
+    return None if value is None else int(value)
+
+
+def merge_processes(compute: list[Any], graphics: list[Any]) -> list[GpuProcess]:
+    """One entry per pid from NVML's compute and graphics lists, by pid.
+
+    A pid in both lists (nvidia-smi's ``C+G``) holds one memory context: the larger figure is
+    kept, not the sum.
+    """
+    merged: dict[int, GpuProcess] = {}
+    for kind, entries in (("compute", compute), ("graphics", graphics)):
+        for entry in entries:
+            pid = int(entry.pid)
+            used = _used_memory(getattr(entry, "usedGpuMemory", None))
+            known = merged.get(pid)
+            if known is None:
+                merged[pid] = GpuProcess(
+                    pid=pid,
+                    used_memory_bytes=used,
+                    kinds=[kind],
+                    gpu_instance_id=_instance_id(getattr(entry, "gpuInstanceId", None)),
+                    compute_instance_id=_instance_id(getattr(entry, "computeInstanceId", None)),
+                )
+                continue
+            known.kinds.append(kind)
+            if used is not None:
+                known.used_memory_bytes = max(used, known.used_memory_bytes or 0)
+    return sorted(merged.values(), key=lambda p: p.pid)
+
+
+def _instance_id(value: Any) -> Optional[int]:
+    """NVML writes 0xFFFFFFFF for "no MIG instance"."""
+    if value is None or int(value) == 0xFFFFFFFF:
+        return None
+    return int(value)
+
+
+def _processes(handle: Any, errors: dict[str, str]) -> Optional[list[GpuProcess]]:
+    """Compute and graphics processes; ``None`` only when neither list could be read.
+
+    Graphics lists are Not Supported on many datacenter GPUs: that is quiet, not an error.
+    """
+    compute = _field(
+        errors, "compute_processes", lambda: list(pynvml.nvmlDeviceGetComputeRunningProcesses(handle))
+    )
+    graphics_errors: dict[str, str] = {}
+    graphics = _field(
+        graphics_errors,
+        "graphics_processes",
+        lambda: list(pynvml.nvmlDeviceGetGraphicsRunningProcesses(handle)),
+    )
+    if graphics is None and graphics_errors["graphics_processes"] != "Not Supported":
+        errors.update(graphics_errors)
+    if compute is None and graphics is None:
+        return None
+    return merge_processes(compute or [], graphics or [])
+
+
+def _read_mig_device(parent_index: int, mig_index: int, handle: Any) -> GpuDevice:
+    """One MIG instance as a device of its own (memory, utilization and processes are its own;
+    temperature and power are the physical GPU's and are read there)."""
+    errors: dict[str, str] = {}
+    total, used, reserved, version = _memory(handle, errors)
+    util = _field(errors, "utilization_gpu_pct", lambda: pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+    return GpuDevice(
+        index=mig_index,
+        parent_index=parent_index,
+        name=_field(errors, "name", lambda: _text(pynvml.nvmlDeviceGetName(handle))),
+        uuid=_field(errors, "uuid", lambda: _text(pynvml.nvmlDeviceGetUUID(handle))),
+        memory_total_bytes=total,
+        memory_used_bytes=used,
+        memory_reserved_bytes=reserved,
+        memory_info_version=version,
+        utilization_gpu_pct=None if util is None else int(util),
+        gpu_instance_id=_field(
+            errors, "gpu_instance_id", lambda: int(pynvml.nvmlDeviceGetGpuInstanceId(handle))
+        ),
+        compute_instance_id=_field(
+            errors, "compute_instance_id", lambda: int(pynvml.nvmlDeviceGetComputeInstanceId(handle))
+        ),
+        processes=_processes(handle, errors),
+        errors=errors,
+    )
+
+
+def _mig_devices(index: int, handle: Any, errors: dict[str, str]) -> list[GpuDevice]:
+    """The MIG instances that exist on a MIG-enabled GPU (empty slots answer Not Found)."""
+    slots = _field(errors, "mig_devices", lambda: int(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)))
+    devices = []
+    for slot in range(slots or 0):
+        try:
+            mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+        except pynvml.NVMLError as err:
+            if err.value != pynvml.NVML_ERROR_NOT_FOUND:
+                devices.append(GpuDevice(index=slot, parent_index=index, errors={"device": _text(err)}))
+            continue
+        devices.append(_read_mig_device(index, slot, mig))
+    return devices
 
 
 def read_device(index: int) -> GpuDevice:
@@ -101,16 +225,32 @@ def read_device(index: int) -> GpuDevice:
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
     except pynvml.NVMLError as err:
         return GpuDevice(index=index, errors={"device": _text(err)})
-    total, used, version = _memory(handle, errors)
+    total, used, reserved, version = _memory(handle, errors)
     util = _field(errors, "utilization_gpu_pct", lambda: pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+    mig = _mig_mode(handle, errors)
     return GpuDevice(
         index=index,
         name=_field(errors, "name", lambda: _text(pynvml.nvmlDeviceGetName(handle))),
         uuid=_field(errors, "uuid", lambda: _text(pynvml.nvmlDeviceGetUUID(handle))),
+        pci_bus_id=_field(errors, "pci_bus_id", lambda: _text(pynvml.nvmlDeviceGetPciInfo(handle).busId)),
         memory_total_bytes=total,
         memory_used_bytes=used,
+        memory_reserved_bytes=reserved,
         memory_info_version=version,
         utilization_gpu_pct=None if util is None else int(util),
+        temperature_c=_field(
+            errors,
+            "temperature_c",
+            lambda: int(pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)),
+        ),
+        power_draw_mw=_field(errors, "power_draw_mw", lambda: int(pynvml.nvmlDeviceGetPowerUsage(handle))),
+        power_limit_mw=_field(
+            errors, "power_limit_mw", lambda: int(pynvml.nvmlDeviceGetEnforcedPowerLimit(handle))
+        ),
+        mig_enabled=mig,
+        mig_devices=_mig_devices(index, handle, errors) if mig else [],
+        # On a MIG GPU the processes are listed on its instances, not twice.
+        processes=None if mig else _processes(handle, errors),
         errors=errors,
     )
 

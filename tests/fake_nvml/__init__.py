@@ -1,0 +1,162 @@
+"""A fake ``libnvidia-ml.so.1`` for the real pynvml binding, and its named scenarios.
+
+``fake_nvml.c`` is built with the machine's ``cc`` (once per test session, see the
+``fake_nvml`` fixture); rayscope runs in a subprocess with ``LD_LIBRARY_PATH`` pointing at it
+(pynvml does ``CDLL("libnvidia-ml.so.1")``) and ``RAYSCOPE_FAKE_NVML_SCENARIO`` naming a
+scenario file (format: the comment at the top of ``fake_nvml.c``).
+"""
+
+import shutil
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+
+SOURCE = Path(__file__).resolve().with_name("fake_nvml.c")
+LIBRARY = "libnvidia-ml.so.1"
+SCENARIO_ENV = "RAYSCOPE_FAKE_NVML_SCENARIO"
+GIB = 1024**3
+NO_SUCH_PID = 4_194_999
+"""Above Linux's largest pid_max (2**22): never a live process."""
+
+
+class FakeNvml:
+    """The built library's directory, and a way to point a process at a scenario."""
+
+    def __init__(self, lib_dir: Path) -> None:
+        self.lib_dir = lib_dir
+
+    def env(self, base: Mapping[str, str], scenario: Path) -> dict[str, str]:
+        return {**base, "LD_LIBRARY_PATH": str(self.lib_dir), SCENARIO_ENV: str(scenario)}
+
+
+def build(lib_dir: Path) -> FakeNvml:
+    """Compile ``fake_nvml.c`` into ``lib_dir/libnvidia-ml.so.1`` (warnings are errors)."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise RuntimeError("no C compiler (cc) on PATH: the fake NVML library cannot be built")
+    subprocess.run(
+        [
+            cc,
+            "-shared",
+            "-fPIC",
+            "-O1",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-o",
+            str(lib_dir / LIBRARY),
+            str(SOURCE),
+        ],
+        check=True,
+        timeout=120,
+        capture_output=True,
+    )
+    return FakeNvml(lib_dir)
+
+
+def gpu(
+    index: int,
+    name: str,
+    *,
+    pci: str,
+    total_gib: float,
+    used_gib: float,
+    reserved_gib: float = 0.3,
+    util: int = 87,
+    temperature_c: int = 61,
+    power_mw: int = 245_000,
+    power_limit_mw: int = 350_000,
+    prefix: str = "",
+) -> str:
+    """The scenario lines of one healthy GPU (``prefix``: ``gpu0.mig1`` for a MIG instance)."""
+    p = prefix or f"gpu{index}"
+    memory = f"{int(total_gib * GIB)} {int(used_gib * GIB)} {int(reserved_gib * GIB)}"
+    lines = [
+        f"{p}.name {name}",
+        f"{p}.uuid GPU-{index:08x}-5f1c-4d3e-9a7b-000000000000",
+        f"{p}.pci {pci}",
+        f"{p}.memory {memory}",
+        f"{p}.util {util} 40",
+        f"{p}.temperature {temperature_c}",
+        f"{p}.power {power_mw}",
+        f"{p}.power_limit {power_limit_mw}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def process(device: str, pid: int, used_gib: float, kind: str = "compute") -> str:
+    return f"{device}.{kind} {pid} {int(used_gib * GIB)}\n"
+
+
+RTX_3090 = "NVIDIA GeForce RTX 3090"
+HEADER = "driver 550.54.14\n"
+
+
+def two_gpus(sleeper_pid: int) -> str:
+    """Two RTX 3090s; GPU0 held by a process outside Ray (compute and graphics) and by a pid
+    this host does not know; GPU1 idle."""
+    return (
+        HEADER
+        + "count 2\n"
+        + gpu(0, RTX_3090, pci="00000000:01:00.0", total_gib=24, used_gib=7.0)
+        + process("gpu0", sleeper_pid, 1.2)
+        + process("gpu0", sleeper_pid, 1.0, kind="graphics")
+        + process("gpu0", NO_SUCH_PID, 0.5)
+        + gpu(1, RTX_3090, pci="00000000:02:00.0", total_gib=24, used_gib=0.0, util=0, power_mw=21_000)
+    )
+
+
+def zero_gpus() -> str:
+    return HEADER + "count 0\n"
+
+
+def gpu_lost() -> str:
+    """Two GPUs, the second fallen off the bus (NVML_ERROR_GPU_IS_LOST = 15)."""
+    return (
+        HEADER
+        + "count 2\n"
+        + gpu(0, RTX_3090, pci="00000000:01:00.0", total_gib=24, used_gib=5.8)
+        + "gpu1.error.handle 15\n"
+    )
+
+
+def memory_v1() -> str:
+    """A driver older than 510: no memory info v2 (NVML_ERROR_FUNCTION_NOT_FOUND = 13)."""
+    return (
+        "driver 470.256.02\ncount 1\n"
+        + gpu(0, "Tesla V100-SXM2-16GB", pci="00000000:3B:00.0", total_gib=16, used_gib=5.5)
+        + "gpu0.error.memory_v2 13\n"
+    )
+
+
+def field_not_supported() -> str:
+    """A T4 in a VM that does not report utilization or power draw (NOT_SUPPORTED = 3)."""
+    return (
+        HEADER
+        + "count 1\n"
+        + gpu(0, "Tesla T4", pci="00000000:00:1E.0", total_gib=15, used_gib=1.0, power_limit_mw=70_000)
+        + "gpu0.error.util 3\ngpu0.error.power 3\n"
+    )
+
+
+def mig(sleeper_pid: int) -> str:
+    """An A100 in MIG mode with two instances; a process on the first. Utilization is not
+    reported for MIG (NOT_SUPPORTED), neither on the GPU nor on its instances."""
+    a100 = "NVIDIA A100-SXM4-40GB"
+    instance = f"{a100} MIG 3g.20gb"
+    return (
+        HEADER
+        + "count 1\n"
+        + gpu(0, a100, pci="00000000:07:00.0", total_gib=40, used_gib=4.2)
+        + "gpu0.mig 1\ngpu0.error.util 3\n"
+        + gpu(0, instance, pci="", total_gib=19.5, used_gib=4.0, reserved_gib=0.0, prefix="gpu0.mig0")
+        + "gpu0.mig0.gi 1\ngpu0.mig0.ci 0\ngpu0.mig0.error.util 3\n"
+        + process("gpu0.mig0", sleeper_pid, 3.5)
+        + gpu(0, instance, pci="", total_gib=19.5, used_gib=0.0, reserved_gib=0.0, prefix="gpu0.mig1")
+        + "gpu0.mig1.gi 2\ngpu0.mig1.ci 0\ngpu0.mig1.error.util 3\n"
+    )
+
+
+def mismatch() -> str:
+    """The library updated, the kernel module not reloaded (NVML_ERROR_LIB_RM_VERSION_MISMATCH)."""
+    return "init 18\n"

@@ -1,0 +1,310 @@
+/* A fake libnvidia-ml.so.1 for rayscope's tests: the real pynvml binding loads it (through
+ * LD_LIBRARY_PATH) and calls the NVML entry points below, which answer from a scenario file
+ * named by $RAYSCOPE_FAKE_NVML_SCENARIO. Built by tests/fake_nvml/__init__.py with `cc`.
+ *
+ * Scenario file: one `key value` per line, `#` comments. Keys:
+ *   init CODE                       nvmlInit's return code (18 = driver/library mismatch)
+ *   count N                         number of GPUs
+ *   driver VERSION
+ *   gpuI.name / .uuid / .pci TEXT
+ *   gpuI.memory TOTAL USED RESERVED bytes (v2 figures; v1 reports USED+RESERVED as used)
+ *   gpuI.util GPU_PCT MEM_PCT
+ *   gpuI.temperature C / .power MW / .power_limit MW
+ *   gpuI.mig 0|1                    absent: MIG Not Supported
+ *   gpuI.compute PID BYTES [GI CI]  one line per process; BYTES "-" = not available
+ *   gpuI.graphics PID BYTES [GI CI]
+ *   gpuI.migJ.<same keys> , .gi ID , .ci ID   MIG instance J of GPU I
+ *   <device>.error.FIELD CODE       FIELD answers CODE: handle, name, uuid, pci, memory,
+ *                                   memory_v2, util, temperature, power, power_limit, mig,
+ *                                   compute, graphics
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int nvmlReturn_t;
+enum {
+    OK = 0,
+    INVALID_ARGUMENT = 2,
+    NOT_SUPPORTED = 3,
+    NOT_FOUND = 6,
+    INSUFFICIENT_SIZE = 7,
+    ARGUMENT_VERSION_MISMATCH = 25,
+};
+#define MAX_GPUS 8
+#define MAX_MIG 7
+#define MAX_ENTRIES 2048
+#define MEMORY_V2 0x02000028u
+
+struct nvmlDevice_st {
+    int slot;
+};
+typedef struct nvmlDevice_st *nvmlDevice_t;
+
+typedef struct {
+    unsigned long long total, free, used;
+} nvmlMemory_t;
+typedef struct {
+    unsigned int version;
+    unsigned long long total, reserved, free, used;
+} nvmlMemory_v2_t;
+typedef struct {
+    unsigned int gpu, memory;
+} nvmlUtilization_t;
+typedef struct {
+    char busIdLegacy[16];
+    unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
+    char busId[32];
+} nvmlPciInfo_t;
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId, computeInstanceId;
+} nvmlProcessInfo_t;
+
+static struct nvmlDevice_st devices[MAX_GPUS * (MAX_MIG + 1)];
+static char *keys[MAX_ENTRIES], *values[MAX_ENTRIES];
+static int entries, loaded;
+
+static void load(void) {
+    if (loaded) return;
+    loaded = 1;
+    const char *path = getenv("RAYSCOPE_FAKE_NVML_SCENARIO");
+    FILE *f = path ? fopen(path, "r") : NULL;
+    if (!f) return;
+    char line[1024];
+    while (entries < MAX_ENTRIES && fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\r\n")] = 0;
+        char *key = line;
+        while (*key == ' ' || *key == '\t') key++;
+        if (!*key || *key == '#') continue;
+        char *value = strchr(key, ' ');
+        if (value) {
+            *value++ = 0;
+            while (*value == ' ') value++;
+        }
+        keys[entries] = strdup(key);
+        values[entries] = strdup(value ? value : "");
+        entries++;
+    }
+    fclose(f);
+}
+
+static const char *get(const char *key) {
+    for (int i = entries - 1; i >= 0; i--)
+        if (!strcmp(keys[i], key)) return values[i];
+    return NULL;
+}
+
+/* Slot s < MAX_GPUS is GPU s; above, MIG instance (s - MAX_GPUS) % MAX_MIG of GPU (s - MAX_GPUS) / MAX_MIG. */
+static void prefix(nvmlDevice_t d, char *out, size_t n) {
+    int s = d->slot;
+    if (s < MAX_GPUS)
+        snprintf(out, n, "gpu%d", s);
+    else
+        snprintf(out, n, "gpu%d.mig%d", (s - MAX_GPUS) / MAX_MIG, (s - MAX_GPUS) % MAX_MIG);
+}
+
+static const char *device_value(nvmlDevice_t d, const char *field) {
+    char key[128], p[32];
+    prefix(d, p, sizeof p);
+    snprintf(key, sizeof key, "%s.%s", p, field);
+    return get(key);
+}
+
+static nvmlReturn_t device_error(nvmlDevice_t d, const char *field) {
+    char name[64];
+    snprintf(name, sizeof name, "error.%s", field);
+    const char *code = device_value(d, name);
+    return code ? atoi(code) : OK;
+}
+
+static nvmlReturn_t string_field(nvmlDevice_t d, const char *field, char *buf, unsigned int len) {
+    nvmlReturn_t err = device_error(d, field);
+    if (err) return err;
+    const char *v = device_value(d, field);
+    if (!v) return NOT_SUPPORTED;
+    snprintf(buf, len, "%s", v);
+    return OK;
+}
+
+static nvmlReturn_t uint_field(nvmlDevice_t d, const char *field, unsigned int *out) {
+    nvmlReturn_t err = device_error(d, field);
+    if (err) return err;
+    const char *v = device_value(d, field);
+    if (!v) return NOT_SUPPORTED;
+    *out = (unsigned int)strtoul(v, NULL, 10);
+    return OK;
+}
+
+nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
+    (void)flags;
+    load();
+    const char *code = get("init");
+    return code ? atoi(code) : OK;
+}
+nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
+nvmlReturn_t nvmlShutdown(void) { return OK; }
+const char *nvmlErrorString(nvmlReturn_t result) {
+    (void)result;
+    return "fake NVML error";
+}
+
+nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+    const char *v = get("driver");
+    if (!v) return NOT_SUPPORTED;
+    snprintf(version, length, "%s", v);
+    return OK;
+}
+
+nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
+    const char *n = get("count");
+    *count = n ? (unsigned int)atoi(n) : 0;
+    return OK;
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
+    unsigned int count;
+    nvmlDeviceGetCount_v2(&count);
+    if (index >= count || index >= MAX_GPUS) return INVALID_ARGUMENT;
+    devices[index].slot = (int)index;
+    nvmlReturn_t err = device_error(&devices[index], "handle");
+    if (err) return err;
+    *device = &devices[index];
+    return OK;
+}
+
+nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t d, char *name, unsigned int length) {
+    return string_field(d, "name", name, length);
+}
+
+nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *uuid, unsigned int length) {
+    return string_field(d, "uuid", uuid, length);
+}
+
+nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t d, nvmlPciInfo_t *pci) {
+    memset(pci, 0, sizeof *pci);
+    nvmlReturn_t err = string_field(d, "pci", pci->busId, sizeof pci->busId);
+    if (!err) memcpy(pci->busIdLegacy, pci->busId, sizeof pci->busIdLegacy - 1);
+    return err;
+}
+
+static nvmlReturn_t memory(nvmlDevice_t d, const char *field, unsigned long long out[3]) {
+    nvmlReturn_t err = device_error(d, field);
+    if (err) return err;
+    const char *v = device_value(d, "memory");
+    if (!v) return NOT_SUPPORTED;
+    if (sscanf(v, "%llu %llu %llu", &out[0], &out[1], &out[2]) != 3) return NOT_SUPPORTED;
+    return OK;
+}
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m) {
+    unsigned long long v[3];
+    nvmlReturn_t err = memory(d, "memory", v);
+    if (err) return err;
+    m->total = v[0];
+    m->used = v[1] + v[2];
+    m->free = v[0] - m->used;
+    return OK;
+}
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m) {
+    if (m->version != MEMORY_V2) return ARGUMENT_VERSION_MISMATCH;
+    unsigned long long v[3];
+    nvmlReturn_t err = memory(d, "memory_v2", v);
+    if (!err) err = device_error(d, "memory");
+    if (err) return err;
+    m->total = v[0];
+    m->used = v[1];
+    m->reserved = v[2];
+    m->free = v[0] - v[1] - v[2];
+    return OK;
+}
+
+nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u) {
+    nvmlReturn_t err = device_error(d, "util");
+    if (err) return err;
+    const char *v = device_value(d, "util");
+    if (!v || sscanf(v, "%u %u", &u->gpu, &u->memory) < 1) return NOT_SUPPORTED;
+    return OK;
+}
+
+nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t d, int sensor, unsigned int *temp) {
+    if (sensor != 0) return INVALID_ARGUMENT;
+    return uint_field(d, "temperature", temp);
+}
+
+nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t d, unsigned int *mw) { return uint_field(d, "power", mw); }
+
+nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t d, unsigned int *mw) {
+    return uint_field(d, "power_limit", mw);
+}
+
+nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned int *current, unsigned int *pending) {
+    nvmlReturn_t err = uint_field(d, "mig", current);
+    if (!err) *pending = *current;
+    return err;
+}
+
+nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t d, unsigned int *count) {
+    unsigned int mode;
+    nvmlReturn_t err = uint_field(d, "mig", &mode);
+    if (err) return err;
+    *count = MAX_MIG;
+    return OK;
+}
+
+nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t d, unsigned int index, nvmlDevice_t *mig) {
+    if (d->slot >= MAX_GPUS || index >= MAX_MIG) return INVALID_ARGUMENT;
+    int slot = MAX_GPUS + d->slot * MAX_MIG + (int)index;
+    devices[slot].slot = slot;
+    if (!device_value(&devices[slot], "name")) return NOT_FOUND;
+    nvmlReturn_t err = device_error(&devices[slot], "handle");
+    if (err) return err;
+    *mig = &devices[slot];
+    return OK;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t d, unsigned int *id) { return uint_field(d, "gi", id); }
+
+nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t d, unsigned int *id) { return uint_field(d, "ci", id); }
+
+/* NVML's two-call protocol: a NULL array (or one too small) answers INSUFFICIENT_SIZE with the count. */
+static nvmlReturn_t processes(nvmlDevice_t d, const char *kind, unsigned int *count, nvmlProcessInfo_t *out) {
+    nvmlReturn_t err = device_error(d, kind);
+    if (err) return err;
+    char key[128], p[32];
+    prefix(d, p, sizeof p);
+    snprintf(key, sizeof key, "%s.%s", p, kind);
+    unsigned int n = 0;
+    for (int i = 0; i < entries; i++) {
+        if (strcmp(keys[i], key)) continue;
+        if (out && n < *count) {
+            char bytes[32] = "";
+            unsigned int gi = 0xFFFFFFFFu, ci = 0xFFFFFFFFu;
+            sscanf(values[i], "%u %31s %u %u", &out[n].pid, bytes, &gi, &ci);
+            out[n].usedGpuMemory = strcmp(bytes, "-") ? strtoull(bytes, NULL, 10) : 0xFFFFFFFFFFFFFFFFull;
+            out[n].gpuInstanceId = gi;
+            out[n].computeInstanceId = ci;
+        }
+        n++;
+    }
+    if (n == 0) {
+        *count = 0;
+        return OK;
+    }
+    if (!out || *count < n) {
+        *count = n;
+        return INSUFFICIENT_SIZE;
+    }
+    *count = n;
+    return OK;
+}
+
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *count, nvmlProcessInfo_t *infos) {
+    return processes(d, "compute", count, infos);
+}
+
+nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t d, unsigned int *count, nvmlProcessInfo_t *infos) {
+    return processes(d, "graphics", count, infos);
+}

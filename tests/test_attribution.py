@@ -1,0 +1,326 @@
+"""Attribution, pure: who holds each GPU's memory, against what they booked.
+
+Recorded shapes, no Ray and no NVML: devices as the nvml source returns them, processes as
+the procs source describes them, actors as the GCS actor table lists them.
+"""
+
+from typing import Optional
+
+import msgspec
+
+from agent import render
+from agent.attribution import attribute_cluster, attribute_node
+from agent.model import (
+    ActorBooking,
+    ClusterStatus,
+    GpuDevice,
+    GpuProcess,
+    NodeReport,
+    ProcessInfo,
+    ReceivedReport,
+    SourceStatus,
+)
+from agent.rollup import rollup
+from tests.golden import check_golden
+from tests.scenarios import EUROPA, NOW, SEED_REPORTS, SEED_VIEWS, T4
+
+GIB = 1024**3
+MIB = 1024**2
+NODE = EUROPA
+OTHER_NODE = "0b" * 28
+SEED_SOURCES = [SourceStatus(name="gcs", ok=True), SourceStatus(name="gcs_actors", ok=True)]
+RAYLET_PID = 4471
+
+
+def device(
+    index: int,
+    used_gib: float,
+    processes: Optional[list[GpuProcess]],
+    total_gib: float = 24.0,
+    name: str = "NVIDIA GeForce RTX 3090",
+) -> GpuDevice:
+    return GpuDevice(
+        index=index,
+        name=name,
+        memory_total_bytes=int(total_gib * GIB),
+        memory_used_bytes=int(used_gib * GIB),
+        memory_info_version=2,
+        utilization_gpu_pct=87,
+        processes=processes,
+    )
+
+
+def gpu_process(pid: int, used_gib: float) -> GpuProcess:
+    return GpuProcess(pid=pid, used_memory_bytes=int(used_gib * GIB), kinds=["compute"])
+
+
+def worker(
+    pid: int, title: str = "ray::ServeReplica:unet:federated-unet", node_id: str = NODE
+) -> ProcessInfo:
+    return ProcessInfo(
+        pid=pid, name=title, title=title, worker_pid=pid, raylet_pid=RAYLET_PID, node_id=node_id
+    )
+
+
+def outsider(pid: int, name: str = "python") -> ProcessInfo:
+    return ProcessInfo(pid=pid, name=name)
+
+
+def actor(
+    actor_id: str,
+    pid: int,
+    name: str = "SERVE_REPLICA::unet#federated-unet#k3x9",
+    *,
+    vram_mb: float = 0.0,
+    gpu: float = 0.0,
+    gpu_ids: Optional[list[int]] = None,
+    node_id: str = NODE,
+) -> ActorBooking:
+    required = {"CPU": 1.0}
+    if gpu:
+        required["GPU"] = gpu
+    if vram_mb:
+        required["VRAM_MB"] = vram_mb
+    return ActorBooking(
+        actor_id=actor_id,
+        node_id=node_id,
+        pid=pid,
+        name=name,
+        class_name="ServeReplica:unet:federated-unet" if name.startswith("SERVE_REPLICA::") else "Replica",
+        job_id="01000000",
+        required=required,
+        gpu_ids=[0] if gpu_ids is None and gpu else (gpu_ids or []),
+    )
+
+
+# Europa as the seed describes it: four federated-unet replicas of 5120 MB on an RTX 3090,
+# one of them above its booking, and a notebook outside Ray holding memory too.
+EUROPA_ACTORS = [
+    actor("a1b2" + "0" * 28, 101, vram_mb=5120, gpu=0.01),
+    actor("c3d4" + "0" * 28, 102, vram_mb=5120, gpu=0.01),
+    actor("e5f6" + "0" * 28, 103, vram_mb=5120, gpu=0.01),
+    actor("0789" + "0" * 28, 104, vram_mb=5120, gpu=0.01),
+]
+EUROPA_GPU = device(
+    0,
+    21.3,
+    [gpu_process(101, 5.4), gpu_process(102, 4.9), gpu_process(103, 5.0), gpu_process(104, 4.8)],
+)
+EUROPA_PROCESSES = [worker(101), worker(102), worker(103), worker(104)]
+
+
+def test_the_issue_example_lines() -> None:
+    gpus, node = attribute_node([EUROPA_GPU], EUROPA_PROCESSES, EUROPA_ACTORS, {NODE})
+    assert render.gpu_block_lines(gpus, node) == [
+        "GPU0 NVIDIA GeForce RTX 3090  booked 20480 MB by 4 actors  used 21.3 GB  util 87%",
+        "  federated-unet#0789 booked 5120 MB used 4.8 GB",
+        "  federated-unet#a1b2 booked 5120 MB used 5.4 GB  over booking",
+        "  federated-unet#c3d4 booked 5120 MB used 4.9 GB",
+        "  federated-unet#e5f6 booked 5120 MB used 5.0 GB",
+    ]
+    att = gpus[0].attribution
+    assert att is not None
+    assert (att.booked_vram_mb, att.booked_gpu, att.booked_actors) == (20480, 0.04, 4)
+    assert att.capacity_mb == 24576 and att.flags == [] and att.unbooked_bytes == 0
+    over = [u for u in att.users if u.flags]
+    assert [(u.actor_id, u.flags, u.pids) for u in over] == [("a1b2" + "0" * 28, ["over_booking"], [101])]
+
+
+def test_exactly_the_booking_is_not_over_it() -> None:
+    """5.0 GiB is 5120 MiB: at the booking, not over it (VRAM_MB counts MiB)."""
+    gpu = device(0, 5.0, [gpu_process(103, 5120 / 1024)])
+    gpus, _ = attribute_node([gpu], [worker(103)], EUROPA_ACTORS, {NODE})
+    assert gpus[0].attribution is not None
+    user = next(u for u in gpus[0].attribution.users if u.pids == [103])
+    assert user.flags == [] and user.used_memory_bytes == 5120 * MIB
+
+
+def test_processes_outside_ray_and_actors_that_booked_nothing_are_unbooked() -> None:
+    cpu_actor = actor("dead" + "0" * 28, 105, name="preprocess")  # no GPU, no VRAM_MB
+    gpu = device(0, 8.0, [gpu_process(105, 1.5), gpu_process(7000, 2.0), gpu_process(101, 4.0)])
+    processes = [worker(105, "ray::Preprocess"), outsider(7000, "jupyter-lab"), worker(101)]
+    gpus, _ = attribute_node([gpu], processes, [*EUROPA_ACTORS, cpu_actor], {NODE})
+    lines = render.gpu_block_lines(gpus, None)
+    assert lines[0] == "GPU0 NVIDIA GeForce RTX 3090  booked 20480 MB by 4 actors  used 8.0 GB  util 87%"
+    assert "  preprocess#dead booked nothing used 1.5 GB  unbooked" in lines
+    assert "  pid 7000 jupyter-lab booked nothing used 2.0 GB  unbooked" in lines
+    assert gpus[0].attribution is not None and gpus[0].attribution.unbooked_bytes == int(3.5 * GIB)
+
+
+def test_booked_actors_without_gpu_memory_show_on_the_gpu_ray_gave_them() -> None:
+    """Booked but idle: listed with 0 used on the GPU Ray assigned, so the booking adds up."""
+    gpu = device(0, 5.4, [gpu_process(101, 5.4)])
+    gpus, _ = attribute_node([gpu], [worker(101)], EUROPA_ACTORS, {NODE})
+    assert render.gpu_block_lines(gpus, None)[:3] == [
+        "GPU0 NVIDIA GeForce RTX 3090  booked 20480 MB by 4 actors  used 5.4 GB  util 87%",
+        "  federated-unet#0789 booked 5120 MB used 0.0 GB",
+        "  federated-unet#a1b2 booked 5120 MB used 5.4 GB  over booking",
+    ]
+
+
+def test_a_ray_worker_the_actor_table_does_not_name_has_unknown_booking() -> None:
+    gpu = device(0, 3.0, [gpu_process(300, 3.0)])
+    gpus, _ = attribute_node([gpu], [worker(300, "ray::train_step")], EUROPA_ACTORS, {NODE})
+    assert (
+        render.gpu_block_lines(gpus, None)[-1]
+        == "  ray::train_step pid 300 booked NA used 3.0 GB  booking unknown"
+    )
+
+
+def test_without_the_actor_table_bookings_are_na_not_zero() -> None:
+    gpus, node = attribute_node([EUROPA_GPU], EUROPA_PROCESSES, None, {NODE})
+    lines = render.gpu_block_lines(gpus, node)
+    assert lines[0] == "GPU0 NVIDIA GeForce RTX 3090  booked NA  used 21.3 GB  util 87%"
+    assert (
+        lines[1] == "  ray::ServeReplica:unet:federated-unet pid 101 booked NA used 5.4 GB  booking unknown"
+    )
+    assert not node.actors_read
+
+
+def test_a_pid_of_another_node_is_not_that_nodes_actor() -> None:
+    """Pids repeat across hosts: the actor table's pid 101 on another node is not our 101."""
+    elsewhere = [actor("f00d" + "0" * 28, 101, vram_mb=5120, gpu=0.01, node_id=OTHER_NODE)]
+    gpu = device(0, 5.4, [gpu_process(101, 5.4)])
+    gpus, _ = attribute_node([gpu], [outsider(101)], elsewhere, {NODE})
+    assert render.gpu_block_lines(gpus, None) == [
+        "GPU0 NVIDIA GeForce RTX 3090  booked nothing  used 5.4 GB  util 87%",
+        "  pid 101 python booked nothing used 5.4 GB  unbooked",
+    ]
+
+
+def test_from_a_container_nothing_is_mapped_and_nothing_is_flagged() -> None:
+    """Host pids unmappable: listed as such, bookings on the GPUs Ray gave, used unknown."""
+    gpus, node = attribute_node([EUROPA_GPU], None, EUROPA_ACTORS[:1], {NODE})
+    assert render.gpu_block_lines(gpus, node) == [
+        "GPU0 NVIDIA GeForce RTX 3090  booked 5120 MB by 1 actor  used 21.3 GB  util 87%",
+        "  federated-unet#a1b2 booked 5120 MB used NA GB",
+        "  pid 101 booked NA used 5.4 GB  not mapped",
+        "  pid 102 booked NA used 4.9 GB  not mapped",
+        "  pid 103 booked NA used 5.0 GB  not mapped",
+        "  pid 104 booked NA used 4.8 GB  not mapped",
+    ]
+    assert not node.processes_mapped
+
+
+def test_a_fraction_booked_actor_is_judged_on_its_share_of_the_device() -> None:
+    """No VRAM_MB: 0.25 of a 15 GiB T4 is 3.75 GiB; 5 GiB is over it."""
+    t4 = device(0, 5.0, [gpu_process(200, 5.0)], total_gib=15, name="Tesla T4")
+    booked = [actor("beef" + "0" * 28, 200, name="denbi-app", gpu=0.25)]
+    gpus, _ = attribute_node([t4], [worker(200, "ray::App")], booked, {NODE})
+    assert render.gpu_block_lines(gpus, None) == [
+        "GPU0 Tesla T4  booked 0.25 GPU by 1 actor  used 5.0 GB  util 87%",
+        "  denbi-app#beef booked 0.25 GPU used 5.0 GB  over booking",
+    ]
+
+
+def test_an_actor_on_two_gpus_books_half_on_each() -> None:
+    big = actor("cafe" + "0" * 28, 400, name="llm", vram_mb=40960, gpu=2, gpu_ids=[0, 1])
+    gpus = [device(0, 19.0, [gpu_process(400, 19.0)]), device(1, 19.0, [gpu_process(400, 19.0)])]
+    attributed, _ = attribute_node(gpus, [worker(400, "ray::LLM")], [big], {NODE})
+    assert [render.gpu_block_lines([g], None) for g in attributed] == [
+        [
+            "GPU0 NVIDIA GeForce RTX 3090  booked 20480 MB by 1 actor  used 19.0 GB  util 87%",
+            "  llm#cafe booked 20480 MB used 19.0 GB",
+        ],
+        [
+            "GPU1 NVIDIA GeForce RTX 3090  booked 20480 MB by 1 actor  used 19.0 GB  util 87%",
+            "  llm#cafe booked 20480 MB used 19.0 GB",
+        ],
+    ]
+
+
+def test_node_wide_vram_booking_that_hides_a_full_device() -> None:
+    """Two 24 GiB GPUs, VRAM_MB 49152 node-wide, half booked — all of it on GPU0."""
+    booked = [
+        actor(f"{i:04x}" + "0" * 28, 500 + i, name=f"unet-{i}", vram_mb=8192, gpu=0.01, gpu_ids=[0])
+        for i in range(3)
+    ]
+    gpus = [device(0, 20.0, [gpu_process(500 + i, 6.5) for i in range(3)]), device(1, 0.0, [])]
+    processes = [worker(500 + i) for i in range(3)]
+    attributed, node = attribute_node(
+        gpus, processes, booked, {NODE}, total_vram_mb=49152, used_vram_mb=24576
+    )
+    lines = render.gpu_block_lines(attributed, node)
+    assert (
+        lines[0] == "GPU0 NVIDIA GeForce RTX 3090  booked 24576 MB by 3 actors  used 20.0 GB  util 87%  full"
+    )
+    assert lines[-1] == "VRAM_MB booked node-wide 24576/49152 MB hides a full device: GPU0 (24576/24576 MB)"
+    assert lines[-2] == "all GPUs: booked 24576 MB by 3 actors  actors use 19.5 GB  unbooked 0.0 GB"
+    assert node.flags == ["hidden_full"] and node.full_gpus == [0]
+    assert (node.booked_vram_mb, node.booked_actors, node.actors_used_bytes) == (24576, 3, 3 * int(6.5 * GIB))
+    _, alone = attribute_node(gpus[:1], processes, booked, {NODE}, total_vram_mb=24576, used_vram_mb=24576)
+    assert alone.flags == [] and alone.full_gpus == [0]  # one GPU: the node line already says it
+
+
+def test_an_actor_that_booked_vram_but_no_gpu_is_on_no_gpu() -> None:
+    stray = actor("abba" + "0" * 28, 600, name="cache", vram_mb=2048)
+    gpus, node = attribute_node([device(0, 0.0, [])], [], [stray], {NODE})
+    assert render.gpu_block_lines(gpus, node) == [
+        "GPU0 NVIDIA GeForce RTX 3090  booked nothing  used 0.0 GB  util 87%",
+        "on no GPU: cache#abba booked 2048 MB used NA GB",
+    ]
+
+
+def test_mig_processes_are_attributed_on_their_instance() -> None:
+    instance = GpuDevice(
+        index=0,
+        parent_index=0,
+        name="NVIDIA A100-SXM4-40GB MIG 3g.20gb",
+        memory_total_bytes=int(19.5 * GIB),
+        memory_used_bytes=4 * GIB,
+        processes=[gpu_process(101, 4.0)],
+    )
+    a100 = GpuDevice(
+        index=0,
+        name="NVIDIA A100-SXM4-40GB",
+        memory_total_bytes=40 * GIB,
+        memory_used_bytes=4 * GIB,
+        mig_enabled=True,
+        mig_devices=[instance],
+    )
+    gpus, _ = attribute_node([a100], [worker(101)], EUROPA_ACTORS[:1], {NODE})
+    assert render.gpu_block_lines(gpus, None) == [
+        "GPU0 NVIDIA A100-SXM4-40GB  MIG on  booked 5120 MB by 1 actor  used 4.0 GB  util NA",
+        "  GPU0/MIG0 NVIDIA A100-SXM4-40GB MIG 3g.20gb  booked 5120 MB by 1 actor  used 4.0 GB  util NA",
+        "    federated-unet#a1b2 booked 5120 MB used 4.0 GB",
+    ]
+
+
+def seed_with_gpus() -> tuple[ClusterStatus, str]:
+    """The seed cluster, Europa's agent reporting its GPU processes: ``status --gpus`` lines."""
+    europa_gpu = device(0, 22.5, [*(EUROPA_GPU.processes or []), gpu_process(7000, 1.2)])
+    europa = NodeReport(
+        node_id=NODE,
+        collected_at=NOW - 2,
+        raylet=SEED_REPORTS[NODE].report.raylet,
+        host=SEED_REPORTS[NODE].report.host,
+        gpus=[europa_gpu],
+        processes=[*EUROPA_PROCESSES, outsider(7000, "jupyter-lab")],
+    )
+    reports = {**SEED_REPORTS, NODE: ReceivedReport(report=europa, received_at=NOW - 2)}
+    status = rollup(SEED_VIEWS, reports, now=NOW, stale_after_s=15.0, view="head", sources=SEED_SOURCES)
+    denbi = actor("d00d" + "0" * 28, 900, name="denbi-app", gpu=0.99, node_id=T4)
+    attributed = attribute_cluster(status, {n: r.report for n, r in reports.items()}, [*EUROPA_ACTORS, denbi])
+    lines = render.status_lines(attributed) + render.status_gpu_lines(attributed)
+    return attributed, "\n".join(lines) + "\n"
+
+
+def test_status_gpus_golden() -> None:
+    attributed, text = seed_with_gpus()
+    check_golden("status_gpus_seed.txt", text)
+    assert "GPUs of 172.17.0.3 [HEAD] e0e0e0e0e0e0:" in text
+    assert "  GPU0 NVIDIA GeForce RTX 3090  booked 20480 MB by 4 actors  used 22.5 GB  util 87%" in text
+    assert "    pid 7000 jupyter-lab booked nothing used 1.2 GB  unbooked" in text
+    check_golden("status_gpus_seed.json", render.status_json(attributed) + "\n")
+
+
+def test_an_older_report_without_the_new_fields_still_decodes() -> None:
+    """A report as the core release's agents send it (no processes, no GPU details)."""
+    old = (
+        b'{"schema":1,"node_id":"e0","collected_at":1.0,"gpus":[{"index":0,"name":"Tesla T4",'
+        b'"uuid":null,"memory_total_bytes":16,"memory_used_bytes":8,"memory_info_version":2,'
+        b'"utilization_gpu_pct":5,"errors":{}}],"sources":[]}'
+    )
+    report = msgspec.json.decode(old, type=NodeReport)
+    assert report.processes is None
+    assert report.gpus is not None and report.gpus[0].processes is None and report.gpus[0].mig_devices == []

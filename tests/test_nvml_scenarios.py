@@ -1,0 +1,236 @@
+"""NVML through the real pynvml binding and a fake ``libnvidia-ml.so.1``: named scenarios,
+each asserting the exact lines ``rayscope node --gpus`` prints for them.
+
+The scenarios run without a Ray cluster (``--gcs`` names a closed port), so bookings read
+``NA``; the live attribution test (test_live_gpus.py) adds the actor table.
+"""
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import fake_nvml as fake
+from tests.conftest import REPO, base_env, run_rayscope
+
+NO_DRIVER = "  NVML: NVML library (libnvidia-ml.so.1) not found: no NVIDIA driver on this node"
+MISMATCH = (
+    "  NVML: driver/library version mismatch: libnvidia-ml differs from the loaded kernel driver"
+    " (reload the nvidia module or reboot after a driver update)"
+)
+CONTAINER = (
+    "  PROCS: not mapped to Ray: rayscope runs in its own pid namespace (a container) and NVML"
+    " reports the host's pids (run rayscope on the host, or the container with --pid=host)"
+)
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_node(
+    lib: fake.FakeNvml, scenario: str, tmp_path: Path, *args: str, prefix: tuple[str, ...] = ()
+) -> "subprocess.CompletedProcess[str]":
+    path = tmp_path / "scenario.txt"
+    path.write_text(scenario)
+    env = lib.env(base_env(RAY_AUTH_MODE="disabled"), path)
+    command = ["node", "--gpus", "--gcs", f"127.0.0.1:{closed_port()}", *args]
+    if prefix:  # run under another command (unshare): the same as run_rayscope, wrapped
+        return subprocess.run(
+            [*prefix, sys.executable, "-m", "agent", *command],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    return run_rayscope(*command, env=env)
+
+
+def gpu_block(stdout: str) -> list[str]:
+    """From ``GPUs:`` up to the host line, then the notes of sources that did not answer
+    about GPUs (the raylet and GCS lines depend on what else runs on this host)."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("GPUs:"))
+    end = next(i for i, line in enumerate(lines) if line.startswith("Host "))
+    notes = [line for line in lines[end:] if line.startswith(("  NVML:", "  PROCS:"))]
+    return lines[start:end] + notes
+
+
+def node_gpu_lines(lib: fake.FakeNvml, scenario: str, tmp_path: Path) -> list[str]:
+    done = run_node(lib, scenario, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    return gpu_block(done.stdout)
+
+
+def test_no_driver(tmp_path: Path) -> None:
+    """No libnvidia-ml.so.1 anywhere the loader looks: the source's status says so."""
+    empty = tmp_path / "no-driver"
+    empty.mkdir()
+    env = fake.FakeNvml(empty).env(base_env(RAY_AUTH_MODE="disabled"), tmp_path / "unused")
+    done = run_rayscope("node", "--gpus", "--gcs", f"127.0.0.1:{closed_port()}", env=env)
+    assert done.returncode == 0, done.stderr
+    assert gpu_block(done.stdout) == ["GPUs: NA", NO_DRIVER]
+
+
+def test_zero_gpus(fake_nvml_lib: fake.FakeNvml, tmp_path: Path) -> None:
+    assert node_gpu_lines(fake_nvml_lib, fake.zero_gpus(), tmp_path) == ["GPUs: 0 (driver 550.54.14)"]
+
+
+def test_two_gpus_with_processes(fake_nvml_lib: fake.FakeNvml, sleeper: int, tmp_path: Path) -> None:
+    """A process outside Ray is ``unbooked``; a pid this host does not know is ``not mapped``;
+    a pid in both the compute and the graphics list counts once."""
+    assert node_gpu_lines(fake_nvml_lib, fake.two_gpus(sleeper), tmp_path) == [
+        "GPUs: 2 (driver 550.54.14)",
+        "  GPU0 NVIDIA GeForce RTX 3090  booked NA  used 7.0 GB  util 87%",
+        "    bus 00000000:01:00.0  temp 61 C  power 245/350 W  memory 7.0/24.0 GB, 0.3 GB reserved (v2)",
+        f"    pid {fake.NO_SUCH_PID} booked NA used 0.5 GB  not mapped",
+        f"    pid {sleeper} sleep booked nothing used 1.2 GB  unbooked",
+        "  GPU1 NVIDIA GeForce RTX 3090  booked NA  used 0.0 GB  util 0%",
+        "    bus 00000000:02:00.0  temp 61 C  power 21/350 W  memory 0.0/24.0 GB, 0.3 GB reserved (v2)",
+        "  all GPUs: booked NA  actors use NA GB  unbooked 1.2 GB",
+    ]
+
+
+def test_two_gpus_json_carries_processes_and_attribution(
+    fake_nvml_lib: fake.FakeNvml, sleeper: int, tmp_path: Path
+) -> None:
+    done = run_node(fake_nvml_lib, fake.two_gpus(sleeper), tmp_path, "--json")
+    assert done.returncode == 0, done.stderr
+    diag: dict[str, Any] = json.loads(done.stdout)
+    gpu0 = diag["gpus"][0]
+    assert gpu0["uuid"] == "GPU-00000000-5f1c-4d3e-9a7b-000000000000"
+    assert gpu0["pci_bus_id"] == "00000000:01:00.0"
+    assert gpu0["memory_reserved_bytes"] == int(0.3 * fake.GIB) and gpu0["memory_info_version"] == 2
+    assert (gpu0["temperature_c"], gpu0["power_draw_mw"], gpu0["power_limit_mw"]) == (61, 245_000, 350_000)
+    assert gpu0["mig_enabled"] is False and gpu0["errors"] == {}
+    by_pid = {p["pid"]: p for p in gpu0["processes"]}
+    assert by_pid[sleeper] == {
+        "pid": sleeper,
+        "used_memory_bytes": int(1.2 * fake.GIB),
+        "kinds": ["compute", "graphics"],
+        "gpu_instance_id": None,
+        "compute_instance_id": None,
+    }
+    users = {tuple(u["pids"]): u for u in gpu0["attribution"]["users"]}
+    assert users[(sleeper,)]["flags"] == ["unbooked"] and users[(sleeper,)]["kind"] == "process"
+    assert users[(fake.NO_SUCH_PID,)]["flags"] == ["not_mapped"]
+    assert gpu0["attribution"]["unbooked_bytes"] == int(1.2 * fake.GIB)
+    assert gpu0["attribution"]["booked_vram_mb"] is None  # the actor table was not read
+    assert diag["attribution"]["actors_read"] is False and diag["attribution"]["processes_mapped"] is True
+    mine = next(p for p in diag["processes"] if p["pid"] == sleeper)
+    assert mine["name"] == "sleep" and mine["worker_pid"] is None
+    sources = {s["name"]: s for s in diag["sources"]}
+    assert sources["nvml"] == {"name": "nvml", "ok": True, "reason": "", "detail": "2 GPU(s), memory info v2"}
+    assert sources["procs"]["ok"]
+
+
+def test_plain_node_keeps_its_one_line_per_gpu(
+    fake_nvml_lib: fake.FakeNvml, sleeper: int, tmp_path: Path
+) -> None:
+    path = tmp_path / "scenario.txt"
+    path.write_text(fake.two_gpus(sleeper))
+    env = fake_nvml_lib.env(base_env(RAY_AUTH_MODE="disabled"), path)
+    done = run_rayscope("node", "--gcs", f"127.0.0.1:{closed_port()}", env=env)
+    assert gpu_block(done.stdout) == [
+        "GPUs: 2 (driver 550.54.14)",
+        "  GPU0 NVIDIA GeForce RTX 3090  used 7.0/24.0 GB  util 87%",
+        "  GPU1 NVIDIA GeForce RTX 3090  used 0.0/24.0 GB  util 0%",
+    ]
+
+
+def test_one_gpu_lost(fake_nvml_lib: fake.FakeNvml, tmp_path: Path) -> None:
+    """The lost GPU degrades its own row only."""
+    assert node_gpu_lines(fake_nvml_lib, fake.gpu_lost(), tmp_path) == [
+        "GPUs: 2 (driver 550.54.14)",
+        "  GPU0 NVIDIA GeForce RTX 3090  booked NA  used 5.8 GB  util 87%",
+        "    bus 00000000:01:00.0  temp 61 C  power 245/350 W  memory 5.8/24.0 GB, 0.3 GB reserved (v2)",
+        "  GPU1 NA  booked NA  used NA GB  util NA  (device: GPU is lost)",
+        "  all GPUs: booked NA  actors use NA GB  unbooked 0.0 GB",
+    ]
+
+
+def test_memory_v2_not_supported_falls_back_to_v1(fake_nvml_lib: fake.FakeNvml, tmp_path: Path) -> None:
+    """Pre-510 drivers: v1 answers, reserved memory is part of used and not reported apart."""
+    assert node_gpu_lines(fake_nvml_lib, fake.memory_v1(), tmp_path) == [
+        "GPUs: 1 (driver 470.256.02)",
+        "  GPU0 Tesla V100-SXM2-16GB  booked NA  used 5.8 GB  util 87%",
+        "    bus 00000000:3B:00.0  temp 61 C  power 245/350 W  memory 5.8/16.0 GB (v1)",
+    ]
+
+
+def test_a_field_not_supported_degrades_that_field(fake_nvml_lib: fake.FakeNvml, tmp_path: Path) -> None:
+    assert node_gpu_lines(fake_nvml_lib, fake.field_not_supported(), tmp_path) == [
+        "GPUs: 1 (driver 550.54.14)",
+        "  GPU0 Tesla T4  booked NA  used 1.0 GB  util NA"
+        "  (power_draw_mw: Not Supported; utilization_gpu_pct: Not Supported)",
+        "    bus 00000000:00:1E.0  temp 61 C  power NA/70 W  memory 1.0/15.0 GB, 0.3 GB reserved (v2)",
+    ]
+
+
+def test_mig_instances_are_devices_of_their_own(
+    fake_nvml_lib: fake.FakeNvml, sleeper: int, tmp_path: Path
+) -> None:
+    assert node_gpu_lines(fake_nvml_lib, fake.mig(sleeper), tmp_path) == [
+        "GPUs: 1 (driver 550.54.14)",
+        "  GPU0 NVIDIA A100-SXM4-40GB  MIG on  booked NA  used 4.2 GB  util NA"
+        "  (utilization_gpu_pct: Not Supported)",
+        "    bus 00000000:07:00.0  temp 61 C  power 245/350 W  memory 4.2/40.0 GB, 0.3 GB reserved (v2)",
+        "    GPU0/MIG0 NVIDIA A100-SXM4-40GB MIG 3g.20gb  booked NA  used 4.0 GB  util NA"
+        "  (utilization_gpu_pct: Not Supported)",
+        "      GI 1 CI 0  memory 4.0/19.5 GB, 0.0 GB reserved (v2)",
+        f"      pid {sleeper} sleep booked nothing used 3.5 GB  unbooked",
+        "    GPU0/MIG1 NVIDIA A100-SXM4-40GB MIG 3g.20gb  booked NA  used 0.0 GB  util NA"
+        "  (utilization_gpu_pct: Not Supported)",
+        "      GI 2 CI 0  memory 0.0/19.5 GB, 0.0 GB reserved (v2)",
+    ]
+
+
+def test_driver_library_mismatch(fake_nvml_lib: fake.FakeNvml, tmp_path: Path) -> None:
+    assert node_gpu_lines(fake_nvml_lib, fake.mismatch(), tmp_path) == ["GPUs: NA", MISMATCH]
+
+
+def _can_unshare() -> bool:
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return False
+    done = subprocess.run(
+        [unshare, "-r", "-p", "-f", "--mount-proc", "true"], capture_output=True, timeout=30, check=False
+    )
+    return done.returncode == 0
+
+
+def test_in_a_container_host_pids_are_not_mapped(
+    fake_nvml_lib: fake.FakeNvml, sleeper: int, tmp_path: Path
+) -> None:
+    """rayscope in its own pid namespace (as in a container), NVML reporting host pids: the
+    pids are listed as not mapped and the status says why, instead of a wrong mapping."""
+    if not _can_unshare():
+        pytest.skip("this kernel or sandbox does not allow a pid namespace (unshare -r -p)")
+    done = run_node(
+        fake_nvml_lib,
+        fake.two_gpus(sleeper),
+        tmp_path,
+        prefix=("unshare", "-r", "-p", "-f", "--mount-proc"),
+    )
+    assert done.returncode == 0, done.stderr
+    assert gpu_block(done.stdout) == [
+        "GPUs: 2 (driver 550.54.14)",
+        "  GPU0 NVIDIA GeForce RTX 3090  booked NA  used 7.0 GB  util 87%",
+        "    bus 00000000:01:00.0  temp 61 C  power 245/350 W  memory 7.0/24.0 GB, 0.3 GB reserved (v2)",
+        f"    pid {sleeper} booked NA used 1.2 GB  not mapped",
+        f"    pid {fake.NO_SUCH_PID} booked NA used 0.5 GB  not mapped",
+        "  GPU1 NVIDIA GeForce RTX 3090  booked NA  used 0.0 GB  util 0%",
+        "    bus 00000000:02:00.0  temp 61 C  power 21/350 W  memory 0.0/24.0 GB, 0.3 GB reserved (v2)",
+        "  all GPUs: booked NA  actors use NA GB  unbooked NA GB",
+        CONTAINER,
+    ]

@@ -8,12 +8,14 @@ attributed to the wrong actor fails it too.
 """
 
 import json
+import time
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
 
 from tests import fake_nvml as fake
-from tests.conftest import LiveCluster, run_rayscope
+from tests.conftest import Daemon, HeadDaemon, LiveCluster, run_rayscope
 
 pytestmark = pytest.mark.live
 
@@ -126,3 +128,49 @@ def test_gpu_memory_is_attributed_to_the_actors_that_hold_it(
     node = run_rayscope("node", "--gpus", "--gcs", live_cluster.gcs_address, env=env)
     assert node.returncode == 0, node.stderr
     assert f"    {label('over-booker')} booked 2048 MB used 2.5 GB  over booking" in node.stdout.splitlines()
+
+
+def test_the_head_agent_attributes_the_agents_reports(
+    live_cluster: LiveCluster, fake_gpu: FakeGpu, tmp_path: Path, wire_token: Path
+) -> None:
+    """The same attribution through `push` agents and a `head` (`status --head --gpus`): the
+    agents report the fake GPU's processes, the head reads the actor table once per interval."""
+    env, actors, sleeper = fake_gpu
+    head = HeadDaemon(
+        env, tmp_path / "head.log", ["--gcs", live_cluster.gcs_address, "--interval", "1"], wire_token
+    )
+    agents = [
+        Daemon(
+            ["push", "--head", f"127.0.0.1:{head.listen_port}", "--interval", "1",
+             "--token-file", str(wire_token), "--node-id", live_cluster.node_id(name)],
+            env,
+            tmp_path / f"push-{name}.log",
+        )
+        for name in ("head", "denbi", "cpu")
+    ]  # fmt: skip
+    try:
+        label = f"over-booker#{actors['over-booker']['actor_id'][:4]}"
+        over = f"    {label} booked 2048 MB used 2.5 GB  over booking"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            done = run_rayscope(
+                "status", "--gpus", "--head", head.url, "--token-file", str(wire_token), env=env
+            )
+            if over in done.stdout.splitlines():
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail(f"no attribution through the head:\n{done.stdout}\n{done.stderr}")
+        lines = done.stdout.splitlines()
+        start = lines.index(f"GPUs of 127.0.0.1 [HEAD] {live_cluster.node_id('head')[:12]}:")
+        assert lines[start + 1] == (
+            "  GPU0 NVIDIA GeForce RTX 3090  booked 22528 MB + 0.33 GPU by 6 actors  used 22.9 GB  util 87%"
+        )
+        assert f"    pid {sleeper} sleep booked nothing used 1.2 GB  unbooked" in lines[start : start + 10]
+        assert (
+            "  127.0.0.1 [HEAD] G GPU: 0.05/1 booked: 22528/24576 MB  VRAM: 22.9/24.0 GB  CPU: 8/8" in lines
+        )
+    finally:
+        for agent in agents:
+            agent.stop()
+        head.stop()

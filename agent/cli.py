@@ -316,6 +316,9 @@ def status(
     with _one_line_errors():
         result = _read_cluster(head, token_file, gcs, timeout, gpus)
         code = completeness.status_exit_code(result)
+        note = render.completeness_note(result)
+        if code == completeness.EXIT_NO_DATA:  # never an empty document over a good one
+            raise AgentError(note or "no data", code)
         text = _render_status(result, fmt, all_nodes, gpus)
         if output_file:
             output.write_atomic(output_file, text)
@@ -323,7 +326,6 @@ def status(
             output.append_line(append_file, render.status_ndjson(result, include_dead=all_nodes))
         if not output_file and not append_file:
             sys.stdout.write(text)
-        note = render.completeness_note(result)
         if note:
             typer.echo(f"rayscope: {note}", err=True)
     if code:

@@ -197,8 +197,8 @@ def _no_measurement_reason(node: NodeStatus, view: str) -> str:
     if node.stale:
         age = f" ({node.report_age_s:.0f}s old)" if node.report_age_s is not None else ""
         return f"stale report{age}"
-    if node.agent == "local":
-        failed = [s.reason for s in node.sources if s.name == "nvml" and not s.ok]
+    if node.agent in ("local", "reporting"):  # measured here or by its agent: NVML itself failed
+        failed = [s.reason for s in node.sources if s.name == "nvml" and not s.ok and s.reason]
         return failed[0] if failed else "NVML did not answer"
     if view == "gcs":
         return "not measured: without a head agent only this host's NVML is read"

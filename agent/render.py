@@ -613,11 +613,15 @@ def status_ndjson(status: ClusterStatus, include_dead: bool = False) -> str:
 
 
 def completeness_note(status: ClusterStatus) -> Optional[str]:
-    """``partial: stale report from 1 node(s): 10.0.0.5 (42s)`` — why ``status`` exits 1."""
+    """Why ``status`` exits 2 (``no data: ...``) or 1 (``partial: stale report from 1
+    node(s): 10.0.0.5 (42s)``); ``None`` when complete. Mirrors ``completeness``."""
     scheduler_ok = _source_ok(status.sources, "gcs")
-    if not scheduler_ok and any(n.agent != "none" for n in status.nodes.values()):
-        reasons = [s.reason for s in status.sources if s.name == "gcs" and not s.ok]
-        why = f" ({reasons[0]})" if reasons else ""
+    reasons = [s.reason for s in status.sources if s.name == "gcs" and not s.ok]
+    why = f" ({reasons[0]})" if reasons else ""
+    reporting = any(n.agent != "none" for n in status.nodes.values())
+    if not status.nodes or (not scheduler_ok and not reporting):
+        return f"no data: no node in the scheduler's view{why} and no agent report"
+    if not scheduler_ok:
         return f"partial: no scheduler view{why}: only the agents' reports are shown"
     stale = [n for n in status.nodes.values() if n.alive and n.stale]
     if stale:

@@ -75,8 +75,13 @@ def test_scheduler_view_missing_while_agents_report_is_partial() -> None:
 def test_nothing_at_all_is_no_data() -> None:
     empty = ClusterStatus(generated_at=NOW, view="head", cluster=seed_status().cluster, nodes={})
     assert completeness.status_exit_code(empty) == 2
-    no_view_no_agent = msgspec.structs.replace(embedded_seed_status(), sources=[])
+    assert render.completeness_note(empty) == "no data: no node in the scheduler's view and no agent report"
+    failed = [SourceStatus(name="gcs", ok=False, reason="GCS unreachable at x:1 (timeout 5 s)")]
+    no_view_no_agent = msgspec.structs.replace(embedded_seed_status(), sources=failed)
     assert completeness.status_exit_code(no_view_no_agent) == 2
+    assert render.completeness_note(no_view_no_agent) == (
+        "no data: no node in the scheduler's view (GCS unreachable at x:1 (timeout 5 s)) and no agent report"
+    )
 
 
 def test_help_documents_the_exit_codes() -> None:

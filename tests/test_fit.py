@@ -262,3 +262,16 @@ def test_fit_json_round_trips() -> None:
     assert doc["fits"] is True and doc["shape"] == {"GPU": 0.5}
     assert {n["node_id"]: n["placed"] for n in doc["nodes"]} == {T4: 1, A100: 2, CPU: 0}
     assert msgspec.json.decode(render.fit_json(result), type=FitResult) == result
+
+
+def test_an_agent_whose_nvml_failed_says_why() -> None:
+    """A head view where Europa's agent reports but its NVML did not answer: its reason."""
+    status = seed_status()
+    failed = [
+        SourceStatus(name="nvml", ok=False, reason="NVIDIA driver not loaded"),
+        SourceStatus(name="host", ok=True),
+    ]
+    europa = msgspec.structs.replace(status.nodes[EUROPA], gpus=None, sources=failed)
+    status = msgspec.structs.replace(status, nodes={**status.nodes, EUROPA: europa})
+    node = by_node(answer(status, gpu_memory_mb=4096))[EUROPA]
+    assert (node.measured, node.measured_reason) == ("unknown", "NVIDIA driver not loaded")

@@ -1,16 +1,19 @@
 """``rayscope fit`` against the real three-node Ray cluster (no mocks of Ray).
 
 Europa (the head) has 4 × 5120 MB booked of 24576 VRAM_MB and all 8 CPUs booked; deNBI (a
-T4, no VRAM_MB) has 0.33 GPU booked; the third node has CPUs only. Positive control:
+T4, no VRAM_MB) has 0.33 GPU booked; the third node has CPUs only. The driver's view comes
+from the fake ``libnvidia-ml.so.1`` (tests/fake_nvml) where a test needs one. Positive control:
 ``test_fit_yes_is_what_ray_does`` places the replica fit said fits as a real actor, and then
 fit says the next one does not.
 """
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests import fake_nvml as fake
 from tests.conftest import LiveCluster, run_rayscope
 
 pytestmark = pytest.mark.live
@@ -129,3 +132,31 @@ def test_refused_and_bad_usage(live_cluster: LiveCluster, rayscope_env: dict[str
     )
     code, _, err = fit(rayscope_env, live_cluster, "--shape", '{"TPU": 1}')
     assert code == 2 and "unknown resource 'TPU'" in err and "Traceback" not in err
+
+
+def test_booking_fits_but_measured_memory_does_not(
+    live_cluster: LiveCluster, rayscope_env: dict[str, str], fake_nvml_lib: fake.FakeNvml, tmp_path: Path
+) -> None:
+    """The fake NVML on this host (the Europa head's): an RTX 3090 with 22.8 of 24 GB in use.
+    VRAM_MB still has 4096 MB free, so the booking fits; the memory does not."""
+    scenario = tmp_path / "nearly-full-3090.txt"
+    scenario.write_text(
+        fake.HEADER
+        + "count 1\n"
+        + fake.gpu(0, fake.RTX_3090, pci="00000000:01:00.0", total_gib=24, used_gib=22.8)
+    )
+    env = fake_nvml_lib.env(rayscope_env, scenario)
+    code, out, err = fit(env, live_cluster, "--gpu-memory-mb", "4096")
+    assert code == 1, err
+    lines = out.splitlines()
+    assert lines[1] == "Fits: no, 1/1 replica(s) placed by booking, not by measured memory"
+    assert (
+        "    fits by booking, not by measured memory: GPU0 has 1.2 GB free (needs 4.0 GB per replica)"
+        in lines
+    )
+    code, doc = fit_json(env, live_cluster, "--gpu-memory-mb", "1024")
+    assert code == 0 and doc["fits_booking"] is True and doc["fits_measured"] is True
+    head = next(n for n in doc["nodes"] if n["node_id"] == live_cluster.node_id("head"))
+    assert head["measured"] == "ok" and head["gpus"][0]["free_bytes"] == int(24 * fake.GIB) - int(
+        22.8 * fake.GIB
+    )

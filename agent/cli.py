@@ -5,18 +5,23 @@ shows one). Exit codes: 0 = answered, 1 = failed, 2 = no data (the cluster could
 read) or bad usage.
 """
 
+import json
 import sys
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from enum import Enum
 from typing import Annotated, Optional
 
+import click
 import typer
 
 # Deliberately not agent.collect here: it pulls psutil and pynvml, which `status --head`
 # (the fast path) does not need; the commands that do import it themselves.
-from agent import __version__, client, render, wire
+from agent import __version__, client, completeness, output, render, watch, wire
+from agent import fit as fitting
 from agent.errors import AgentError
+from agent.model import ClusterStatus, FitRequest
 from agent.sources.gcs import ADDRESS_ENV, DEFAULT_TIMEOUT_S, parse_address, split_address
 
 app = typer.Typer(
@@ -167,49 +172,285 @@ GpusOption = Annotated[
     ),
 ]
 
+HeadOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--head",
+        metavar="URL",
+        envvar=client.HEAD_ENV,
+        callback=_head_url,
+        help="Read a head agent (http://HOST:7532) instead of the GCS: every node's NVML.",
+    ),
+]
+
+
+def _read_cluster(
+    head: Optional[str], token_file: Optional[str], gcs: Optional[str], timeout: float, gpus: bool = False
+) -> ClusterStatus:
+    """The cluster as ``status`` (every mode) and ``fit`` read it, the one place that picks
+    the source: a head agent (--head / $RAYSCOPE_HEAD), else the embedded default."""
+    if head:
+        return client.head_status(head, _token(token_file), timeout, gpus=gpus)
+    from agent import collect
+
+    return collect.embedded_status(gcs, timeout, gpus=gpus)
+
 
 def _print(lines: list[str]) -> None:
     sys.stdout.write("\n".join(lines) + "\n")
+
+
+class Format(str, Enum):
+    text = "text"
+    json = "json"
+    prom = "prom"
+
+
+class Sizing(str, Enum):
+    auto = "auto"
+    vram = "vram"
+    fraction = "fraction"
+
+
+WATCH_DEFAULT_S = 2.0
+
+
+def _positive_or_none(value: Optional[float]) -> Optional[float]:
+    return None if value is None else _positive(value)
+
+
+def _status_format(json_out: bool, format_: Optional[Format]) -> Format:
+    if json_out and format_ not in (None, Format.json):
+        raise click.UsageError(f"--json and --format {format_.value} ask for different outputs")
+    return Format.json if json_out else (format_ or Format.text)
+
+
+def _status_lines(result: ClusterStatus, include_dead: bool, gpus: bool) -> list[str]:
+    lines = render.status_lines(result, include_dead=include_dead)
+    return lines + render.status_gpu_lines(result, include_dead=include_dead) if gpus else lines
+
+
+def _render_status(result: ClusterStatus, fmt: Format, include_dead: bool, gpus: bool) -> str:
+    if fmt is Format.json:
+        return render.status_json(result, include_dead=include_dead) + "\n"
+    if fmt is Format.prom:
+        return render.metrics_text(result)
+    return "\n".join(_status_lines(result, include_dead, gpus)) + "\n"
 
 
 @app.command()
 def status(
     json_out: JsonOption = False,
     all_nodes: Annotated[bool, typer.Option("--all", help="Show dead nodes too.")] = False,
-    head: Annotated[
-        Optional[str],
-        typer.Option(
-            "--head",
-            metavar="URL",
-            envvar=client.HEAD_ENV,
-            callback=_head_url,
-            help="Read a head agent (http://HOST:7532) instead of the GCS: every node's NVML.",
-        ),
-    ] = None,
+    head: HeadOption = None,
     gcs: GcsOption = None,
     token_file: TokenFileOption = None,
     timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
     gpus: GpusOption = False,
+    format_: Annotated[
+        Optional[Format],
+        typer.Option(
+            "--format",
+            help="text (the default), json (= --json), or prom: node_exporter textfile format.",
+        ),
+    ] = None,
+    output_file: Annotated[
+        Optional[str],
+        typer.Option(
+            "--output",
+            metavar="FILE",
+            help=(
+                "Write to FILE instead of stdout, atomically (temp file in FILE's directory,"
+                " fsync, rename): a reader never sees half a file. Nothing is written when the"
+                " cluster cannot be read."
+            ),
+        ),
+    ] = None,
+    append_file: Annotated[
+        Optional[str],
+        typer.Option(
+            "--append",
+            metavar="FILE",
+            help="Append one JSON document per line (NDJSON) with a timestamp to FILE.",
+        ),
+    ] = None,
+    watch_s: Annotated[
+        Optional[float],
+        typer.Option(
+            "--watch",
+            metavar="[SECONDS]",
+            callback=_positive_or_none,
+            help=(
+                f"Redraw in place every SECONDS (default {WATCH_DEFAULT_S:g}), values that"
+                " changed since the last frame highlighted; Ctrl-C ends it."
+            ),
+        ),
+    ] = None,
 ) -> None:
     """Cluster status: per node and summed, GPU fraction booked, VRAM_MB booked, NVML memory.
 
     With --head (or $RAYSCOPE_HEAD) it asks a head agent, which merges every node agent's
     NVML with the scheduler's view. Without, it reads the scheduler's view of every node
     from the GCS (no ray.init, no job) and NVML on this host only. The JSON's "view" says
-    which. Exit codes: 0 = answered; 2 = no data (head or GCS unreachable, no address).
+    which. Exit codes: 0 = complete; 1 = partial (the report of a node whose agent was
+    reporting is stale, or the scheduler's view is missing while agents report); 2 = no
+    data (head or GCS unreachable, no address) or bad usage; 3 = --output/--append FILE
+    could not be written. Nodes that run no agent are not partial data.
     """
+    fmt = _status_format(json_out, format_)
+    if watch_s is not None:
+        if fmt is not Format.text or output_file or append_file:
+            raise click.UsageError(
+                "--watch draws on the terminal: it takes no --json, --format, --output or --append"
+            )
+        if not sys.stdout.isatty():
+            raise click.UsageError("--watch needs a terminal on stdout (for files, use --output or --append)")
+        with _one_line_errors():
+            code = watch.run(
+                lambda: _read_cluster(head, token_file, gcs, timeout, gpus),
+                lambda result: _status_lines(result, all_nodes, gpus),
+                watch_s,
+                keyboard_fd=sys.stdin.fileno() if sys.stdin and sys.stdin.isatty() else None,
+            )
+        raise typer.Exit(code)
     with _one_line_errors():
-        if head:
-            result = client.head_status(head, _token(token_file), timeout, gpus=gpus)
-        else:
-            from agent import collect
+        result = _read_cluster(head, token_file, gcs, timeout, gpus)
+        code = completeness.status_exit_code(result)
+        note = render.completeness_note(result)
+        if code == completeness.EXIT_NO_DATA:  # never an empty document over a good one
+            raise AgentError(note or "no data", code)
+        text = _render_status(result, fmt, all_nodes, gpus)
+        if output_file:
+            output.write_atomic(output_file, text)
+        if append_file:
+            output.append_line(append_file, render.status_ndjson(result, include_dead=all_nodes))
+        if not output_file and not append_file:
+            sys.stdout.write(text)
+        if note:
+            typer.echo(f"rayscope: {note}", err=True)
+    if code:
+        raise typer.Exit(code)
 
-            result = collect.embedded_status(gcs, timeout, gpus=gpus)
-        if json_out:
-            _print([render.status_json(result, include_dead=all_nodes)])
-        else:
-            lines = render.status_lines(result, include_dead=all_nodes)
-            _print(lines + render.status_gpu_lines(result, include_dead=all_nodes) if gpus else lines)
+
+def _gpu_memory_option(value: Optional[int]) -> Optional[int]:
+    if value is not None and value != fitting.WHOLE_GPU and value <= 0:
+        raise typer.BadParameter("must be more than 0 MB, or -1 for a whole GPU")
+    return value
+
+
+def _shape_option(value: Optional[str]) -> Optional[dict[str, float]]:
+    if value is None:
+        return None
+    try:
+        raw = json.loads(value)
+    except ValueError as err:
+        raise typer.BadParameter(f"not JSON: {err}", param_hint="'--shape'") from None
+    if not isinstance(raw, dict):
+        raise typer.BadParameter(
+            'a JSON object of Ray resources, e.g. \'{"GPU": 0.5, "CPU": 1}\'', param_hint="'--shape'"
+        )
+    try:
+        return fitting.validate_shape(raw)
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="'--shape'") from None
+
+
+@app.command()
+def fit(
+    gpu_memory_mb: Annotated[
+        Optional[int],
+        typer.Option(
+            "--gpu-memory-mb",
+            metavar="MB",
+            callback=_gpu_memory_option,
+            help="GPU memory per replica, as a BioEngine app declares it; -1 = a whole GPU.",
+        ),
+    ] = None,
+    replicas: Annotated[int, typer.Option("--replicas", min=1, help="How many replicas to place.")] = 1,
+    num_cpus: Annotated[
+        float,
+        typer.Option(
+            "--num-cpus",
+            min=0,
+            help=(
+                "CPUs each replica books (Ray's num_cpus). 0 = as declared;"
+                " a Ray Serve replica books 1 by default."
+            ),
+        ),
+    ] = 0.0,
+    memory_mb: Annotated[
+        float, typer.Option("--memory-mb", min=0, help="Ray memory each replica books, in MB.")
+    ] = 0.0,
+    shape: Annotated[
+        Optional[str],
+        typer.Option(
+            "--shape",
+            metavar="JSON",
+            help=(
+                "A raw Ray resource shape per replica instead of --gpu-memory-mb:"
+                ' \'{"GPU": 0.5, "CPU": 1}\' (Ray\'s names; memory in bytes).'
+            ),
+        ),
+    ] = None,
+    gpu_total_mb: Annotated[
+        Optional[float],
+        typer.Option(
+            "--gpu-total-mb",
+            metavar="MB",
+            min=1,
+            help=(
+                "Size of the smallest GPU for the fraction path. Default: NVML's measurement,"
+                " else a node's VRAM_MB total per GPU; without either the answer is 'could not tell'."
+            ),
+        ),
+    ] = None,
+    sizing: Annotated[
+        Sizing,
+        typer.Option(
+            "--sizing",
+            help=(
+                "How --gpu-memory-mb is booked: auto = BioEngine's rule (VRAM_MB where a node"
+                " advertises it, else a GPU fraction), vram, or fraction."
+            ),
+        ),
+    ] = Sizing.auto,
+    json_out: Annotated[bool, typer.Option("--json", help="The placement as one JSON document.")] = False,
+    head: HeadOption = None,
+    gcs: GcsOption = None,
+    token_file: TokenFileOption = None,
+    timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
+) -> None:
+    """Will another app fit? Books R replicas the way BioEngine's AppBuilder sizes them
+    (VRAM_MB: GPU 0.01 + VRAM_MB = MB; else GPU = MB / smallest GPU, up to 10% over clamped
+    to 1, more refused), places them greedily on what each node has free, and checks NVML's
+    free memory on the chosen GPUs where it is measured.
+
+    Exit codes: 0 = fits; 1 = does not fit (by booking, by measured memory, or refused);
+    2 = could not tell (cluster unreadable, a GPU size unknown) or bad usage.
+    """
+    if (gpu_memory_mb is None) == (shape is None):
+        raise click.UsageError("give one of --gpu-memory-mb MB or --shape JSON")
+    raw_shape = _shape_option(shape)
+    if raw_shape is not None:
+        if num_cpus > 0 and "CPU" in raw_shape:
+            raise click.UsageError("--num-cpus and a CPU in --shape: give CPUs once")
+        if memory_mb > 0 and "memory" in raw_shape:
+            raise click.UsageError("--memory-mb and a memory in --shape: give memory once")
+        if sizing is not Sizing.auto:
+            raise click.UsageError("--sizing applies to --gpu-memory-mb, not to a raw --shape")
+    request = FitRequest(
+        gpu_memory_mb=gpu_memory_mb,
+        shape=raw_shape,
+        replicas=replicas,
+        num_cpus=num_cpus,
+        memory_mb=memory_mb,
+        gpu_total_mb=gpu_total_mb,
+        sizing=sizing.value,
+    )
+    with _one_line_errors():
+        result = fitting.fit(_read_cluster(head, token_file, gcs, timeout), request)
+        _print([render.fit_json(result)] if json_out else render.fit_lines(result))
+    raise typer.Exit(fitting.exit_code(result))
 
 
 @app.command()
@@ -302,6 +543,24 @@ def push(
         Pusher(split_address(head), _token(token_file), interval, node_id).run()
 
 
+def optional_watch_value(argv: Sequence[str]) -> list[str]:
+    """``--watch`` alone means every 2 s. Click options take a value or none, not either
+    (and typer drops click's ``flag_value``), so a bare ``--watch`` gets the default here."""
+    args = list(argv)
+    out: list[str] = []
+    for i, arg in enumerate(args):
+        out.append(arg)
+        if arg == "--":
+            return out + args[i + 1 :]
+        if arg == "--watch":
+            following = args[i + 1] if i + 1 < len(args) else ""
+            try:
+                float(following)
+            except ValueError:
+                out.append(f"{WATCH_DEFAULT_S:g}")
+    return out
+
+
 def main() -> None:
     """Console-script entry point."""
-    app(prog_name="rayscope")
+    app(args=optional_watch_value(sys.argv[1:]), prog_name="rayscope")

@@ -6,18 +6,24 @@ totals and CPUs ``.0f``, ``booked: used/total MB`` only where the node advertise
 Units, thresholds and wording live here and nowhere else.
 """
 
+import difflib
+import re
+import time
 from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
 from typing import Optional
 
 import msgspec
 
 from agent.model import (
     ClusterStatus,
+    FitResult,
     GpuDevice,
     GpuUser,
     HostInfo,
     NodeAttribution,
     NodeDiagnostics,
+    NodeFit,
     NodeStatus,
     RayletInfo,
     SourceStatus,
@@ -478,3 +484,203 @@ def status_gpu_lines(status: ClusterStatus, include_dead: bool = False) -> list[
         else:
             lines += ["  " + line for line in gpu_block_lines(node.gpus, node.attribution)]
     return lines
+
+
+# --- rayscope fit -------------------------------------------------------------------------
+
+FIT_SIZING_WORDS = {
+    "vram_mb": "VRAM_MB booking",
+    "fraction": "GPU fraction",
+    "whole_gpu": "a whole GPU",
+    "shape": "a raw Ray shape",
+}
+
+
+def shape_text(shape: dict[str, float]) -> str:
+    """``{"GPU": 0.01, "VRAM_MB": 4096}``: the request in the same words as ``--shape``."""
+    return "{" + ", ".join(f'"{name}": {_number(value)}' for name, value in shape.items()) + "}"
+
+
+def resource_amount(name: str, value: float) -> str:
+    """An amount of a Ray resource in its unit: memory sizes readable, VRAM_MB in MB."""
+    if name in ("memory", "object_store_memory"):
+        return size(value)
+    if name == "VRAM_MB":
+        return f"{value:.0f} MB"
+    return _number(round(value, 4))
+
+
+def fit_node_label(fit: NodeFit) -> str:
+    """``127.0.0.1 [HEAD] G e0e0e0e0``: IP, role, accelerator, node id (IPs repeat on one host)."""
+    words = [fit.node_ip or fit.node_id[:12], "[HEAD]" if fit.head else "[worker]"]
+    if fit.accelerator_type:
+        words.append(fit.accelerator_type)
+    words.append(fit.node_id[:8])
+    return " ".join(words)
+
+
+def fit_node_line(fit: NodeFit, shape: dict[str, float]) -> str:
+    """``127.0.0.1 [HEAD] G e0e0e0e0: fits 0, gets 0 (VRAM_MB: 4096 MB free, needs 5120 MB)``."""
+    line = f"{fit_node_label(fit)}: fits {fit.capacity}, gets {fit.placed}"
+    if fit.missing:
+        return line + " (" + ", ".join(f"no {name}" for name in fit.missing) + ")"
+    if fit.limited_by is None:
+        return line
+    name = fit.limited_by
+    free = resource_amount(name, fit.available.get(name, 0.0))
+    if fit.capacity == 0:
+        return line + f" ({name}: {free} free, needs {resource_amount(name, shape[name])})"
+    return line + f" (limited by {name}: {free} free)"
+
+
+def gpu_free_text(fit: NodeFit) -> str:
+    """``GPU0 has 1.2 GB free`` for every GPU the check used (or could have used)."""
+    return ", ".join(f"GPU{g.index} has {gib(g.free_bytes)} GB free" for g in fit.gpus)
+
+
+def fit_measured_line(fit: NodeFit) -> Optional[str]:
+    """The driver's view under a node given replicas; ``None`` where it has nothing to say."""
+    need = f" (needs {size(fit.need_bytes)} per replica)" if fit.need_bytes is not None else ""
+    if fit.measured == "short":
+        return f"fits by booking, not by measured memory: {gpu_free_text(fit)}{need}"
+    if fit.measured == "ok":
+        return f"measured: {gpu_free_text(fit)}{need}"
+    return None
+
+
+def fit_answer_line(result: FitResult) -> str:
+    """``Fits: yes, 2/2 replicas placed`` — the overall answer first, as the exit code says."""
+    if result.refused is not None:
+        return f"Fits: no, refused: {result.refused}"
+    answer = "yes" if result.fits else "no"
+    line = f"Fits: {answer}, {result.placed}/{result.replicas} replica(s) placed by booking"
+    if result.fits_booking and result.fits_measured is False:
+        line += ", not by measured memory"
+    return line
+
+
+def fit_sizing_line(result: FitResult) -> str:
+    """``Shape: {"GPU": 0.01, "VRAM_MB": 4096} per replica (VRAM_MB booking: ...)``."""
+    words = FIT_SIZING_WORDS.get(result.sizing, result.sizing)
+    mb = result.request.gpu_memory_mb
+    if result.sizing == "fraction" and result.smallest_gpu_mb is not None and mb is not None:
+        words += f" {mb}/{result.smallest_gpu_mb:.0f} MB of the smallest GPU ({result.smallest_gpu_from})"
+    return f"Shape: {shape_text(result.shape)} per replica ({words}: {result.sizing_reason})"
+
+
+def fit_lines(result: FitResult) -> list[str]:
+    """``rayscope fit``: the shape, the answer, per node how many fit, the driver's view."""
+    lines = [fit_sizing_line(result), fit_answer_line(result)]
+    if result.nodes:
+        lines += ["", "Nodes:"]
+    unmeasured: dict[str, int] = {}
+    for fit in result.nodes:
+        lines.append("  " + fit_node_line(fit, result.shape))
+        measured = fit_measured_line(fit)
+        if measured is not None:
+            lines.append("    " + measured)
+        if fit.measured == "unknown":
+            unmeasured[fit.measured_reason] = unmeasured.get(fit.measured_reason, 0) + 1
+    notes = []
+    for reason, count in unmeasured.items():
+        note = f"Measured memory: NA on {count} node(s) given replicas: {reason}"
+        if result.view == "gcs" and "head agent" in reason:
+            note += " (run `rayscope head` and `rayscope push` on every node)"
+        notes.append(note)
+    if notes:
+        lines += ["", *notes]
+    return lines
+
+
+def fit_json(result: FitResult) -> str:
+    """``rayscope fit --json``."""
+    return _encode(result)
+
+
+# --- cron-safe status: NDJSON lines, completeness (the textfile format is metrics_text) ---
+
+
+def status_ndjson(status: ClusterStatus, include_dead: bool = False) -> str:
+    """One line of ``--append``: the JSON document, compact, led by an ISO-8601 UTC
+    ``timestamp`` (``generated_at`` is the same instant in epoch seconds)."""
+    if not include_dead:
+        status = msgspec.structs.replace(
+            status, nodes={n.node_id: n for n in visible_nodes(status, include_dead)}
+        )
+    stamp = datetime.fromtimestamp(status.generated_at, tz=timezone.utc)
+    timestamp = stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return msgspec.json.encode({"timestamp": timestamp, **msgspec.to_builtins(status)}).decode()
+
+
+def completeness_note(status: ClusterStatus) -> Optional[str]:
+    """Why ``status`` exits 2 (``no data: ...``) or 1 (``partial: stale report from 1
+    node(s): 10.0.0.5 (42s)``); ``None`` when complete. Mirrors ``completeness``."""
+    scheduler_ok = _source_ok(status.sources, "gcs")
+    reasons = [s.reason for s in status.sources if s.name == "gcs" and not s.ok]
+    why = f" ({reasons[0]})" if reasons else ""
+    reporting = any(n.agent != "none" for n in status.nodes.values())
+    if not status.nodes or (not scheduler_ok and not reporting):
+        return f"no data: no node in the scheduler's view{why} and no agent report"
+    if not scheduler_ok:
+        return f"partial: no scheduler view{why}: only the agents' reports are shown"
+    stale = [n for n in status.nodes.values() if n.alive and n.stale]
+    if stale:
+        names = ", ".join(
+            f"{n.node_ip or n.hostname or n.node_id[:12]} ({n.report_age_s or 0:.0f}s)" for n in stale
+        )
+        return f"partial: stale report from {len(stale)} node(s): {names}"
+    return None
+
+
+# --- status --watch -----------------------------------------------------------------------
+
+HIGHLIGHT_ON = "\x1b[7m"  # reverse video: readable on any palette, no colour assumed
+HIGHLIGHT_OFF = "\x1b[27m"
+_TOKEN_SPLIT = re.compile(r"([\s/,:()\[\]]+)")
+
+
+def watch_header(interval_s: float, generated_at: float) -> str:
+    """``Every 2s: rayscope status    14:03:07`` — watch(1)'s header, the data's own time."""
+    clock = time.strftime("%H:%M:%S", time.localtime(generated_at))
+    return f"Every {_number(interval_s)}s: rayscope status    {clock}"
+
+
+def fit_screen(lines: Sequence[str], columns: int, rows: int) -> list[str]:
+    """Cut lines to the terminal, so a redraw in place never wraps or scrolls."""
+    return [line[: max(columns, 1)] for line in lines[: max(rows, 1)]]
+
+
+def _highlight_pair(before: str, after: str) -> str:
+    old, new = _TOKEN_SPLIT.split(before), _TOKEN_SPLIT.split(after)
+    if len(old) != len(new):
+        return HIGHLIGHT_ON + after + HIGHLIGHT_OFF
+    return "".join(
+        f"{HIGHLIGHT_ON}{b}{HIGHLIGHT_OFF}" if a != b and not _TOKEN_SPLIT.fullmatch(b) else b
+        for a, b in zip(old, new)
+    )
+
+
+def highlight_changes(previous: Optional[Sequence[str]], current: Sequence[str]) -> list[str]:
+    """``current`` with every value that differs from ``previous`` in reverse video.
+
+    Lines are aligned as a diff aligns them (a node appearing shifts the rest, it does not
+    light them all up); paired lines are compared word by word, so ``0.33/1`` → ``0.58/1``
+    marks only ``0.58``. New lines are marked whole.
+    """
+    if previous is None:
+        return list(current)
+    out: list[str] = []
+    matcher = difflib.SequenceMatcher(a=list(previous), b=list(current), autojunk=False)
+    for op, i1, i2, j1, j2 in matcher.get_opcodes():
+        if op == "equal":
+            out += current[j1:j2]
+        elif op in ("replace", "insert"):
+            for k in range(j2 - j1):
+                after = current[j1 + k]
+                if op == "replace" and i1 + k < i2:
+                    out.append(_highlight_pair(previous[i1 + k], after))
+                elif after:
+                    out.append(HIGHLIGHT_ON + after + HIGHLIGHT_OFF)
+                else:
+                    out.append(after)
+    return out

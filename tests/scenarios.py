@@ -193,3 +193,96 @@ def seed_node_diagnostics() -> NodeDiagnostics:
             SourceStatus(name="host", ok=True),
         ],
     )
+
+
+# --- rayscope fit: recorded states a head agent (or this host's NVML) would produce --------
+
+MIB = 1024**2
+T4_MIB = 15360  # what NVML reports as a Tesla T4's memory.total
+A100_MIB = 40960
+A100 = "a1" * 28
+
+
+def gpu_mib(index: int, total_mib: int, used_mib: int, name: str) -> GpuDevice:
+    return GpuDevice(
+        index=index,
+        name=name,
+        uuid=f"GPU-{index:08x}-1111-1111-1111-111111111111",
+        memory_total_bytes=total_mib * MIB,
+        memory_used_bytes=used_mib * MIB,
+        memory_info_version=2,
+        utilization_gpu_pct=40,
+    )
+
+
+def busy_gpu_status() -> ClusterStatus:
+    """The seed's cluster, but Europa's RTX 3090 is nearly full by NVML (22.8 of 24 GB used:
+    something outside Ray's booking holds memory) while VRAM_MB still has 4096 MB free."""
+    reports = {
+        **SEED_REPORTS,
+        EUROPA: report(EUROPA, [gpu(0, 22.8)], "172.17.0.3"),
+    }
+    return rollup(
+        SEED_VIEWS,
+        reports,
+        now=NOW,
+        stale_after_s=15.0,
+        view="head",
+        gcs_address="172.17.0.3:6379",
+        sources=[SourceStatus(name="gcs", ok=True, detail="172.17.0.3:6379")],
+    )
+
+
+def fraction_status() -> ClusterStatus:
+    """A cluster without VRAM_MB (deNBI-like): a T4 node 0.33 booked and a two-A100 node
+    with 1.5 GPUs free, every agent reporting NVML. The smallest GPU is the T4's 15360 MB."""
+    views = [
+        view(
+            T4,
+            "10.0.0.5",
+            {"CPU": 8, "GPU": 1, "accelerator_type:T4": 1, "node:__internal_head__": 1, "memory": 16 * GB},
+            {"CPU": 7, "GPU": 0.67, "accelerator_type:T4": 1, "node:__internal_head__": 1, "memory": 16 * GB},
+        ),
+        view(
+            A100,
+            "10.0.0.6",
+            {"CPU": 32, "GPU": 2, "accelerator_type:A100": 1, "memory": 128 * GB},
+            {"CPU": 30, "GPU": 1.5, "accelerator_type:A100": 1, "memory": 128 * GB},
+        ),
+        view(CPU, "10.0.0.7", {"CPU": 16, "memory": 64 * GB}, {"CPU": 16, "memory": 64 * GB}),
+    ]
+    reports = {
+        T4: report(T4, [gpu_mib(0, T4_MIB, 5000, "Tesla T4")], "10.0.0.5"),
+        A100: report(
+            A100,
+            [
+                gpu_mib(0, A100_MIB, 20000, "NVIDIA A100-SXM4-40GB"),
+                gpu_mib(1, A100_MIB, 2000, "NVIDIA A100-SXM4-40GB"),
+            ],
+            "10.0.0.6",
+        ),
+        CPU: report(CPU, [], "10.0.0.7"),
+    }
+    return rollup(
+        views,
+        reports,
+        now=NOW,
+        stale_after_s=15.0,
+        view="head",
+        gcs_address="10.0.0.5:6379",
+        sources=[SourceStatus(name="gcs", ok=True, detail="10.0.0.5:6379")],
+    )
+
+
+def embedded_seed_status() -> ClusterStatus:
+    """The seed's scheduler view as ``status`` reads it without a head agent, on a host
+    where no raylet of the cluster runs: no node has NVML numbers."""
+    return rollup(
+        SEED_VIEWS,
+        {},
+        now=NOW,
+        stale_after_s=float("inf"),
+        view="gcs",
+        gcs_address="172.17.0.3:6379",
+        sources=[SourceStatus(name="gcs", ok=True, detail="172.17.0.3:6379")],
+    )

@@ -1,0 +1,316 @@
+"""Cron-safe output: ``status`` exit codes, the node_exporter textfile, NDJSON lines, and
+atomic files that a reader polling them never sees half-written — even when the writer is
+SIGKILLed at random points (a few hundred times, bounded in time).
+
+Positive control for the atomicity test: the same kills against a naive writer
+(``open(path, "w").write(...)``) make the same reader see a broken document.
+"""
+
+import json
+import os
+import random
+import re
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from agent import completeness, output, render
+from agent.errors import AgentError
+from agent.model import ClusterStatus, SourceStatus
+from tests.conftest import REPO, base_env, run_rayscope
+from tests.golden import check_golden
+from tests.scenarios import (
+    NOW,
+    T4,
+    embedded_seed_status,
+    mixed_status,
+    seed_status,
+)
+
+# --- exit codes ---------------------------------------------------------------------------
+
+
+def test_every_agent_fresh_is_complete() -> None:
+    assert completeness.status_exit_code(seed_status()) == 0
+    assert render.completeness_note(seed_status()) is None
+
+
+def test_embedded_default_without_agents_is_complete() -> None:
+    """Nodes that simply run no agent are not partial data."""
+    status = embedded_seed_status()
+    assert all(n.agent == "none" for n in status.nodes.values())
+    assert completeness.status_exit_code(status) == 0
+
+
+def test_a_stale_agent_report_is_partial() -> None:
+    status = mixed_status()
+    assert completeness.status_exit_code(status) == 1
+    assert render.completeness_note(status) == "partial: stale report from 1 node(s): 10.0.0.5 (42s)"
+
+
+def test_a_dead_nodes_stale_report_is_not_partial() -> None:
+    status = mixed_status()
+    t4 = msgspec.structs.replace(status.nodes[T4], alive=False)
+    assert completeness.status_exit_code(msgspec.structs.replace(status, nodes={**status.nodes, T4: t4})) == 0
+
+
+def test_scheduler_view_missing_while_agents_report_is_partial() -> None:
+    status = msgspec.structs.replace(
+        seed_status(),
+        sources=[SourceStatus(name="gcs", ok=False, reason="GCS unreachable at x:1 (timeout 5 s)")],
+    )
+    assert completeness.status_exit_code(status) == 1
+    assert render.completeness_note(status) == (
+        "partial: no scheduler view (GCS unreachable at x:1 (timeout 5 s)):"
+        " only the agents' reports are shown"
+    )
+
+
+def test_nothing_at_all_is_no_data() -> None:
+    empty = ClusterStatus(generated_at=NOW, view="head", cluster=seed_status().cluster, nodes={})
+    assert completeness.status_exit_code(empty) == 2
+    assert render.completeness_note(empty) == "no data: no node in the scheduler's view and no agent report"
+    failed = [SourceStatus(name="gcs", ok=False, reason="GCS unreachable at x:1 (timeout 5 s)")]
+    no_view_no_agent = msgspec.structs.replace(embedded_seed_status(), sources=failed)
+    assert completeness.status_exit_code(no_view_no_agent) == 2
+    assert render.completeness_note(no_view_no_agent) == (
+        "no data: no node in the scheduler's view (GCS unreachable at x:1 (timeout 5 s)) and no agent report"
+    )
+
+
+def test_help_documents_the_exit_codes() -> None:
+    env = base_env(COLUMNS="200")
+    status = " ".join(run_rayscope("status", "--help", env=env).stdout.split())
+    assert "0 = complete; 1 = partial" in status and "2 = no data" in status
+    fit = " ".join(run_rayscope("fit", "--help", env=env).stdout.split())
+    assert "0 = fits; 1 = does not fit" in fit and "2 = could not tell" in fit
+
+
+# --- node_exporter textfile format ---------------------------------------------------------
+
+SAMPLE = re.compile(
+    r'^(rayscope_[a-z_]+)(\{[a-z_]+="(?:[^"\\]|\\.)*"(?:,[a-z_]+="(?:[^"\\]|\\.)*")*\})? (-?[0-9.e+]+)$'
+)
+
+
+def test_prom_textfile_is_well_formed() -> None:
+    """``status --format prom`` writes the head's /metrics text (render.metrics_text): what
+    node_exporter's textfile collector requires of it — HELP and TYPE once per family, before
+    its samples, samples of a family together, valid names, labels and numbers."""
+    text = render.metrics_text(mixed_status())
+    assert text.endswith("\n")
+    seen: list[str] = []
+    current = None
+    for line in text.splitlines():
+        if line.startswith("# HELP "):
+            name = line.split()[2]
+            assert name not in seen, f"{name} twice"
+            seen.append(name)
+            current = name
+        elif line.startswith("# TYPE "):
+            assert line == f"# TYPE {current} gauge"
+        else:
+            match = SAMPLE.match(line)
+            assert match, line
+            assert match.group(1) == current, line
+    assert all(name.startswith("rayscope_") for name in seen)
+
+
+def test_prom_carries_the_three_gpu_numbers_with_units_and_node_labels() -> None:
+    text = render.metrics_text(seed_status())
+    labels = 'node_id="' + "e0" * 28 + '",node_ip="172.17.0.3"'
+    assert f"rayscope_gpus_booked{{{labels}}} 0.04" in text
+    assert f"rayscope_vram_booked_megabytes{{{labels}}} 20480" in text
+    assert f"rayscope_vram_total_megabytes{{{labels}}} 24576" in text
+    assert f"rayscope_gpu_memory_used_bytes{{{labels}}} {int(5.8 * 1024**3)}" in text
+
+
+def test_prom_leaves_out_what_nobody_measured() -> None:
+    """No NVML sample for the node no agent reports: absent, not 0."""
+    text = render.metrics_text(mixed_status())
+    assert 'rayscope_gpus_total{node_id="' + "0a" * 28 in text
+    assert 'rayscope_gpu_memory_used_bytes{node_id="' + "0a" * 28 not in text
+
+
+def test_prom_label_values_are_escaped() -> None:
+    status = seed_status()
+    node = msgspec.structs.replace(status.nodes[T4], node_ip='odd "ip"\\name')
+    text = render.metrics_text(msgspec.structs.replace(status, nodes={T4: node}))
+    assert 'node_ip="odd \\"ip\\"\\\\name"' in text
+
+
+def test_golden_prom() -> None:
+    check_golden("status_mixed.prom", render.metrics_text(mixed_status()))
+
+
+# --- NDJSON -------------------------------------------------------------------------------
+
+
+def test_ndjson_line_is_one_document_with_a_timestamp() -> None:
+    line = render.status_ndjson(seed_status())
+    assert "\n" not in line
+    doc = json.loads(line)
+    assert doc["timestamp"] == "2026-11-30T00:53:20.000Z"
+    assert doc["generated_at"] == NOW
+    assert doc["nodes"] == json.loads(render.status_json(seed_status()))["nodes"]
+
+
+# --- atomic files -------------------------------------------------------------------------
+
+
+def test_write_atomic_replaces_and_keeps_the_mode(tmp_path: Path) -> None:
+    target = tmp_path / "status.json"
+    output.write_atomic(str(target), "one\n")
+    assert stat.S_IMODE(target.stat().st_mode) == 0o666 & ~_umask()
+    target.chmod(0o640)
+    output.write_atomic(str(target), "two\n")
+    assert target.read_text() == "two\n" and stat.S_IMODE(target.stat().st_mode) == 0o640
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["status.json"]  # no temp file left
+
+
+def test_write_atomic_failure_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
+    with pytest.raises(AgentError) as err:
+        output.write_atomic(str(tmp_path / "missing" / "status.json"), "x")
+    assert err.value.exit_code == 3
+    assert str(err.value) == f"cannot write {tmp_path / 'missing' / 'status.json'}: No such file or directory"
+
+
+def test_append_line_adds_exactly_one_line(tmp_path: Path) -> None:
+    target = tmp_path / "status.ndjson"
+    output.append_line(str(target), '{"a": 1}')
+    output.append_line(str(target), '{"a": 2}\n')
+    assert target.read_text() == '{"a": 1}\n{"a": 2}\n'
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+WRITER = """
+import sys
+from agent.output import write_atomic
+path, docs = sys.argv[1], [open(p).read() for p in sys.argv[2:]]
+print("ready", flush=True)
+i = 0
+while True:
+    write_atomic(path, docs[i % len(docs)])
+    i += 1
+"""
+NAIVE_WRITER = WRITER.replace("from agent.output import write_atomic", "").replace(
+    "write_atomic(path, docs[i % len(docs)])", "open(path, 'w').write(docs[i % len(docs)])"
+)
+
+
+SMALL, LARGE = 500.0, 1000.0
+
+
+def _big_documents(tmp_path: Path) -> list[str]:
+    """Two status documents of about 0.5 and 1 MB (many nodes), so a write takes long enough
+    for a kill to land inside it; ``generated_at`` tells them apart."""
+    paths = []
+    base = seed_status()
+    template = base.nodes[T4]
+    for count in (SMALL, LARGE):
+        nodes = {
+            f"{i:056x}": msgspec.structs.replace(template, node_id=f"{i:056x}") for i in range(int(count))
+        }
+        doc = render.status_json(msgspec.structs.replace(base, nodes=nodes, generated_at=float(count)))
+        path = tmp_path / f"doc-{count}.json"
+        path.write_text(doc)
+        paths.append(str(path))
+    return paths
+
+
+READER = """
+import json, sys, threading
+path, reads, broken, seen = sys.argv[1], 0, [], set()
+stop = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+print("ready", flush=True)
+while not stop.is_set():
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        continue
+    reads += 1
+    try:
+        seen.add(json.loads(data)["generated_at"])
+    except (ValueError, KeyError):
+        broken.append(len(data))
+print(json.dumps({"reads": reads, "broken": broken, "seen": sorted(seen)}), flush=True)
+"""
+
+
+def _python(script: str, *args: str, stdin: bool = False) -> "subprocess.Popen[str]":
+    # -S: no site import; the writer needs only agent/ (the cwd) and the standard library.
+    return subprocess.Popen(
+        [sys.executable, "-S", "-c", script, *args],
+        stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        cwd=REPO,
+        env=base_env(),
+        text=True,
+    )
+
+
+def _kill_writers(
+    script: str, target: Path, docs: list[str], runs: int, budget_s: float
+) -> tuple[int, dict[str, Any]]:
+    """Start a writer, let it write for a random 0-30 ms, SIGKILL it; again, ``runs`` times or
+    until ``budget_s`` is spent. A reader process polls the file all along (its own process,
+    so its JSON parsing does not slow the test's process starts)."""
+    rng = random.Random(6)
+    reader = _python(READER, str(target), stdin=True)
+    assert reader.stdout is not None and reader.stdin is not None
+    assert reader.stdout.readline() == "ready\n"
+    done = 0
+    deadline = time.monotonic() + budget_s
+    try:
+        while done < runs and time.monotonic() < deadline:
+            writer = _python(script, str(target), *docs)
+            assert writer.stdout is not None
+            assert writer.stdout.readline() == "ready\n"
+            time.sleep(rng.uniform(0.0, 0.03))
+            writer.kill()
+            writer.wait(timeout=10)
+            writer.stdout.close()
+            done += 1
+    finally:
+        reader.stdin.close()
+        summary: dict[str, Any] = json.loads(reader.stdout.readline())
+        reader.wait(timeout=30)
+        reader.stdout.close()
+    return done, summary
+
+
+def test_a_polling_reader_never_sees_half_a_file_while_writers_are_killed(tmp_path: Path) -> None:
+    docs = _big_documents(tmp_path)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    target = out_dir / "status.json"
+    runs, reader = _kill_writers(WRITER, target, docs, runs=300, budget_s=60.0)
+    assert runs >= 100, f"only {runs} writer runs in the time budget"
+    assert reader["broken"] == [], (
+        f"{len(reader['broken'])} of {reader['reads']} reads were not a whole document"
+    )
+    assert reader["reads"] > runs and reader["seen"] == [SMALL, LARGE]
+    json.loads(target.read_text())
+    # Kills landed inside writes: their temp files are left behind (hidden, never *.tmp → *.prom).
+    leftovers = [p.name for p in out_dir.iterdir() if p.name != "status.json"]
+    assert leftovers and all(re.fullmatch(r"\.status\.json\..+\.tmp", name) for name in leftovers)
+
+
+def test_positive_control_a_naive_writer_is_caught(tmp_path: Path) -> None:
+    docs = _big_documents(tmp_path)
+    target = tmp_path / "status.json"
+    _, reader = _kill_writers(NAIVE_WRITER, target, docs, runs=30, budget_s=30.0)
+    assert reader["broken"], "the reader should catch a truncate-then-write writer"

@@ -1,0 +1,277 @@
+"""``rayscope fit`` on recorded cluster states: BioEngine's sizing, its clamp/refuse edges,
+greedy placement, and the driver's view beside the booking.
+
+The states are what the head agent (or this host's NVML) produces: ``ClusterStatus`` with
+per-node ``gpus`` from NVML (tests/scenarios.py). "Booking fits, measured memory does not" is
+such a state, recorded — the NVML numbers a head would carry for a nearly full RTX 3090.
+
+Positive controls: dropping the 10% clamp fails ``test_up_to_ten_percent_over_is_one_gpu``;
+computing capacity in floats (0.96 / 0.01 = 95.99…) fails ``test_capacity_uses_rays_fixed_point``;
+ignoring NVML fails ``test_booking_fits_but_measured_memory_does_not``.
+"""
+
+import json
+from typing import Any
+
+import msgspec
+import pytest
+
+from agent import fit, render
+from agent.errors import AgentError
+from agent.fit import gpu_fraction, validate_shape
+from agent.model import FitRequest, FitResult, NodeFit, SourceStatus
+from tests.golden import check_golden
+from tests.scenarios import (
+    A100,
+    CPU,
+    EUROPA,
+    T4,
+    T4_MIB,
+    busy_gpu_status,
+    embedded_seed_status,
+    fraction_status,
+    mixed_status,
+    seed_status,
+)
+
+
+def answer(status: Any, **request: Any) -> FitResult:
+    return fit.fit(status, FitRequest(**request))
+
+
+def by_node(result: FitResult) -> dict[str, NodeFit]:
+    return {n.node_id: n for n in result.nodes}
+
+
+# --- sizing: BioEngine's AppBuilder shape ------------------------------------------------
+
+
+def test_vram_cluster_books_a_handle_plus_vram_mb() -> None:
+    result = answer(seed_status(), gpu_memory_mb=4096)
+    assert result.sizing == "vram_mb"
+    assert result.shape == {"GPU": 0.01, "VRAM_MB": 4096}
+
+
+def test_europa_fits_no_fifth_5120_replica_but_a_4096_one() -> None:
+    """The seed's Europa: 4 × 5120 booked of 24576, so 4096 MB are left."""
+    no = answer(seed_status(), gpu_memory_mb=5120)
+    assert (no.fits, no.placed, fit.exit_code(no)) == (False, 0, 1)
+    europa = by_node(no)[EUROPA]
+    assert (europa.capacity, europa.limited_by, europa.available["VRAM_MB"]) == (0, "VRAM_MB", 4096)
+    yes = answer(seed_status(), gpu_memory_mb=4096)
+    assert (yes.fits, yes.placed, fit.exit_code(yes)) == (True, 1, 0)
+    assert by_node(yes)[EUROPA].placed == 1
+
+
+def test_nodes_without_vram_mb_take_no_vram_booked_replica() -> None:
+    nodes = by_node(answer(seed_status(), gpu_memory_mb=1024))
+    assert nodes[T4].missing == ["VRAM_MB"] and nodes[T4].capacity == 0
+    assert nodes[CPU].missing == ["GPU", "VRAM_MB"]
+
+
+@pytest.mark.parametrize(
+    ("mb", "expected"),
+    [
+        (7680, 0.5),  # half a T4
+        (15360, 1.0),  # exactly one
+        (15361, 1.0),  # over, clamped
+        (16896, 1.0),  # 10% over exactly: still clamped
+        (16897, None),  # more: refused
+        (100, 0.01),  # round(0.0065, 2) = 0.01
+        (10, 0.01),  # round() gives 0.0: never below the device handle
+        (5000, 0.33),
+    ],
+)
+def test_gpu_fraction_edges(mb: int, expected: Any) -> None:
+    assert gpu_fraction(mb, T4_MIB) == expected
+
+
+def test_up_to_ten_percent_over_is_one_gpu() -> None:
+    result = answer(fraction_status(), gpu_memory_mb=16896)
+    assert result.sizing == "fraction" and result.shape == {"GPU": 1.0}
+    assert (result.smallest_gpu_mb, result.smallest_gpu_from) == (T4_MIB, "NVML on 10.0.0.5")
+    # 0.67 free on the T4: a whole GPU goes to the A100 node.
+    assert by_node(result)[A100].placed == 1 and result.fits
+
+
+def test_more_than_ten_percent_over_is_refused() -> None:
+    result = answer(fraction_status(), gpu_memory_mb=16897)
+    assert result.refused == "16897 MB is more than 10% over the smallest GPU (15360 MB, NVML on 10.0.0.5)"
+    assert (result.fits, fit.exit_code(result), result.nodes) == (False, 1, [])
+    assert render.fit_lines(result)[1] == f"Fits: no, refused: {result.refused}"
+
+
+def test_whole_gpu_ignores_vram_packing() -> None:
+    result = answer(seed_status(), gpu_memory_mb=-1)
+    assert result.sizing == "whole_gpu" and result.shape == {"GPU": 1.0}
+    assert not result.fits  # Europa has 0.96 free, the T4 0.01
+
+
+def test_sizing_fraction_on_a_vram_cluster_uses_vram_mb_as_the_gpu_size() -> None:
+    """Europa's GPU size from its VRAM_MB total when NVML is not there (embedded view); the
+    T4 has neither, so the answer is "could not tell", never a guess."""
+    with pytest.raises(AgentError) as err:
+        answer(embedded_seed_status(), gpu_memory_mb=8192, sizing="fraction")
+    assert err.value.exit_code == 2
+    assert str(err.value) == (
+        "could not tell: the GPU memory size of 1 GPU node(s) is unknown"
+        " (no NVML measurement, no VRAM_MB): pass --gpu-total-mb"
+    )
+    result = answer(embedded_seed_status(), gpu_memory_mb=8192, sizing="fraction", gpu_total_mb=16384)
+    assert result.shape == {"GPU": 0.5} and result.smallest_gpu_from == "--gpu-total-mb"
+
+
+def test_stale_nvml_is_not_a_gpu_size() -> None:
+    """mixed: the T4's report is 42 s old, so its NVML size is not used."""
+    with pytest.raises(AgentError, match="could not tell"):
+        answer(mixed_status(), gpu_memory_mb=4096, sizing="fraction")
+
+
+def test_no_gpu_node_books_a_whole_gpu_and_nothing_fits() -> None:
+    status = fraction_status()
+    cpu_only = msgspec.structs.replace(status, nodes={CPU: status.nodes[CPU]})
+    result = answer(cpu_only, gpu_memory_mb=4096)
+    assert result.shape == {"GPU": 1.0} and "no GPU node" in result.sizing_reason
+    assert not result.fits and by_node(result)[CPU].missing == ["GPU"]
+
+
+def test_cpus_and_memory_join_the_shape() -> None:
+    result = answer(seed_status(), gpu_memory_mb=4096, num_cpus=1, memory_mb=512)
+    assert result.shape == {"GPU": 0.01, "VRAM_MB": 4096, "CPU": 1, "memory": 512 * 1024**2}
+    europa = by_node(result)[EUROPA]
+    assert (europa.capacity, europa.limited_by) == (0, "CPU")  # the four replicas hold all 8 CPUs
+    assert render.fit_node_line(europa, result.shape).endswith("(CPU: 0 free, needs 1)")
+
+
+# --- placement ---------------------------------------------------------------------------
+
+
+def test_capacity_uses_rays_fixed_point() -> None:
+    """Europa has 0.96 GPU free: 96 handles of 0.01, not 95 (0.96 / 0.01 = 95.99999999999999)."""
+    result = answer(seed_status(), shape={"GPU": 0.01})
+    assert by_node(result)[EUROPA].capacity == 96
+
+
+def test_replicas_spread_over_nodes_in_turn() -> None:
+    result = answer(fraction_status(), gpu_memory_mb=7680, replicas=3)
+    nodes = by_node(result)
+    assert (nodes[T4].capacity, nodes[A100].capacity) == (1, 3)
+    assert (nodes[T4].placed, nodes[A100].placed, nodes[CPU].placed) == (1, 2, 0)
+    assert result.fits and result.placed == 3
+    too_many = answer(fraction_status(), gpu_memory_mb=7680, replicas=5)
+    assert (too_many.fits, too_many.placed, fit.exit_code(too_many)) == (False, 4, 1)
+
+
+def test_raw_shape_with_accelerator_type() -> None:
+    result = answer(fraction_status(), shape={"GPU": 0.25, "accelerator_type:T4": 0.001})
+    nodes = by_node(result)
+    assert nodes[T4].capacity == 2 and nodes[A100].missing == ["accelerator_type:T4"]
+
+
+@pytest.mark.parametrize(
+    ("shape", "message"),
+    [
+        ({"TPU": 1}, "unknown resource 'TPU'"),
+        ({"GPU": 1.5}, "whole GPUs"),
+        ({"GPU": -0.5}, "at least 0"),
+        ({"GPU": "half"}, "not a number"),
+        ({"CPU": 0}, "requests nothing"),
+    ],
+)
+def test_bad_shapes_say_what_is_wrong(shape: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        validate_shape(shape)
+
+
+def test_without_scheduler_view_it_cannot_tell() -> None:
+    status = msgspec.structs.replace(
+        seed_status(), sources=[SourceStatus(name="gcs", ok=False, reason="GCS unreachable at x:1")]
+    )
+    with pytest.raises(AgentError) as err:
+        answer(status, gpu_memory_mb=1024)
+    assert err.value.exit_code == 2 and "no scheduler view" in str(err.value)
+
+
+# --- the driver's view -------------------------------------------------------------------
+
+
+def test_booking_fits_but_measured_memory_does_not() -> None:
+    """VRAM_MB has 4096 MB free on Europa, but NVML sees 22.8 of 24 GB in use."""
+    result = answer(busy_gpu_status(), gpu_memory_mb=4096)
+    assert result.fits_booking and result.fits_measured is False and not result.fits
+    assert fit.exit_code(result) == 1
+    europa = by_node(result)[EUROPA]
+    assert europa.measured == "short" and europa.gpus[0].short
+    lines = render.fit_lines(result)
+    assert lines[1] == "Fits: no, 1/1 replica(s) placed by booking, not by measured memory"
+    assert (
+        "    fits by booking, not by measured memory: GPU0 has 1.2 GB free (needs 4.0 GB per replica)"
+        in lines
+    )
+
+
+def test_measured_memory_that_holds_the_replica() -> None:
+    result = answer(busy_gpu_status(), gpu_memory_mb=1024)
+    assert result.fits and result.fits_measured is True
+    assert by_node(result)[EUROPA].measured == "ok"
+
+
+def test_best_case_gpu_choice_on_a_multi_gpu_node() -> None:
+    """Two A100s with 20.5 and 38 GB free: each replica goes where the most memory is left,
+    so two of 10 GB both land on GPU1 (38 → 28 → 18 GB) — best case, as Ray's choice is unknown."""
+    result = answer(fraction_status(), gpu_memory_mb=10240, replicas=3)
+    assert result.shape == {"GPU": 0.67}
+    a100 = by_node(result)[A100]
+    assert (by_node(result)[T4].placed, a100.placed, a100.measured) == (1, 2, "ok")
+    assert [(g.index, g.replicas) for g in a100.gpus] == [(0, 0), (1, 2)]
+
+
+def test_without_head_agent_other_nodes_are_not_measured_and_it_says_so() -> None:
+    result = answer(embedded_seed_status(), gpu_memory_mb=4096)
+    assert result.fits and result.fits_measured is None
+    assert by_node(result)[EUROPA].measured == "unknown"
+    assert render.fit_lines(result)[-1] == (
+        "Measured memory: NA on 1 node(s) given replicas: not measured: without a head agent only"
+        " this host's NVML is read (run `rayscope head` and `rayscope push` on every node)"
+    )
+
+
+def test_stale_report_is_not_a_measurement() -> None:
+    result = answer(mixed_status(), shape={"GPU": 0.01}, replicas=2)  # one on Europa, one on the T4
+    t4 = by_node(result)[T4]
+    assert t4.placed == 1 and t4.measured == "unknown" and t4.measured_reason == "stale report (42s old)"
+
+
+# --- output ------------------------------------------------------------------------------
+
+
+def test_golden_fit_outputs() -> None:
+    check_golden(
+        "fit_seed_4096.txt", "\n".join(render.fit_lines(answer(seed_status(), gpu_memory_mb=4096))) + "\n"
+    )
+    busy = answer(busy_gpu_status(), gpu_memory_mb=4096)
+    check_golden("fit_busy_4096.txt", "\n".join(render.fit_lines(busy)) + "\n")
+    spread = answer(fraction_status(), gpu_memory_mb=7680, replicas=3)
+    check_golden("fit_fraction_3x7680.txt", "\n".join(render.fit_lines(spread)) + "\n")
+    check_golden("fit_fraction_3x7680.json", render.fit_json(spread) + "\n")
+
+
+def test_fit_json_round_trips() -> None:
+    result = answer(fraction_status(), gpu_memory_mb=7680, replicas=3)
+    doc = json.loads(render.fit_json(result))
+    assert doc["fits"] is True and doc["shape"] == {"GPU": 0.5}
+    assert {n["node_id"]: n["placed"] for n in doc["nodes"]} == {T4: 1, A100: 2, CPU: 0}
+    assert msgspec.json.decode(render.fit_json(result), type=FitResult) == result
+
+
+def test_an_agent_whose_nvml_failed_says_why() -> None:
+    """A head view where Europa's agent reports but its NVML did not answer: its reason."""
+    status = seed_status()
+    failed = [
+        SourceStatus(name="nvml", ok=False, reason="NVIDIA driver not loaded"),
+        SourceStatus(name="host", ok=True),
+    ]
+    europa = msgspec.structs.replace(status.nodes[EUROPA], gpus=None, sources=failed)
+    status = msgspec.structs.replace(status, nodes={**status.nodes, EUROPA: europa})
+    node = by_node(answer(status, gpu_memory_mb=4096))[EUROPA]
+    assert (node.measured, node.measured_reason) == ("unknown", "NVIDIA driver not loaded")

@@ -1,0 +1,167 @@
+"""``status --watch``: what is highlighted (pure), the frame loop (recorded states, a fake
+screen), and the real thing in a pseudo-terminal against the live cluster: frames redraw in
+place, a booking made meanwhile lights up, Ctrl-C leaves the terminal as it was."""
+
+import io
+import os
+import re
+import sys
+import termios
+import time
+from typing import Any
+
+import msgspec
+import pexpect
+import pytest
+
+from agent import render, watch
+from agent.cli import optional_watch_value
+from agent.errors import AgentError
+from agent.model import ClusterStatus
+from tests.conftest import REPO, LiveCluster
+from tests.scenarios import T4, seed_status
+
+ON, OFF = render.HIGHLIGHT_ON, render.HIGHLIGHT_OFF
+
+
+def test_first_frame_has_no_highlight() -> None:
+    lines = render.status_lines(seed_status())
+    assert render.highlight_changes(None, lines) == lines
+
+
+def test_only_the_changed_value_is_highlighted() -> None:
+    before = render.status_lines(seed_status())
+    status = seed_status()
+    t4 = msgspec.structs.replace(status.nodes[T4], used_gpu=0.58)
+    after = render.status_lines(msgspec.structs.replace(status, nodes={**status.nodes, T4: t4}))
+    marked = render.highlight_changes(before, after)
+    assert marked[4] == f"  10.0.0.5 [worker] T4 GPU: {ON}0.58{OFF}/1 VRAM: 5.8/24.0 GB  CPU: 6/8"
+    assert [line for line in marked if ON in line] == [marked[4]]
+
+
+def test_a_new_node_lights_up_whole_and_shifts_nothing_else() -> None:
+    before = ["Cluster: 2/8 CPUs", "", "CPU-only nodes:", "  10.0.0.7 [worker] CPU: 2/16"]
+    after = [*before[:3], "  10.0.0.6 [worker] CPU: 0/4", before[3]]
+    assert render.highlight_changes(before, after) == [
+        *before[:3],
+        f"{ON}  10.0.0.6 [worker] CPU: 0/4{OFF}",
+        before[3],
+    ]
+
+
+def test_screen_cut_never_wraps() -> None:
+    assert render.fit_screen(["x" * 30, "y", "z"], columns=10, rows=2) == ["x" * 10, "y"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["status", "--watch"], ["status", "--watch", "2"]),
+        (["status", "--watch", "0.5"], ["status", "--watch", "0.5"]),
+        (["status", "--watch", "--all"], ["status", "--watch", "2", "--all"]),
+        (["status", "--watch=3"], ["status", "--watch=3"]),
+        (["status", "--", "--watch"], ["status", "--", "--watch"]),
+    ],
+)
+def test_bare_watch_means_every_2_s(argv: list[str], expected: list[str]) -> None:
+    assert optional_watch_value(argv) == expected
+
+
+def test_loop_draws_frames_in_place_and_survives_a_failed_read() -> None:
+    """Three frames on a fake screen: good, unreachable, changed — each one write, over the last."""
+    changed = seed_status()
+    changed.nodes[T4] = msgspec.structs.replace(changed.nodes[T4], used_gpu=0.58)
+    answers: list[object] = [
+        seed_status(),
+        AgentError("GCS unreachable at x:1 (connection refused)", 2),
+        changed,
+    ]
+
+    def read() -> ClusterStatus:
+        answer = answers.pop(0)
+        if isinstance(answer, AgentError):
+            raise answer
+        assert isinstance(answer, ClusterStatus)
+        return answer
+
+    screen = io.StringIO()
+    code = watch.run(
+        read,
+        render.status_lines,
+        2.0,
+        stream=screen,
+        frames=3,
+        sleep=lambda s: None,
+        screen_size=lambda: os.terminal_size((120, 40)),
+    )
+    out = screen.getvalue()
+    assert code == 0
+    assert out.startswith(watch.ENTER) and out.endswith(watch.LEAVE)
+    frames = out[len(watch.ENTER) : -len(watch.LEAVE)].split(watch.HOME)[1:]
+    assert len(frames) == 3 and all(f.endswith(watch.CLEAR_BELOW) for f in frames)
+    assert "rayscope: GCS unreachable at x:1 (connection refused) (retrying every 2 s)" in frames[1]
+    assert "GPU: 0.99/1" in frames[1]  # the last good frame stays under the error
+    assert f"GPU: {ON}0.58{OFF}/1" in frames[2] and ON not in frames[0]
+
+
+# --- live, in a pseudo-terminal ------------------------------------------------------------
+
+FRAME = re.compile(r"\x1b\[H(.*?)\x1b\[J", re.DOTALL)
+
+
+@pytest.mark.live
+def test_watch_in_a_terminal(live_cluster: LiveCluster, rayscope_env: dict[str, str]) -> None:
+    env = {**rayscope_env, "TERM": "xterm", "PYTHONUNBUFFERED": "1"}
+    script = (
+        "stty -g; "
+        f"{sys.executable} -m agent status --watch 0.5 --gcs {live_cluster.gcs_address}; "
+        'echo "EXIT=$?"; stty -g'
+    )
+    child = pexpect.spawn(
+        "/bin/bash",
+        ["--norc", "--noprofile", "-c", script],
+        cwd=str(REPO),
+        env=env,
+        encoding="utf-8",
+        timeout=60,
+        dimensions=(40, 140),
+    )
+    try:
+        child.expect(r"(\S+)\r\n")
+        before = child.match.group(1)
+        child.expect_exact(watch.ENTER)
+        frames = []
+        for _ in range(3):
+            child.expect(FRAME)
+            frames.append(child.match.group(1))
+        # While watching, keys typed do not echo into the frame.
+        assert not termios_echo(child)
+        assert "127.0.0.1 [worker] T4 GPU: 0.33/1" in frames[-1] and ON not in frames[-1]
+
+        live_cluster.request(
+            op="actor", name="watch-probe", node="denbi", options={"num_gpus": 0.25, "num_cpus": 0}
+        )
+        try:
+            child.expect(re.escape(f"T4 GPU: {ON}0.58{OFF}/1"))
+            child.expect(FRAME)  # the frame after: nothing changed, nothing lit
+            assert "T4 GPU: 0.58/1" in child.match.group(1) and ON not in child.match.group(1)
+        finally:
+            live_cluster.request(op="kill_actor", name="watch-probe")
+        child.expect(re.escape(f"T4 GPU: {ON}0.33{OFF}/1"))
+
+        started = time.monotonic()
+        child.sendintr()
+        child.expect_exact(watch.LEAVE)
+        child.expect(r"EXIT=(\d+)\r\n")
+        assert child.match.group(1) == "0"
+        child.expect(r"(\S+)\r\n")
+        assert child.match.group(1) == before  # stty -g: every terminal setting as it was
+        assert time.monotonic() - started < 10
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+
+
+def termios_echo(child: Any) -> bool:
+    """ECHO as the child's terminal has it (a pty master shares the slave's settings)."""
+    return bool(termios.tcgetattr(child.child_fd)[3] & termios.ECHO)

@@ -17,8 +17,10 @@ EXIT_NO_DATA = 2
 
 
 def stale_nodes(status: ClusterStatus) -> list[NodeStatus]:
-    """Alive nodes whose agent was reporting and stopped (a stale report is kept, marked)."""
-    return [n for n in status.nodes.values() if n.alive and n.stale]
+    """Alive scheduler nodes whose agent was reporting and stopped (a stale report is kept,
+    marked). A stale report for a node the scheduler does not know is a node that is gone,
+    not missing data: the head agent forgets it after a while."""
+    return [n for n in status.nodes.values() if n.in_scheduler and n.alive and n.stale]
 
 
 def reporting_nodes(status: ClusterStatus) -> list[NodeStatus]:

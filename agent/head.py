@@ -44,6 +44,8 @@ log = logging.getLogger("rayscope.head")
 
 TEXT = "text/plain; charset=utf-8"
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+FORGET_INTERVALS = 20
+"""A report for a node the scheduler does not know is dropped once this many intervals old."""
 FRAME_BODY_TIMEOUT_S = 30.0
 """A peer that started a frame must finish it in this time (slowloris guard)."""
 
@@ -102,6 +104,18 @@ class HeadState:
             if base is not None:
                 self._base = base
             self._gcs_status = status
+
+    def forget_gone(self, now: float) -> list[str]:
+        """Drop reports of nodes the scheduler does not know that have long stopped (a node
+        taken away with its agent): kept, they would show as ``no raylet`` for ever."""
+        horizon = now - FORGET_INTERVALS * self.interval_s
+        with self._lock:
+            if not self._gcs_status.ok:
+                return []  # without the scheduler's view, "unknown to it" means nothing
+            gone = [k for k, r in self._reports.items() if k not in self._base and r.received_at < horizon]
+            for key in gone:
+                del self._reports[key]
+        return gone
 
     def set_actors(self, actors: Optional[list[ActorBooking]], status: SourceStatus) -> None:
         """The actor table's bookings (``--gpus``); a failed read keeps the last good one."""
@@ -280,6 +294,10 @@ def poll_gcs(state: HeadState, reader: Optional[gcs.GcsReader], stop: threading.
             if status.ok:
                 state.set_actors(*reader.read_actors())
         state.set_view(views, status)
+        for node_id in state.forget_gone(time.time()):
+            log.info(
+                "forgot node %s: unknown to the scheduler, silent for %d intervals", node_id, FORGET_INTERVALS
+            )
         if status.ok != was_ok:
             if status.ok:
                 log.info("GCS %s: reading %d nodes every %g s", status.detail, len(views), state.interval_s)

@@ -177,12 +177,12 @@ _NODE_METRICS: tuple[tuple[str, str, Callable[[NodeStatus], Optional[float]]], .
     (
         "rayscope_gpu_memory_used_bytes",
         "GPU memory in use as NVML measures it.",
-        lambda n: None if n.used_gpu_memory is None else float(n.used_gpu_memory),
+        lambda n: None if n.stale or n.used_gpu_memory is None else float(n.used_gpu_memory),
     ),
     (
         "rayscope_gpu_memory_total_bytes",
         "GPU memory installed as NVML reports it.",
-        lambda n: None if n.total_gpu_memory is None else float(n.total_gpu_memory),
+        lambda n: None if n.stale or n.total_gpu_memory is None else float(n.total_gpu_memory),
     ),
     ("rayscope_cpus_booked", "CPUs booked: Ray's CPU resource in use.", lambda n: n.used_cpu),
     ("rayscope_cpus_total", "CPUs the node advertises to Ray.", lambda n: n.total_cpu),
@@ -207,7 +207,8 @@ def _label(value: str) -> str:
 
 def metrics_text(status: ClusterStatus) -> str:
     """Prometheus text exposition (also node_exporter's textfile format): one gauge family
-    per quantity, labelled by node; unknown values are absent, not 0."""
+    per quantity, labelled by node; unknown values are absent, not 0, and so are a stale
+    report's NVML numbers (``rayscope_report_stale`` says why they went)."""
     lines: list[str] = []
     nodes = list(status.nodes.values())
     for name, help_text, value_of in _NODE_METRICS:

@@ -28,6 +28,7 @@ from tests.golden import check_golden
 from tests.scenarios import (
     NOW,
     T4,
+    UNKNOWN,
     embedded_seed_status,
     mixed_status,
     seed_status,
@@ -136,6 +137,22 @@ def test_prom_leaves_out_what_nobody_measured() -> None:
     text = render.metrics_text(mixed_status())
     assert 'rayscope_gpus_total{node_id="' + "0a" * 28 in text
     assert 'rayscope_gpu_memory_used_bytes{node_id="' + "0a" * 28 not in text
+
+
+def test_prom_leaves_out_a_stale_reports_memory() -> None:
+    """The T4's report is 42 s old: flagged stale, its NVML numbers absent (not old values)."""
+    text = render.metrics_text(mixed_status())
+    assert f'rayscope_report_stale{{node_id="{T4}",node_ip="10.0.0.5"}} 1' in text
+    assert f'rayscope_gpu_memory_used_bytes{{node_id="{T4}"' not in text
+
+
+def test_a_gone_nodes_stale_report_is_not_partial() -> None:
+    """An agent's node the scheduler does not know (taken away) whose report went stale."""
+    status = mixed_status()
+    ghost = msgspec.structs.replace(status.nodes[UNKNOWN], stale=True, agent="stale", report_age_s=60.0)
+    fresh_t4 = msgspec.structs.replace(status.nodes[T4], stale=False, agent="reporting")
+    nodes = {**status.nodes, T4: fresh_t4, UNKNOWN: ghost}
+    assert completeness.status_exit_code(msgspec.structs.replace(status, nodes=nodes)) == 0
 
 
 def test_prom_label_values_are_escaped() -> None:

@@ -20,6 +20,8 @@ from agent.model import (
     NodeDiagnostics,
     NodeReport,
     RayletInfo,
+    RayNode,
+    SourceStatus,
 )
 from tests.scenarios import SEED_REPORTS, mixed_status, seed_node_diagnostics
 
@@ -78,6 +80,25 @@ def test_newer_schema_is_rejected() -> None:
     newer = msgspec.structs.replace(a_report(), schema=SCHEMA_VERSION + 1)
     with pytest.raises(ReportError, match="newer"):
         state.ingest(msgspec.msgpack.encode(newer), 0.0)
+
+
+def test_head_forgets_a_gone_node_but_keeps_known_ones() -> None:
+    """A report for a node the scheduler does not know is dropped after 20 intervals of
+    silence; a scheduler node's report is kept (it shows stale, which is the point)."""
+    state = HeadState(1.0, None)
+    known, gone = a_report(), msgspec.structs.replace(a_report(), node_id="9" * 56)
+    state.set_view([RayNode(node_id=known.node_id, node_ip="10.0.0.1")], SourceStatus(name="gcs", ok=True))
+    for report in (known, gone):
+        state.ingest(msgspec.msgpack.encode(report), received_at=100.0)
+    assert state.forget_gone(now=110.0) == []  # 10 intervals: not yet
+    assert state.forget_gone(now=130.0) == ["9" * 56]
+    assert set(state.status(130.0).nodes) == {known.node_id}
+
+
+def test_head_forgets_nothing_without_a_scheduler_view() -> None:
+    state = HeadState(1.0, None)
+    state.ingest(msgspec.msgpack.encode(a_report()), received_at=100.0)
+    assert state.forget_gone(now=1000.0) == []
 
 
 def test_token_file(tmp_path: Path) -> None:

@@ -80,9 +80,10 @@ def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def user_env(cache: Optional[Path], **extra: str) -> dict[str, str]:
     """An operator's environment: nothing of the test's Python leaks in."""
-    env = base_env(RAY_AUTH_MODE="disabled", **extra)
+    env = base_env(RAY_AUTH_MODE="disabled")
     for name in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "XDG_CACHE_HOME"):
         env.pop(name, None)
+    env.update(extra)
     if cache is not None:
         env["RAYSCOPE_CACHE"] = str(cache)
     return env

@@ -120,6 +120,13 @@ def gcs_python(
     return None
 
 
+def _no_ray_reason() -> str:
+    return (
+        f"ray is not importable by this Python ({sys.executable}) and no local raylet"
+        " names the Ray node's Python: run rayscope with a Python that has ray"
+    )
+
+
 def _with_deadline(fn: Callable[[], T], timeout_s: float, busy: list[threading.Thread]) -> T:
     """Run ``fn`` in a daemon thread; ``TimeoutError`` if it has not returned in time.
 
@@ -286,11 +293,7 @@ def read_cluster(
     (default: this interpreter, which must be able to import ray). Never raises."""
     python = python or sys.executable
     if python == sys.executable and not ray_importable():
-        reason = (
-            f"ray is not importable by this Python ({sys.executable}) and no local raylet"
-            " names the Ray node's Python: run rayscope with a Python that has ray"
-        )
-        return [], SourceStatus(name="gcs", ok=False, reason=reason, detail=address)
+        return [], SourceStatus(name="gcs", ok=False, reason=_no_ray_reason(), detail=address)
     try:
         raw = read_in_child(address, timeout_s, python)
     except GcsUnavailable as err:
@@ -317,8 +320,7 @@ def read_cluster_actors(
     """
     python = python or sys.executable
     if python == sys.executable and not ray_importable():
-        reason = f"ray is not importable by this Python ({sys.executable})"
-        return [], None, [SourceStatus(name="gcs", ok=False, reason=reason, detail=address)]
+        return [], None, [SourceStatus(name="gcs", ok=False, reason=_no_ray_reason(), detail=address)]
     try:
         answer = _run_child(address, timeout_s, python, "actors")
     except GcsUnavailable as err:

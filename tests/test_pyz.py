@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -22,7 +23,7 @@ import pytest
 
 from agent import __version__
 from agent.sources.raylet import find_raylets
-from tests.conftest import REPO, LiveCluster, base_env
+from tests.conftest import REPO, LiveCluster, base_env, free_port
 
 BUILD_TIMEOUT_S = 900.0
 RUN_TIMEOUT_S = 120.0
@@ -42,6 +43,12 @@ def _find_pythons() -> dict[str, str]:
 
 
 PYTHONS = _find_pythons()
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in version.split("."))
+
+
 HEAD_LINE = "  127.0.0.1 [HEAD] G GPU: 0.04/1 booked: 20480/24576 MB  VRAM: NA/NA GB  CPU: 8/8"
 
 
@@ -179,11 +186,23 @@ def test_every_supported_python_runs_node_json_from_the_same_file(
     assert done.returncode == 0, done.stderr
     diag = json.loads(done.stdout)
     assert {"raylet", "nvml", "host"} <= {s["name"] for s in diag["sources"]}
+    # Every Struct's decoder, built from the unpacked build: an annotation this Python cannot
+    # resolve (``list["X"]`` on 3.9/3.10) only fails when a head or client first decodes one.
+    site_packages = shared_cache / build_info(pyz)["build_id"][:16] / "site-packages"
+    program = (
+        "import os, sys; sys.path[:0] = [sys.argv[1], f'{sys.argv[1]}/_arch/{os.uname().machine}']\n"
+        "import msgspec, agent.model as m\n"
+        "structs = [t for t in vars(m).values() if isinstance(t, type) and issubclass(t, msgspec.Struct)]\n"
+        "for t in structs: msgspec.json.Decoder(t); msgspec.msgpack.Decoder(t)\n"
+        "print(len(structs))"
+    )
+    done = run([PYTHONS[version], "-I", "-c", program, str(site_packages)], user_env(shared_cache))
+    assert done.returncode == 0 and int(done.stdout) >= 10, done.stderr
 
 
 def test_pythons_older_than_3_9_get_one_line(pyz: Path, shared_cache: Path) -> None:
     """Every older CPython found here (this image has 3.6-3.8); ``python -m agent`` too."""
-    old = {v: p for v, p in PYTHONS.items() if tuple(int(x) for x in v.split(".")[:2]) < (3, 9)}
+    old = {v: p for v, p in PYTHONS.items() if version_key(v) < (3, 9)}
     assert old, "no Python older than 3.9 on this machine (test_pyz_launcher covers the guard alone)"
     for version, python in old.items():
         for command in ([python, str(pyz), "status"], [python, "-m", "agent", "--help"]):
@@ -242,6 +261,67 @@ def test_status_from_the_newest_python_found(
     )
     assert done.returncode == 0, done.stderr
     assert HEAD_LINE in done.stdout.splitlines()
+
+
+class PyzDaemon:
+    """``PYTHON -I rayscope.pyz ARGS`` left running (a head or push agent), stopped by pid."""
+
+    def __init__(self, python: str, pyz: Path, args: list[str], env: Mapping[str, str], log: Path) -> None:
+        self.log = log
+        with log.open("w") as out:
+            self.process = subprocess.Popen(
+                [python, "-I", str(pyz), *args], env=dict(env), stdout=out, stderr=out
+            )
+
+    def stop(self) -> int:
+        """SIGTERM (the agents exit cleanly on it), SIGKILL if that does not do."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=15)
+        return int(self.process.returncode)
+
+
+@pytest.mark.live
+def test_agents_from_the_zipapp_on_the_oldest_python(
+    pyz: Path, shared_cache: Path, live_cluster: LiveCluster, tmp_path: Path
+) -> None:
+    """The systemd units' commands: ``head`` under the Ray environment's Python (it keeps a
+    GCS client in process), ``push`` and ``status --head`` under the oldest CPython here."""
+    oldest = PYTHONS[min((v for v in PYTHONS if v.rsplit(".", 1)[0] in SUPPORTED), key=version_key)]
+    listen, http = free_port(), free_port()
+    env = user_env(shared_cache)
+    head_args = ["head", "--gcs", live_cluster.gcs_address, "--interval", "1"]
+    head_args += ["--listen", f"127.0.0.1:{listen}", "--http", f"127.0.0.1:{http}"]
+    head = PyzDaemon(sys.executable, pyz, head_args, env, tmp_path / "head.log")
+    push_args = [
+        "push",
+        "--head",
+        f"127.0.0.1:{listen}",
+        "--interval",
+        "1",
+        "--node-id",
+        live_cluster.node_id("head"),
+    ]
+    push = PyzDaemon(oldest, pyz, push_args, env, tmp_path / "push.log")
+    try:
+        node: dict[str, Any] = {}
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and node.get("agent") != "reporting":
+            done = run(
+                [oldest, "-I", str(pyz), "status", "--json", "--head", f"http://127.0.0.1:{http}"], env
+            )
+            assert "Traceback" not in done.stderr and "internal error" not in done.stderr, done.stderr
+            if done.returncode == 0:
+                node = json.loads(done.stdout)["nodes"].get(live_cluster.node_id("head"), {})
+            time.sleep(0.5)
+        assert node.get("agent") == "reporting", (head.log.read_text(), push.log.read_text())
+        assert (node["used_vram_mb"], node["total_vram_mb"], node["used_gpu"]) == (20480, 24576, 0.04)
+    finally:
+        assert (push.stop(), head.stop()) == (0, 0)
 
 
 # ---------------------------------------------------------------------------- the cache

@@ -210,3 +210,5 @@ def main() -> None:
     except LaunchError as err:
         sys.stderr.write(f"rayscope: {err}\n")
         sys.exit(1)
+    except KeyboardInterrupt:  # Ctrl-C while unpacking or importing: no traceback
+        sys.exit(130)

@@ -22,8 +22,8 @@ test: setup  ## the whole suite, live Ray cluster included
 	$(BIN)/python -m pytest
 
 lint: setup  ## ruff + mypy (strict)
-	$(BIN)/ruff check agent tests
-	$(BIN)/ruff format --check agent tests
+	$(BIN)/ruff check agent tests build
+	$(BIN)/ruff format --check agent tests build
 	$(BIN)/mypy
 
 demo: setup  ## a Ray cluster on 127.0.0.1, the seed's bookings, `rayscope status`, then stop
@@ -44,3 +44,14 @@ clean:
 
 bench: setup  ## the head agent's figures against peers, written to BENCHMARKS.md
 	$(BIN)/python -m tests.bench
+
+.PHONY: pyz pyz-lock pyz-bench
+
+pyz: setup  ## dist/rayscope.pyz + .sha256: one file for CPython 3.9-3.13 on Linux x86_64 and aarch64
+	$(BIN)/python build/pyz.py build
+
+pyz-lock: setup  ## re-resolve build/pyz-lock.txt, the zipapp's runtime closure with hashes
+	$(BIN)/python build/pyz.py lock
+
+pyz-bench: pyz  ## cold and warm start of dist/rayscope.pyz under every CPython 3.8-3.13 found here
+	$(BIN)/python build/bench.py dist/rayscope.pyz

@@ -21,7 +21,7 @@ import typer
 from agent import __version__, client, completeness, output, render, watch, wire
 from agent import fit as fitting
 from agent.errors import AgentError
-from agent.model import ClusterStatus, FitRequest
+from agent.model import ClusterStatus, FitRequest, SourceStatus
 from agent.sources.gcs import ADDRESS_ENV, DEFAULT_TIMEOUT_S, parse_address, split_address
 
 app = typer.Typer(
@@ -200,6 +200,13 @@ def _print(lines: list[str]) -> None:
     sys.stdout.write("\n".join(lines) + "\n")
 
 
+def _print_sources(sources: list[SourceStatus]) -> None:
+    """With ``--verbose``: which sources answered, and through what (the GCS read names the
+    interpreter it ran under), on stderr so that ``--json`` output stays one document."""
+    if _verbose:
+        sys.stderr.write("\n".join(render.source_details(sources)) + "\n")
+
+
 class Format(str, Enum):
     text = "text"
     json = "json"
@@ -328,6 +335,7 @@ def status(
             sys.stdout.write(text)
         if note:
             typer.echo(f"rayscope: {note}", err=True)
+        _print_sources(result.sources)
     if code:
         raise typer.Exit(code)
 
@@ -468,6 +476,7 @@ def node(
 
         diag = collect.node_diagnostics(gcs, timeout, gpus=gpus)
         _print([render.node_json(diag)] if json_out else render.node_lines(diag, gpus=gpus))
+        _print_sources(diag.sources)
 
 
 @app.command("head")

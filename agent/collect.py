@@ -111,11 +111,12 @@ def embedded_status(
     raylets, raylet_status = raylet.find_raylets()
     address = resolve_gcs(explicit_gcs, raylets)
     actors: Optional[list[ActorBooking]] = None
+    python = gcs.gcs_python(raylets, address, gcs.ray_importable())
     if gpus:
-        views, actors, gcs_statuses = gcs.read_cluster_actors(address, timeout_s)
+        views, actors, gcs_statuses = gcs.read_cluster_actors(address, timeout_s, python)
         gcs_status = gcs_statuses[0]
     else:
-        views, gcs_status = gcs.read_cluster(address, timeout_s)
+        views, gcs_status = gcs.read_cluster(address, timeout_s, python)
         gcs_statuses = [gcs_status]
     if not gcs_status.ok:
         raise AgentError(gcs_status.reason, EXIT_NO_DATA)
@@ -160,11 +161,12 @@ def node_diagnostics(
     except AgentError as err:
         sources.append(SourceStatus(name="gcs", ok=False, reason=str(err)))
     if address is not None:
+        python = gcs.gcs_python(raylets, address, gcs.ray_importable())
         if gpus:
-            views, actors, gcs_statuses = gcs.read_cluster_actors(address, timeout_s)
+            views, actors, gcs_statuses = gcs.read_cluster_actors(address, timeout_s, python)
             sources += gcs_statuses
         else:
-            views, gcs_status = gcs.read_cluster(address, timeout_s)
+            views, gcs_status = gcs.read_cluster(address, timeout_s, python)
             sources.append(gcs_status)
         local_ids = {r.node_id for r in raylets}
         mine = [v for v in views if v.node_id in local_ids]

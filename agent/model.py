@@ -187,7 +187,7 @@ class GpuDevice(msgspec.Struct, kw_only=True, gc=False):
     """A MIG instance: the index of its physical GPU (``index`` is then the MIG index)."""
     gpu_instance_id: Optional[int] = None
     compute_instance_id: Optional[int] = None
-    mig_devices: list["GpuDevice"] = []
+    mig_devices: "list[GpuDevice]" = []  # one string: 3.9/3.10 leave list["X"] unresolved
     """MIG instances of this GPU, each reported as its own device (their memory is part of
     the parent's: sums use the parents only)."""
     processes: Optional[list[GpuProcess]] = None

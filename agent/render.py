@@ -119,6 +119,18 @@ def source_notes(sources: Sequence[SourceStatus]) -> list[str]:
     return [f"{s.name.upper()}: {s.reason}" for s in sources if not s.ok]
 
 
+def source_details(sources: Sequence[SourceStatus]) -> list[str]:
+    """``--verbose``: each source, whether it answered, and what answered
+    (``gcs: ok, 10.0.0.1:6379 via /opt/ray/bin/python``), or why it did not."""
+    lines = ["sources:"]
+    for s in sources:
+        line = f"  {s.name}: {'ok' if s.ok else 'no'}"
+        line += f", {s.detail}" if s.detail else ""
+        line += f" ({s.reason})" if s.reason else ""
+        lines.append(line)
+    return lines
+
+
 def status_lines(status: ClusterStatus, include_dead: bool = False) -> list[str]:
     """The human status: cluster line, GPU nodes, CPU-only nodes, then notes."""
     scheduler_ok = _source_ok(status.sources, "gcs")

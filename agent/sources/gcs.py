@@ -97,6 +97,36 @@ def ray_importable() -> bool:
     return importlib.util.find_spec("ray") is not None
 
 
+def _runnable(path: str) -> bool:
+    return os.path.isabs(path) and os.access(path, os.X_OK)
+
+
+def gcs_python(
+    raylets: Sequence[RayletInfo],
+    address: str,
+    ray_here: bool,
+    runnable: Callable[[str], bool] = _runnable,
+) -> Optional[str]:
+    """The interpreter to run the GCS read under: this one when it can import ray; else the
+    Ray node's own Python, the first word of a local raylet's worker command (raylets of the
+    cluster at ``address`` first, then any other: a Ray node's Python can import ray);
+    ``None`` when there is neither."""
+    if ray_here:
+        return sys.executable
+    ordered = sorted(raylets, key=lambda r: r.gcs_address != address)
+    for candidate in ordered:
+        if candidate.python_executable and runnable(candidate.python_executable):
+            return candidate.python_executable
+    return None
+
+
+def _no_ray_reason() -> str:
+    return (
+        f"ray is not importable by this Python ({sys.executable}) and no local raylet"
+        " names the Ray node's Python: run rayscope with a Python that has ray"
+    )
+
+
 def _with_deadline(fn: Callable[[], T], timeout_s: float, busy: list[threading.Thread]) -> T:
     """Run ``fn`` in a daemon thread; ``TimeoutError`` if it has not returned in time.
 
@@ -263,8 +293,7 @@ def read_cluster(
     (default: this interpreter, which must be able to import ray). Never raises."""
     python = python or sys.executable
     if python == sys.executable and not ray_importable():
-        reason = f"ray is not importable by this Python ({sys.executable})"
-        return [], SourceStatus(name="gcs", ok=False, reason=reason, detail=address)
+        return [], SourceStatus(name="gcs", ok=False, reason=_no_ray_reason(), detail=address)
     try:
         raw = read_in_child(address, timeout_s, python)
     except GcsUnavailable as err:
@@ -291,8 +320,7 @@ def read_cluster_actors(
     """
     python = python or sys.executable
     if python == sys.executable and not ray_importable():
-        reason = f"ray is not importable by this Python ({sys.executable})"
-        return [], None, [SourceStatus(name="gcs", ok=False, reason=reason, detail=address)]
+        return [], None, [SourceStatus(name="gcs", ok=False, reason=_no_ray_reason(), detail=address)]
     try:
         answer = _run_child(address, timeout_s, python, "actors")
     except GcsUnavailable as err:

@@ -1,0 +1,124 @@
+"""The zipapp launcher's rules, without building the zipapp: where the cache is, what
+it refuses, which builds it prunes. (tests/test_pyz.py runs the real file.)"""
+
+import fcntl
+import importlib.util
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO
+
+LAUNCHER = REPO / "build" / "launcher.py"
+INFO: dict[str, Any] = {
+    "pythons": ["3.9", "3.10", "3.11", "3.12", "3.13"],
+    "machines": ["x86_64", "aarch64"],
+    "extension_suffixes": [
+        f".cpython-3{minor}-{machine}-linux-gnu.so"
+        for minor in range(9, 14)
+        for machine in ("x86_64", "aarch64")
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def launcher() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("rayscope_launcher", LAUNCHER)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_cache_root_follows_rayscope_cache_then_xdg_then_home(launcher: ModuleType) -> None:
+    home = "/home/op"
+    assert launcher.cache_root({}, home) == "/home/op/.cache/rayscope"
+    assert launcher.cache_root({"XDG_CACHE_HOME": "/xdg"}, home) == "/xdg/rayscope"
+    # The XDG spec: a relative value is invalid and ignored.
+    assert launcher.cache_root({"XDG_CACHE_HOME": "rel"}, home) == "/home/op/.cache/rayscope"
+    both = {"XDG_CACHE_HOME": "/xdg", "RAYSCOPE_CACHE": "/var/tmp/rs"}
+    assert launcher.cache_root(both, home) == "/var/tmp/rs"
+    with pytest.raises(launcher.LaunchError, match="RAYSCOPE_CACHE"):
+        launcher.cache_root({}, "~")
+
+
+def test_supported_interpreters_are_named_by_extension_suffix(launcher: ModuleType) -> None:
+    launcher.check_supported(INFO, ".cpython-39-x86_64-linux-gnu.so", "x86_64")
+    launcher.check_supported(INFO, ".cpython-313-aarch64-linux-gnu.so", "aarch64")
+    refusals = [
+        (".cpython-314-x86_64-linux-gnu.so", "x86_64"),  # too new for the bundled msgspec
+        (".cpython-313t-x86_64-linux-gnu.so", "x86_64"),  # free-threaded build
+        (".cpython-311-x86_64-linux-musl.so", "x86_64"),  # Alpine
+        (".cpython-311-powerpc64le-linux-gnu.so", "ppc64le"),
+    ]
+    for suffix, machine in refusals:
+        with pytest.raises(launcher.LaunchError) as err:
+            launcher.check_supported(INFO, suffix, machine)
+        assert "CPython 3.9-3.13 on Linux (x86_64, aarch64, glibc)" in str(err.value)
+        assert suffix in str(err.value) and "\n" not in str(err.value)
+
+
+def make_build(root: Path, name: str) -> Path:
+    build = root / name
+    (build / "site-packages").mkdir(parents=True)
+    (build / ".in-use").touch()
+    return build
+
+
+@pytest.fixture
+def held(tmp_path: Path) -> Iterator[Path]:
+    """An old build that a running rayscope (here: this test) holds."""
+    build = make_build(tmp_path, "1111111111111111")
+    fd = os.open(build / ".in-use", os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    yield build
+    os.close(fd)
+
+
+def test_prune_removes_unheld_builds_only(launcher: ModuleType, tmp_path: Path, held: Path) -> None:
+    current = make_build(tmp_path, "cccccccccccccccc")
+    old = make_build(tmp_path, "0000000000000000")
+    foreign = tmp_path / "not-a-build"
+    foreign.mkdir()
+    half_unpacked = tmp_path / "2222222222222222.tmp"
+    half_unpacked.mkdir()
+    leftover = tmp_path / ".trash-3333333333333333-99"
+    (leftover / "site-packages").mkdir(parents=True)
+    removed = launcher.prune(str(tmp_path), keep=current.name)
+    assert removed == [old.name]
+    assert not old.exists() and not leftover.exists()
+    assert current.exists() and held.exists() and foreign.exists() and half_unpacked.exists()
+
+
+def test_hold_gives_up_on_a_build_pruned_while_waiting(launcher: ModuleType, tmp_path: Path) -> None:
+    build = make_build(tmp_path, "4444444444444444")
+    fd = launcher.hold(str(build))
+    assert fd is not None
+    os.close(fd)
+    (build / "site-packages").rmdir()  # what a pruner's rename leaves behind at this path
+    assert launcher.hold(str(build)) is None
+    assert launcher.hold(str(tmp_path / "missing")) is None
+
+
+def test_prepare_root_creates_a_private_directory(launcher: ModuleType, tmp_path: Path) -> None:
+    root = tmp_path / "a" / "rayscope"
+    launcher.prepare_root(str(root))
+    assert root.is_dir() and root.stat().st_mode & 0o077 == 0
+
+
+def test_guard_refuses_old_pythons_in_one_line() -> None:
+    """The guard's logic under this interpreter, told it is 3.8.18 (tests/test_pyz.py runs
+    the real old interpreters found on the machine)."""
+    guard = (REPO / "build" / "zipmain.py").read_text()
+    program = f"import sys\nsys.version_info = (3, 8, 18, 'final', 0)\nexec({guard!r})"
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=30, check=False
+    )
+    expected = (1, "", "rayscope needs Python 3.9+, this is 3.8.18\n")
+    assert (done.returncode, done.stdout, done.stderr) == expected

@@ -114,14 +114,22 @@ class LiveCluster:
 
     def settle(self, timeout_s: float = 30.0) -> None:
         """Wait until the GCS's view shows every booking: raylets report their availability
-        to the GCS asynchronously, so a running actor is not yet a booked resource there."""
-        state: Any = importlib.import_module("ray._private.state")
+        to the GCS asynchronously, so a running actor is not yet a booked resource there.
+        Read the way rayscope reads it (gcs_read: the autoscaler's resource state), not
+        through ray.state, whose view can be ahead of it."""
+        from agent.sources import gcs_read
+
+        client = gcs_read.connect(self.cluster.address)
         expected = self._expected_use()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            totals, available = state.total_resources_per_node(), state.available_resources_per_node()
+            nodes = {n["node_id"]: n for n in gcs_read.read_nodes(client, 5.0)}
             if all(
-                abs(totals.get(node_id, {}).get(r, 0) - available.get(node_id, {}).get(r, 0) - amount) < 1e-4
+                node_id in nodes
+                and abs(
+                    nodes[node_id]["total"].get(r, 0) - (nodes[node_id]["available"] or {}).get(r, 0) - amount
+                )
+                < 1e-4
                 for node_id, booked in expected.items()
                 for r, amount in booked.items()
             ):

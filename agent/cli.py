@@ -5,9 +5,7 @@ shows one). Exit codes: 0 = answered, 1 = failed, 2 = no data (the cluster could
 read) or bad usage.
 """
 
-import json
 import sys
-import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from enum import Enum
@@ -17,12 +15,12 @@ import click
 import typer
 
 # Deliberately not agent.collect here: it pulls psutil and pynvml, which `status --head`
-# (the fast path) does not need; the commands that do import it themselves.
-from agent import __version__, client, completeness, output, render, watch, wire
-from agent import fit as fitting
+# (the fast path, benchmarked against `ray status`) does not need; the commands and options
+# that need collect, fit, output, watch, json or traceback import them where they are used.
+from agent import __version__, client, completeness, render
+from agent.addresses import DEFAULT_TIMEOUT_S, GCS_ADDRESS_ENV, parse_address, split_address
 from agent.errors import AgentError
 from agent.model import ClusterStatus, FitRequest, SourceStatus
-from agent.sources.gcs import ADDRESS_ENV, DEFAULT_TIMEOUT_S, parse_address, split_address
 
 app = typer.Typer(
     name="rayscope",
@@ -66,6 +64,8 @@ def _one_line_errors() -> Iterator[None]:
         yield
     except AgentError as err:
         if _verbose:
+            import traceback
+
             traceback.print_exc()
         typer.echo(f"rayscope: {err}", err=True)
         raise typer.Exit(err.exit_code) from None
@@ -73,6 +73,8 @@ def _one_line_errors() -> Iterator[None]:
         raise typer.Exit(130) from None
     except Exception as err:  # a bug of ours: still one line unless asked for more
         if _verbose:
+            import traceback
+
             traceback.print_exc()
         typer.echo(f"rayscope: internal error: {type(err).__name__}: {err} (--verbose shows where)", err=True)
         raise typer.Exit(1) from None
@@ -100,7 +102,7 @@ GcsOption = Annotated[
         metavar="HOST:PORT",
         callback=_gcs_option,
         help=(
-            f"GCS address of the cluster. Default: ${ADDRESS_ENV}, else the local raylet's,"
+            f"GCS address of the cluster. Default: ${GCS_ADDRESS_ENV}, else the local raylet's,"
             " else <ray temp dir>/ray_current_cluster."
         ),
     ),
@@ -145,6 +147,10 @@ def _endpoint(default_port: int) -> Callable[[str], str]:
 
 
 def _token(path: Optional[str]) -> bytes:
+    if path is None:
+        return b""
+    from agent import wire  # hashlib and hmac: only worth importing when a token is used
+
     try:
         return wire.read_token(path)
     except ValueError as err:
@@ -313,6 +319,8 @@ def status(
         if not sys.stdout.isatty():
             raise click.UsageError("--watch needs a terminal on stdout (for files, use --output or --append)")
         with _one_line_errors():
+            from agent import watch
+
             code = watch.run(
                 lambda: _read_cluster(head, token_file, gcs, timeout, gpus),
                 lambda result: _status_lines(result, all_nodes, gpus),
@@ -327,6 +335,8 @@ def status(
         if code == completeness.EXIT_NO_DATA:  # never an empty document over a good one
             raise AgentError(note or "no data", code)
         text = _render_status(result, fmt, all_nodes, gpus)
+        if output_file or append_file:
+            from agent import output
         if output_file:
             output.write_atomic(output_file, text)
         if append_file:
@@ -341,6 +351,8 @@ def status(
 
 
 def _gpu_memory_option(value: Optional[int]) -> Optional[int]:
+    from agent import fit as fitting
+
     if value is not None and value != fitting.WHOLE_GPU and value <= 0:
         raise typer.BadParameter("must be more than 0 MB, or -1 for a whole GPU")
     return value
@@ -349,6 +361,10 @@ def _gpu_memory_option(value: Optional[int]) -> Optional[int]:
 def _shape_option(value: Optional[str]) -> Optional[dict[str, float]]:
     if value is None:
         return None
+    import json
+
+    from agent import fit as fitting
+
     try:
         raw = json.loads(value)
     except ValueError as err:
@@ -455,6 +471,8 @@ def fit(
         gpu_total_mb=gpu_total_mb,
         sizing=sizing.value,
     )
+    from agent import fit as fitting
+
     with _one_line_errors():
         result = fitting.fit(_read_cluster(head, token_file, gcs, timeout), request)
         _print([render.fit_json(result)] if json_out else render.fit_lines(result))

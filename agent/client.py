@@ -4,8 +4,6 @@ The fast path of the CLI: no ray, no psutil, no pynvml — only the standard lib
 client and msgspec, so a status query costs little more than the interpreter's start.
 """
 
-import urllib.error
-import urllib.request
 from urllib.parse import urlsplit
 
 import msgspec
@@ -32,25 +30,33 @@ def parse_head_url(text: str) -> str:
 
 
 def head_status(url: str, token: bytes, timeout_s: float, gpus: bool = False) -> ClusterStatus:
-    """The rollup a head agent serves (``GET /v1/status?all=1``); :class:`AgentError` (exit 2)
-    when it cannot be had. No ray import on this path: it is the fast one."""
-    request = urllib.request.Request(f"{url}/v1/status?all=1" + ("&gpus=1" if gpus else ""))
-    if token:
-        request.add_header("Authorization", "Bearer " + token.decode())
+    """The rollup a head agent serves (``GET /v1/status?all=1``, ``&gpus=1`` for the per-GPU
+    attribution); :class:`AgentError` (exit 2) when it cannot be had. No ray import on this
+    path: it is the fast one (``http.client`` itself, not ``urllib.request``, for the same
+    reason)."""
+    import http.client
+
+    parts = urlsplit(url)
+    host, port = parts.hostname or "", parts.port or DEFAULT_HEAD_PORT
+    connection_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    connection = connection_class(host, port, timeout=timeout_s)
+    headers = {"Authorization": "Bearer " + token.decode()} if token else {}
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            body = response.read()
-    except urllib.error.HTTPError as err:
-        if err.code == 401:
-            raise AgentError(
-                f"head agent at {url} requires its token: pass --token-file", EXIT_NO_DATA
-            ) from None
-        raise AgentError(f"head agent at {url} answered HTTP {err.code}", EXIT_NO_DATA) from None
-    except urllib.error.URLError as err:
-        reason = getattr(err.reason, "strerror", None) or str(err.reason)
-        raise AgentError(f"head agent unreachable at {url} ({reason.lower()})", EXIT_NO_DATA) from None
-    except (TimeoutError, OSError):
-        raise AgentError(f"head agent unreachable at {url} (timeout {timeout_s:g} s)", EXIT_NO_DATA) from None
+        connection.request("GET", "/v1/status?all=1" + ("&gpus=1" if gpus else ""), headers=headers)
+        response = connection.getresponse()
+        body = response.read()
+    except (TimeoutError, OSError, http.client.HTTPException) as err:
+        if isinstance(err, TimeoutError) or "timed out" in str(err):
+            reason = f"timeout {timeout_s:g} s"
+        else:
+            reason = (getattr(err, "strerror", None) or str(err) or type(err).__name__).lower()
+        raise AgentError(f"head agent unreachable at {url} ({reason})", EXIT_NO_DATA) from None
+    finally:
+        connection.close()
+    if response.status == 401:
+        raise AgentError(f"head agent at {url} requires its token: pass --token-file", EXIT_NO_DATA)
+    if response.status != 200:
+        raise AgentError(f"head agent at {url} answered HTTP {response.status}", EXIT_NO_DATA)
     try:
         return msgspec.json.decode(body, type=ClusterStatus)
     except msgspec.DecodeError as err:

@@ -8,6 +8,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Callable, Optional
 
+from agent.addresses import parse_address
 from agent.attribution import attribute_cluster, attribute_node, leaf_devices
 from agent.errors import AgentError
 from agent.model import (
@@ -67,7 +68,7 @@ def resolve_gcs(
     if address is None:
         raise AgentError(origin, EXIT_NO_DATA)
     try:
-        return gcs.parse_address(address)
+        return parse_address(address)
     except ValueError as err:
         raise AgentError(f"bad GCS address from {origin}: {err}", EXIT_NO_DATA) from None
 

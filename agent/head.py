@@ -26,6 +26,7 @@ from urllib.parse import parse_qs, urlsplit
 import msgspec
 
 from agent import render, wire
+from agent.addresses import DEFAULT_TIMEOUT_S
 from agent.attribution import attribute_cluster
 from agent.model import (
     SCHEMA_VERSION,
@@ -317,7 +318,7 @@ class Head:
         gcs_address: Optional[str],
         interval_s: float,
         token: bytes,
-        gcs_timeout_s: float = gcs.DEFAULT_TIMEOUT_S,
+        gcs_timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         for host, _ in (listen, http):
             if not token and not is_loopback(host):

@@ -4,8 +4,9 @@ from pathlib import Path
 
 import pytest
 
+from agent.addresses import parse_address
 from agent.model import RayletInfo
-from agent.sources.gcs import explain, parse_address, ray_temp_dir, resolve_address
+from agent.sources.gcs import explain, ray_temp_dir, resolve_address
 from agent.sources.gcs_read import prepare_auth_env
 
 

@@ -24,35 +24,17 @@ from typing import Any, Callable, Optional, TypeVar
 
 import msgspec
 
+from agent.addresses import DEFAULT_TIMEOUT_S, GCS_ADDRESS_ENV, split_address
 from agent.model import ActorBooking, RayletInfo, RayNode, SourceStatus
 from agent.sources import gcs_read
 
 T = TypeVar("T")
 
-DEFAULT_TIMEOUT_S = 5.0
-ADDRESS_ENV = "RAYSCOPE_GCS"
 ADDRESS_FILE = "ray_current_cluster"
 
 
 class GcsUnavailable(Exception):
     """The GCS could not be read; ``str()`` is the operator's one-line reason."""
-
-
-def parse_address(text: str) -> str:
-    """Validate ``host:port`` (``[v6]:port`` too); raise ``ValueError`` saying what is wrong."""
-    host, sep, port = text.strip().rpartition(":")
-    if not sep or not host:
-        raise ValueError(f"{text!r} is not HOST:PORT")
-    if not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"{text!r}: port must be a number from 1 to 65535")
-    if any(c.isspace() for c in host) or "/" in host:
-        raise ValueError(f"{text!r}: not a host name or IP address")
-    return f"{host}:{int(port)}"
-
-
-def split_address(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
 
 
 def ray_temp_dir(environ: Mapping[str, str]) -> str:
@@ -75,8 +57,8 @@ def resolve_address(
     """(address, where it came from); ``(None, why)`` when no source names one."""
     if explicit:
         return explicit, "--gcs"
-    if environ.get(ADDRESS_ENV):
-        return environ[ADDRESS_ENV], ADDRESS_ENV
+    if environ.get(GCS_ADDRESS_ENV):
+        return environ[GCS_ADDRESS_ENV], GCS_ADDRESS_ENV
     from_raylets = sorted({r.gcs_address for r in raylets if r.gcs_address})
     if len(from_raylets) > 1:
         clusters = ", ".join(from_raylets)
@@ -88,7 +70,7 @@ def resolve_address(
     if from_file:
         return from_file, os.path.join(ray_temp_dir(environ), ADDRESS_FILE)
     return None, (
-        f"no GCS address: pass --gcs HOST:PORT or set {ADDRESS_ENV}"
+        f"no GCS address: pass --gcs HOST:PORT or set {GCS_ADDRESS_ENV}"
         " (no raylet runs on this host and no ray_current_cluster file was found)"
     )
 

@@ -31,7 +31,7 @@ import psutil
 from agent import render, wire
 from agent.head import HeadState
 from agent.model import GpuDevice, HostInfo, NodeReport, RayletInfo, RayNode, SourceStatus
-from tests.conftest import REPO, Daemon, HeadDaemon, LiveCluster, base_env, start_cluster
+from tests.conftest import REPO, HeadDaemon, LiveCluster, base_env, push_agent, start_cluster
 
 NODES = 10_000
 GPUS_PER_NODE = 8
@@ -224,14 +224,11 @@ def bench_live(cluster: LiveCluster, logs: Path, runs: int) -> dict[str, float]:
     interval = 1.0
     head = HeadDaemon(env, logs / "head.log", ["--gcs", cluster.gcs_address, "--interval", "5"], token_file)
     agents = [
-        Daemon(
-            ["push", "--head", f"127.0.0.1:{head.listen_port}", "--interval", str(interval),
-             "--token-file", str(token_file), "--node-id", cluster.node_id(name)],
-            env,
-            logs / f"push-{name}.log",
+        push_agent(
+            head.listen_port, cluster.node_id(name), env, logs / f"push-{name}.log", token_file, interval
         )
         for name in ("head", "denbi", "cpu")
-    ]  # fmt: skip
+    ]
     try:
         wait_reporting(head, [cluster.node_id(n) for n in ("head", "denbi", "cpu")])
         # As installed (pip or the pyz): bytecode compiled. This sandbox sets

@@ -276,6 +276,19 @@ class HeadDaemon(Daemon):
         raise RuntimeError(f"head agent never answered /healthz:\n{self.log_text()}")
 
 
+def push_agent(
+    listen_port: int,
+    node_id: str,
+    env: Mapping[str, str],
+    log_path: Path,
+    token_file: Path,
+    interval_s: float = 1.0,
+) -> Daemon:
+    """``rayscope push`` for one Ray node (pinned: the test cluster runs its raylets on one host)."""
+    args = ["push", "--head", f"127.0.0.1:{listen_port}", "--interval", str(interval_s)]
+    return Daemon([*args, "--token-file", str(token_file), "--node-id", node_id], env, log_path)
+
+
 @pytest.fixture(scope="session")
 def wire_token(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("token") / "token"

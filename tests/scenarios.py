@@ -125,17 +125,24 @@ SEED_REPORTS = {
 }
 
 
-def seed_status() -> ClusterStatus:
-    """DESIGN.md's example cluster, every node's agent reporting."""
+def head_view(
+    views: list[RayNode], reports: dict[str, ReceivedReport], gcs: str = "172.17.0.3:6379"
+) -> ClusterStatus:
+    """The rollup a head agent serves at ``NOW`` (interval 5 s: stale after 15 s)."""
     return rollup(
-        SEED_VIEWS,
-        SEED_REPORTS,
+        views,
+        reports,
         now=NOW,
         stale_after_s=15.0,
         view="head",
-        gcs_address="172.17.0.3:6379",
-        sources=[SourceStatus(name="gcs", ok=True, detail="172.17.0.3:6379")],
+        gcs_address=gcs,
+        sources=[SourceStatus(name="gcs", ok=True, detail=gcs)],
     )
+
+
+def seed_status() -> ClusterStatus:
+    """DESIGN.md's example cluster, every node's agent reporting."""
+    return head_view(SEED_VIEWS, SEED_REPORTS)
 
 
 def mixed_status() -> ClusterStatus:
@@ -152,15 +159,7 @@ def mixed_status() -> ClusterStatus:
         CPU: report(CPU, [], "10.0.0.7"),
         UNKNOWN: report(UNKNOWN, None, "10.0.0.12"),
     }
-    return rollup(
-        views,
-        reports,
-        now=NOW,
-        stale_after_s=15.0,
-        view="head",
-        gcs_address="172.17.0.3:6379",
-        sources=[SourceStatus(name="gcs", ok=True, detail="172.17.0.3:6379")],
-    )
+    return head_view(views, reports)
 
 
 def seed_node_diagnostics() -> NodeDiagnostics:
@@ -222,15 +221,7 @@ def busy_gpu_status() -> ClusterStatus:
         **SEED_REPORTS,
         EUROPA: report(EUROPA, [gpu(0, 22.8)], "172.17.0.3"),
     }
-    return rollup(
-        SEED_VIEWS,
-        reports,
-        now=NOW,
-        stale_after_s=15.0,
-        view="head",
-        gcs_address="172.17.0.3:6379",
-        sources=[SourceStatus(name="gcs", ok=True, detail="172.17.0.3:6379")],
-    )
+    return head_view(SEED_VIEWS, reports)
 
 
 def fraction_status() -> ClusterStatus:
@@ -263,15 +254,7 @@ def fraction_status() -> ClusterStatus:
         ),
         CPU: report(CPU, [], "10.0.0.7"),
     }
-    return rollup(
-        views,
-        reports,
-        now=NOW,
-        stale_after_s=15.0,
-        view="head",
-        gcs_address="10.0.0.5:6379",
-        sources=[SourceStatus(name="gcs", ok=True, detail="10.0.0.5:6379")],
-    )
+    return head_view(views, reports, gcs="10.0.0.5:6379")
 
 
 def embedded_seed_status() -> ClusterStatus:

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import pytest
 
 from tests import fake_nvml as fake
-from tests.conftest import Daemon, HeadDaemon, LiveCluster, run_rayscope
+from tests.conftest import HeadDaemon, LiveCluster, push_agent, run_rayscope
 
 pytestmark = pytest.mark.live
 
@@ -140,14 +140,11 @@ def test_the_head_agent_attributes_the_agents_reports(
         env, tmp_path / "head.log", ["--gcs", live_cluster.gcs_address, "--interval", "1"], wire_token
     )
     agents = [
-        Daemon(
-            ["push", "--head", f"127.0.0.1:{head.listen_port}", "--interval", "1",
-             "--token-file", str(wire_token), "--node-id", live_cluster.node_id(name)],
-            env,
-            tmp_path / f"push-{name}.log",
+        push_agent(
+            head.listen_port, live_cluster.node_id(name), env, tmp_path / f"push-{name}.log", wire_token
         )
         for name in ("head", "denbi", "cpu")
-    ]  # fmt: skip
+    ]
     try:
         label = f"over-booker#{actors['over-booker']['actor_id'][:4]}"
         over = f"    {label} booked 2048 MB used 2.5 GB  over booking"

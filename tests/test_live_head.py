@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 
 import pytest
 
-from tests.conftest import Daemon, HeadDaemon, LiveCluster, base_env, free_port, run_rayscope
+from tests.conftest import Daemon, HeadDaemon, LiveCluster, base_env, free_port, push_agent, run_rayscope
 
 pytestmark = pytest.mark.live
 
@@ -42,10 +42,11 @@ class Fleet:
     def start_agent(
         self, name: str, token_file: Optional[Path] = None, node_id: Optional[str] = None
     ) -> Daemon:
-        token = token_file or self.token_file
-        args = ["push", "--head", f"127.0.0.1:{self.head.listen_port}", "--interval", str(INTERVAL)]
-        args += ["--token-file", str(token), "--node-id", node_id or self.cluster.node_id(name)]
-        return Daemon(args, self.env, self.logs / f"push-{name}.log")
+        node_id = node_id or self.cluster.node_id(name)
+        log = self.logs / f"push-{name}.log"
+        return push_agent(
+            self.head.listen_port, node_id, self.env, log, token_file or self.token_file, INTERVAL
+        )
 
     def run_status(self, *args: str) -> "subprocess.CompletedProcess[str]":
         """``rayscope status --head URL --token-file F ARGS``."""
@@ -214,12 +215,7 @@ def test_agent_started_before_its_head_connects_when_it_comes_up(
 ) -> None:
     env = base_env(RAY_AUTH_MODE="disabled")
     listen = free_port()
-    agent = Daemon(
-        ["push", "--head", f"127.0.0.1:{listen}", "--interval", "1", "--token-file", str(wire_token),
-         "--node-id", live_cluster.node_id("cpu")],
-        env,
-        tmp_path / "push.log",
-    )  # fmt: skip
+    agent = push_agent(listen, live_cluster.node_id("cpu"), env, tmp_path / "push.log", wire_token)
     try:
         time.sleep(2)  # it tries, fails, backs off
         extra = ["--gcs", live_cluster.gcs_address, "--interval", "1"]

@@ -176,22 +176,30 @@ def _processes(handle: Any, errors: dict[str, str]) -> Optional[list[GpuProcess]
     return merge_processes(compute or [], graphics or [])
 
 
+def _shared_fields(handle: Any, errors: dict[str, str]) -> dict[str, Any]:
+    """What a GPU and a MIG instance both report, each for itself: name, uuid, memory
+    (v2, v1 fallback) and utilization."""
+    total, used, reserved, version = _memory(handle, errors)
+    util = _field(errors, "utilization_gpu_pct", lambda: pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+    return {
+        "name": _field(errors, "name", lambda: _text(pynvml.nvmlDeviceGetName(handle))),
+        "uuid": _field(errors, "uuid", lambda: _text(pynvml.nvmlDeviceGetUUID(handle))),
+        "memory_total_bytes": total,
+        "memory_used_bytes": used,
+        "memory_reserved_bytes": reserved,
+        "memory_info_version": version,
+        "utilization_gpu_pct": None if util is None else int(util),
+    }
+
+
 def _read_mig_device(parent_index: int, mig_index: int, handle: Any) -> GpuDevice:
     """One MIG instance as a device of its own (memory, utilization and processes are its own;
     temperature and power are the physical GPU's and are read there)."""
     errors: dict[str, str] = {}
-    total, used, reserved, version = _memory(handle, errors)
-    util = _field(errors, "utilization_gpu_pct", lambda: pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
     return GpuDevice(
         index=mig_index,
         parent_index=parent_index,
-        name=_field(errors, "name", lambda: _text(pynvml.nvmlDeviceGetName(handle))),
-        uuid=_field(errors, "uuid", lambda: _text(pynvml.nvmlDeviceGetUUID(handle))),
-        memory_total_bytes=total,
-        memory_used_bytes=used,
-        memory_reserved_bytes=reserved,
-        memory_info_version=version,
-        utilization_gpu_pct=None if util is None else int(util),
+        **_shared_fields(handle, errors),
         gpu_instance_id=_field(
             errors, "gpu_instance_id", lambda: int(pynvml.nvmlDeviceGetGpuInstanceId(handle))
         ),
@@ -225,19 +233,11 @@ def read_device(index: int) -> GpuDevice:
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
     except pynvml.NVMLError as err:
         return GpuDevice(index=index, errors={"device": _text(err)})
-    total, used, reserved, version = _memory(handle, errors)
-    util = _field(errors, "utilization_gpu_pct", lambda: pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
     mig = _mig_mode(handle, errors)
     return GpuDevice(
         index=index,
-        name=_field(errors, "name", lambda: _text(pynvml.nvmlDeviceGetName(handle))),
-        uuid=_field(errors, "uuid", lambda: _text(pynvml.nvmlDeviceGetUUID(handle))),
+        **_shared_fields(handle, errors),
         pci_bus_id=_field(errors, "pci_bus_id", lambda: _text(pynvml.nvmlDeviceGetPciInfo(handle).busId)),
-        memory_total_bytes=total,
-        memory_used_bytes=used,
-        memory_reserved_bytes=reserved,
-        memory_info_version=version,
-        utilization_gpu_pct=None if util is None else int(util),
         temperature_c=_field(
             errors,
             "temperature_c",

@@ -19,7 +19,7 @@ import typer
 # that need collect, fit, output, watch, json or traceback import them where they are used.
 from agent import __version__, client, completeness, render
 from agent.addresses import DEFAULT_TIMEOUT_S, GCS_ADDRESS_ENV, parse_address, split_address
-from agent.errors import AgentError
+from agent.errors import EXIT_FAILED, EXIT_NO_DATA, AgentError
 from agent.model import ClusterStatus, FitRequest, SourceStatus
 
 app = typer.Typer(
@@ -154,7 +154,7 @@ def _token(path: Optional[str]) -> bytes:
     try:
         return wire.read_token(path)
     except ValueError as err:
-        raise AgentError(str(err), 2) from None
+        raise AgentError(str(err), EXIT_NO_DATA) from None
 
 
 def _daemon_logging() -> None:
@@ -332,7 +332,7 @@ def status(
         result = _read_cluster(head, token_file, gcs, timeout, gpus)
         code = completeness.status_exit_code(result)
         note = render.completeness_note(result)
-        if code == completeness.EXIT_NO_DATA:  # never an empty document over a good one
+        if code == EXIT_NO_DATA:  # never an empty document over a good one
             raise AgentError(note or "no data", code)
         text = _render_status(result, fmt, all_nodes, gpus)
         if output_file or append_file:
@@ -535,9 +535,9 @@ def head_agent(
             server = Head(split_address(listen), split_address(http), address, interval, token, timeout)
             asyncio.run(server.serve())
         except ValueError as err:
-            raise AgentError(str(err), 2) from None
+            raise AgentError(str(err), EXIT_NO_DATA) from None
         except OSError as err:
-            raise AgentError(f"head agent cannot start: {err.strerror or err}", 1) from None
+            raise AgentError(f"head agent cannot start: {err.strerror or err}", EXIT_FAILED) from None
 
 
 @app.command()

@@ -8,12 +8,11 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from agent.errors import AgentError
+from agent.errors import EXIT_NO_DATA, AgentError
 from agent.model import ClusterStatus
 
 HEAD_ENV = "RAYSCOPE_HEAD"
 DEFAULT_HEAD_PORT = 7532
-EXIT_NO_DATA = 2
 
 
 def parse_head_url(text: str) -> str:

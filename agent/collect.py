@@ -10,7 +10,7 @@ from typing import Callable, Optional
 
 from agent.addresses import parse_address
 from agent.attribution import attribute_cluster, attribute_node, leaf_devices
-from agent.errors import AgentError
+from agent.errors import EXIT_NO_DATA, AgentError
 from agent.model import (
     SCHEMA_VERSION,
     ActorBooking,
@@ -26,8 +26,6 @@ from agent.model import (
 )
 from agent.rollup import rollup
 from agent.sources import gcs, host, nvml, procs, raylet
-
-EXIT_NO_DATA = 2
 
 
 def local_report(node_raylet: Optional[RayletInfo], now: float) -> NodeReport:
@@ -111,16 +109,10 @@ def embedded_status(
     """
     raylets, raylet_status = raylet.find_raylets()
     address = resolve_gcs(explicit_gcs, raylets)
-    actors: Optional[list[ActorBooking]] = None
     python = gcs.gcs_python(raylets, address, gcs.ray_importable())
-    if gpus:
-        views, actors, gcs_statuses = gcs.read_cluster_actors(address, timeout_s, python)
-        gcs_status = gcs_statuses[0]
-    else:
-        views, gcs_status = gcs.read_cluster(address, timeout_s, python)
-        gcs_statuses = [gcs_status]
-    if not gcs_status.ok:
-        raise AgentError(gcs_status.reason, EXIT_NO_DATA)
+    views, actors, gcs_statuses = gcs.read_cluster(address, timeout_s, python, actors=gpus)
+    if not gcs_statuses[0].ok:
+        raise AgentError(gcs_statuses[0].reason, EXIT_NO_DATA)
     now = clock()
     reports, local_sources = _attach_local(raylets, views, now)
     status = rollup(
@@ -163,12 +155,8 @@ def node_diagnostics(
         sources.append(SourceStatus(name="gcs", ok=False, reason=str(err)))
     if address is not None:
         python = gcs.gcs_python(raylets, address, gcs.ray_importable())
-        if gpus:
-            views, actors, gcs_statuses = gcs.read_cluster_actors(address, timeout_s, python)
-            sources += gcs_statuses
-        else:
-            views, gcs_status = gcs.read_cluster(address, timeout_s, python)
-            sources.append(gcs_status)
+        views, actors, gcs_statuses = gcs.read_cluster(address, timeout_s, python, actors=gpus)
+        sources += gcs_statuses
         local_ids = {r.node_id for r in raylets}
         mine = [v for v in views if v.node_id in local_ids]
         status = rollup(mine, {}, now=clock(), stale_after_s=math.inf, view="gcs")

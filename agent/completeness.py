@@ -9,11 +9,11 @@ A node that simply runs no agent (the embedded default, or a node never set up) 
 partial data: its booking is complete, its NVML numbers are ``NA`` and say so.
 """
 
+from agent.errors import EXIT_FAILED, EXIT_NO_DATA
 from agent.model import ClusterStatus, NodeStatus
 
 EXIT_COMPLETE = 0
-EXIT_PARTIAL = 1
-EXIT_NO_DATA = 2
+EXIT_PARTIAL = EXIT_FAILED
 
 
 def stale_nodes(status: ClusterStatus) -> list[NodeStatus]:

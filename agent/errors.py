@@ -1,5 +1,10 @@
 """The one exception domain code raises; the CLI turns it into one line and an exit code."""
 
+EXIT_FAILED = 1
+"""rayscope failed, or (status) the answer is partial, or (fit) it does not fit."""
+EXIT_NO_DATA = 2
+"""The cluster could not be read at all, or bad usage (click's code for usage errors)."""
+
 
 class AgentError(Exception):
     """A failure the operator can act on: ``str(err)`` is the whole message.

@@ -231,11 +231,6 @@ def _to_nodes(raw: object, address: str, detail: str) -> tuple[list[RayNode], So
     return nodes, SourceStatus(name="gcs", ok=True, detail=detail)
 
 
-def read_in_child(address: str, timeout_s: float, python: str) -> list[dict]:  # type: ignore[type-arg]
-    """Run ``gcs_read`` under ``python`` with a deadline; its nodes, or :class:`GcsUnavailable`."""
-    return _run_child(address, timeout_s, python)["nodes"]  # type: ignore[no-any-return]
-
-
 def _run_child(address: str, timeout_s: float, python: str, *extra: str) -> dict[str, Any]:
     """``gcs_read`` as a script under ``python`` with a deadline: its whole JSON answer."""
     check_port(address, timeout_s)
@@ -268,21 +263,6 @@ def _token_source() -> Optional[str]:
     return gcs_read.prepare_auth_env(dict(os.environ))
 
 
-def read_cluster(
-    address: str, timeout_s: float = DEFAULT_TIMEOUT_S, python: Optional[str] = None
-) -> tuple[list[RayNode], SourceStatus]:
-    """One-shot read of every node (the CLI's path), in a child process under ``python``
-    (default: this interpreter, which must be able to import ray). Never raises."""
-    python = python or sys.executable
-    if python == sys.executable and not ray_importable():
-        return [], SourceStatus(name="gcs", ok=False, reason=_no_ray_reason(), detail=address)
-    try:
-        raw = read_in_child(address, timeout_s, python)
-    except GcsUnavailable as err:
-        return [], SourceStatus(name="gcs", ok=False, reason=str(err), detail=address)
-    return _to_nodes(raw, address, f"{address} via {python}")
-
-
 def _to_actors(raw: object, address: str) -> tuple[Optional[list[ActorBooking]], SourceStatus]:
     try:
         actors = msgspec.convert(raw, list[ActorBooking])
@@ -292,25 +272,30 @@ def _to_actors(raw: object, address: str) -> tuple[Optional[list[ActorBooking]],
     return actors, SourceStatus(name="gcs_actors", ok=True, detail=f"{len(actors)} live actor(s)")
 
 
-def read_cluster_actors(
-    address: str, timeout_s: float = DEFAULT_TIMEOUT_S, python: Optional[str] = None
+def read_cluster(
+    address: str, timeout_s: float = DEFAULT_TIMEOUT_S, python: Optional[str] = None, actors: bool = False
 ) -> tuple[list[RayNode], Optional[list[ActorBooking]], list[SourceStatus]]:
-    """:func:`read_cluster` plus the live actors, in the same child process (one deadline).
+    """One-shot read of every node (the CLI's path), in a child process under ``python``
+    (default: this interpreter, which must then import ray). ``actors``: the live actors too,
+    in the same child process (one deadline). Never raises.
 
-    Statuses: the nodes' (``gcs``) first, then the actor table's (``gcs_actors``); actors are
-    ``None`` when the actor table did not answer, even if the nodes did. Never raises.
+    Statuses: the nodes' (``gcs``) first, then with ``actors`` the actor table's
+    (``gcs_actors``); actors are ``None`` when not asked for or when the actor table did not
+    answer, even if the nodes did.
     """
     python = python or sys.executable
     if python == sys.executable and not ray_importable():
         return [], None, [SourceStatus(name="gcs", ok=False, reason=_no_ray_reason(), detail=address)]
     try:
-        answer = _run_child(address, timeout_s, python, "actors")
+        answer = _run_child(address, timeout_s, python, *(["actors"] if actors else []))
     except GcsUnavailable as err:
         return [], None, [SourceStatus(name="gcs", ok=False, reason=str(err), detail=address)]
     views, status = _to_nodes(answer["nodes"], address, f"{address} via {python}")
+    if not actors:
+        return views, None, [status]
     if "actors" not in answer:
         error = answer.get("actors_error", "no actor table in the answer")
         reason = explain(RuntimeError(error), address, timeout_s, _token_source())
         return views, None, [status, SourceStatus(name="gcs_actors", ok=False, reason=reason)]
-    actors, actors_status = _to_actors(answer["actors"], address)
-    return views, actors, [status, actors_status]
+    booked, actors_status = _to_actors(answer["actors"], address)
+    return views, booked, [status, actors_status]

@@ -91,26 +91,36 @@ def parse_core_log_actor(text: str) -> Optional[str]:
     return match.group(1) if match else None
 
 
+def list_session_logs(logs_dir: Optional[str]) -> tuple[dict[int, tuple[str, str]], dict[int, str]]:
+    """A session's ``logs`` directory: (pid → (job id, worker ``.out`` log), pid → core log)."""
+    workers: dict[int, tuple[str, str]] = {}
+    cores: dict[int, str] = {}
+    try:
+        names = sorted(os.listdir(logs_dir)) if logs_dir else []
+    except OSError:
+        names = []
+    for name in names:
+        worker = parse_worker_log_name(name)
+        if worker is not None and name.endswith(".out"):
+            workers[worker[2]] = (worker[1], name)
+        core = parse_core_log_name(name)
+        if core is not None:
+            cores[core[1]] = name
+    return workers, cores
+
+
 class _SessionLogs:
-    """One raylet's ``<session>/logs`` directory, listed once: pid → job id, actor id."""
+    """One raylet's ``<session>/logs`` directory, listed once and only when first needed (a
+    long-lived session holds thousands of logs): pid → job id, actor id."""
 
     def __init__(self, logs_dir: Optional[str]) -> None:
         self.logs_dir = logs_dir
-        self.worker_logs: dict[int, tuple[str, str]] = {}
-        self.core_logs: dict[int, str] = {}
-        if logs_dir is None:
-            return
-        try:
-            names = sorted(os.listdir(logs_dir))
-        except OSError:
-            return
-        for name in names:
-            worker = parse_worker_log_name(name)
-            if worker is not None and name.endswith(".out"):
-                self.worker_logs[worker[2]] = (worker[1], name)
-            core = parse_core_log_name(name)
-            if core is not None:
-                self.core_logs[core[1]] = name
+        self._listing: Optional[tuple[dict[int, tuple[str, str]], dict[int, str]]] = None
+
+    def _logs(self) -> tuple[dict[int, tuple[str, str]], dict[int, str]]:
+        if self._listing is None:
+            self._listing = list_session_logs(self.logs_dir)
+        return self._listing
 
     def _head(self, name: str, size: int) -> str:
         assert self.logs_dir is not None
@@ -121,14 +131,26 @@ class _SessionLogs:
             return ""
 
     def job_id(self, pid: int) -> Optional[str]:
-        job, name = self.worker_logs.get(pid, (None, ""))
+        job, name = self._logs()[0].get(pid, (None, ""))
         if job == NO_JOB:
             return parse_worker_log_job(self._head(name, 4096))
         return job
 
-    def actor_id(self, pid: int) -> Optional[str]:
-        name = self.core_logs.get(pid)
-        return parse_core_log_actor(self._head(name, CORE_LOG_BYTES)) if name else None
+    def actor_id(self, pid: int) -> tuple[Optional[str], bool]:
+        """(actor id, final): final once found, or once the log is longer than what is read
+        (the creation line comes first, so reading again would not find it either)."""
+        name = self._logs()[1].get(pid)
+        if not name:
+            return None, False
+        head = self._head(name, CORE_LOG_BYTES)
+        actor = parse_core_log_actor(head)
+        return actor, actor is not None or len(head) >= CORE_LOG_BYTES
+
+
+_worker_ids: dict[tuple[int, float], tuple[Optional[str], Optional[str]]] = {}
+"""(worker pid, start time) → (job id, actor id), kept once final: a worker runs one job and
+hosts at most one actor, so the node agent need not list and read the session logs again on
+every cycle (a core log is read up to 256 KiB, for every GPU process)."""
 
 
 class _Raylets:
@@ -175,10 +197,24 @@ def describe(pid: int, raylets: _Raylets) -> ProcessInfo:
         info.worker_pid = child.pid
         info.raylet_pid = parent.pid
         info.node_id = node_id
-        info.job_id = logs.job_id(child.pid)
-        info.actor_id = logs.actor_id(child.pid)
+        info.job_id, info.actor_id = _ids(child, logs)
         break
     return info
+
+
+def _ids(worker: "psutil.Process", logs: _SessionLogs) -> tuple[Optional[str], Optional[str]]:
+    """A worker's (job id, actor id), from the cache of final answers or its logs."""
+    try:
+        key = (worker.pid, worker.create_time())
+    except psutil.Error:
+        key = None
+    if key is not None and key in _worker_ids:
+        return _worker_ids[key]
+    job = logs.job_id(worker.pid)
+    actor, final = logs.actor_id(worker.pid)
+    if key is not None and final and job is not None:
+        _worker_ids[key] = (job, actor)
+    return job, actor
 
 
 def read_processes(
@@ -192,6 +228,9 @@ def read_processes(
         return None, SourceStatus(name="procs", ok=False, reason=CONTAINER_REASON, detail=namespace or "")
     raylets = _Raylets()
     infos = [describe(pid, raylets) for pid in wanted]
+    workers = {i.worker_pid for i in infos}
+    for key in [k for k in _worker_ids if k[0] not in workers]:  # gone workers: keep it bounded
+        del _worker_ids[key]
     in_ray = sum(1 for i in infos if i.worker_pid is not None)
     detail = f"{len(infos)} GPU process(es), {in_ray} in Ray"
     if namespace is None:

@@ -32,6 +32,7 @@ from typing import NamedTuple, Optional
 
 from agent.errors import AgentError
 from agent.model import ClusterStatus, FitRequest, FitResult, GpuFit, NodeFit, NodeStatus
+from agent.units import MIB
 
 EXIT_FITS = 0
 EXIT_DOES_NOT_FIT = 1
@@ -42,11 +43,9 @@ GPU_HANDLE = 0.01
 WHOLE_GPU = -1
 OVERSHOOT = 1.10
 """A request up to 10% over the smallest GPU is clamped to one GPU; more is refused."""
-MIB = 1024**2
 RESOURCE_UNIT = 10_000
 """Ray books resources in fixed point with 1e-4 resolution."""
 ACCELERATOR_PREFIX = "accelerator_type:"
-SIZINGS = ("auto", "vram", "fraction")
 
 # Ray resource name -> the NodeStatus stem (total_<stem> / used_<stem>) that carries it.
 SCHEDULER_STEMS: dict[str, str] = {

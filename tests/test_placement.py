@@ -1,0 +1,183 @@
+"""Per-device placement, pure: Ray's GPU ids on physical devices, and their match to NVML.
+
+Shapes as the sources return them: actors with ``gpu_shares`` as the GCS actor table holds
+them (``resource_mapping``), the raylet with its environment, NVML devices with UUIDs and
+PCI bus ids. Positive control: taking Ray's id as the NVML index (the old rule) fails the
+``CUDA_VISIBLE_DEVICES`` tests; summing per node instead of per device fails the packing ones.
+"""
+
+from typing import Optional
+
+from agent.attribution import attribute_cluster
+from agent.model import (
+    ActorBooking,
+    ClusterStatus,
+    ClusterTotals,
+    GpuDevice,
+    NodeReport,
+    NodeStatus,
+    RayletInfo,
+)
+from agent.placement import device_free, match_visible, place_devices, placement_known, replicas_on_devices
+
+NODE = "4a" * 28
+GIB = 1024**3
+
+
+def uuid(i: int) -> str:
+    return f"GPU-{i:08x}-5f1c-4d3e-9a7b-000000000000"
+
+
+def gpu(index: int, bus: str, name: str = "NVIDIA A100-SXM4-40GB", used_gib: float = 1.0) -> GpuDevice:
+    return GpuDevice(
+        index=index,
+        name=name,
+        uuid=uuid(index),
+        pci_bus_id=bus,
+        memory_total_bytes=40 * GIB,
+        memory_used_bytes=int(used_gib * GIB),
+        processes=[],
+    )
+
+
+FOUR = [gpu(i, f"00000000:{0x17 + i * 0x10:02X}:00.0") for i in range(4)]
+
+
+def raylet(visible: Optional[str], order: Optional[str] = None, read: bool = True) -> RayletInfo:
+    return RayletInfo(
+        pid=1,
+        node_id=NODE,
+        node_ip="10.0.0.9",
+        cuda_visible_devices=visible,
+        cuda_device_order=order,
+        environ_read=read,
+    )
+
+
+def node(total_gpu: float, used_gpu: float, total_vram: float = 0.0, used_vram: float = 0.0) -> NodeStatus:
+    return NodeStatus(
+        node_ip="10.0.0.9",
+        head=False,
+        total_cpu=32,
+        used_cpu=0,
+        total_gpu=total_gpu,
+        used_gpu=used_gpu,
+        total_gpu_memory=None,
+        used_gpu_memory=None,
+        total_vram_mb=total_vram,
+        used_vram_mb=used_vram,
+        total_memory=0,
+        used_memory=0,
+        total_object_store_memory=0,
+        used_object_store_memory=0,
+        accelerator_type="A100",
+        slurm_job_id=None,
+        node_id=NODE,
+    )
+
+
+def booking(
+    actor_id: str, shares: list[tuple[int, float]], vram_mb: float = 0.0, pid: int = 0
+) -> ActorBooking:
+    required = {"GPU": sum(q for _, q in shares)}
+    if vram_mb:
+        required["VRAM_MB"] = vram_mb
+    return ActorBooking(
+        actor_id=actor_id,
+        node_id=NODE,
+        pid=pid or None,
+        name=actor_id,
+        required=required,
+        gpu_ids=[i for i, _ in shares],
+        gpu_shares=shares,
+    )
+
+
+def test_each_device_gets_what_ray_put_on_it() -> None:
+    """Two 0.6 replicas on two devices: 0.4 free on each, so a 0.5 fits nowhere although the
+    node sum shows 0.8 free (DESIGN.md: Ray keeps it pending)."""
+    actors = [booking("a", [(0, 0.6)], vram_mb=8000), booking("b", [(1, 0.6)], vram_mb=8000)]
+    placement = place_devices(node(2, 1.2), actors, raylet(None), FOUR[:2])
+    assert [(d.gpu_id, d.booked_gpu, d.free_gpu, d.booked_vram_mb) for d in placement.devices] == [
+        (0, 0.6, 0.4, 8000.0),
+        (1, 0.6, 0.4, 8000.0),
+    ]
+    assert replicas_on_devices(placement.devices, 0.5) == 0
+    assert replicas_on_devices(placement.devices, 0.4) == 2
+    assert placement.unplaced_gpu == 0.0
+
+
+def test_quantities_come_from_ray_not_an_even_split() -> None:
+    """An actor Ray gave 2 whole GPUs, and fractions packed onto one device."""
+    actors = [
+        booking("big", [(2, 1.0), (3, 1.0)]),
+        booking("q1", [(0, 0.25)], vram_mb=1000),
+        booking("q2", [(0, 0.5)], vram_mb=2000),
+        booking("q3", [(1, 0.25)]),
+    ]
+    devices = place_devices(node(4, 3.0), actors, raylet(None), FOUR).devices
+    assert [d.booked_gpu for d in devices] == [0.75, 0.25, 1.0, 1.0]
+    assert [d.booked_vram_mb for d in devices] == [3000.0, 0.0, 0.0, 0.0]
+    assert devices[0].actors == {"q1": 0.25, "q2": 0.5}
+    assert replicas_on_devices(devices, 1.0) == 0
+    assert replicas_on_devices(devices, 0.25) == 1 + 3
+
+
+def test_tasks_booking_gpu_leave_the_placement_partial() -> None:
+    """A node that booked 0.5 more than its actors hold: the devices' free is an upper bound."""
+    status = node(2, 1.0)
+    status.placement = place_devices(status, [booking("a", [(0, 0.5)])], raylet(None), FOUR[:2])
+    assert status.placement.unplaced_gpu == 0.5
+    assert not placement_known(status)
+    assert [d.free_gpu for d in device_free(status)] == [0.5, 1.0]
+
+
+def test_visible_devices_as_indices_map_to_those_devices() -> None:
+    """``CUDA_VISIBLE_DEVICES=1,3``: Ray's id 0 is GPU1, id 1 is GPU3, not GPU0 and GPU1."""
+    matched = match_visible(2, raylet("1,3"), FOUR)
+    assert [(entry, g.uuid if g else None) for entry, g, _ in matched] == [("1", uuid(1)), ("3", uuid(3))]
+
+
+def test_visible_devices_as_uuids_map_by_uuid_and_prefix() -> None:
+    matched = match_visible(2, raylet(f"{uuid(2)},{uuid(0)[:12]}"), FOUR)
+    assert [g.index if g else None for _, g, _ in matched] == [2, 0]
+    missing = match_visible(1, raylet("GPU-ffffffff"), FOUR)
+    assert missing[0][1] is None and missing[0][2].startswith("ambiguous: no NVML device")
+
+
+def test_pci_order_is_bus_order_not_nvml_order() -> None:
+    """NVML listing the devices out of bus order: CUDA_DEVICE_ORDER=PCI_BUS_ID counts by bus."""
+    shuffled = [gpu(0, "00000000:81:00.0"), gpu(1, "00000000:01:00.0")]
+    matched = match_visible(2, raylet(None, "PCI_BUS_ID"), shuffled)
+    assert [g.index if g else None for _, g, _ in matched] == [1, 0]
+
+
+def test_mixed_models_in_fastest_first_order_are_ambiguous() -> None:
+    """CUDA's default order ranks by speed: with an A100 and a T4 index 0 is not told."""
+    mixed = [gpu(0, "00000000:01:00.0", "Tesla T4"), gpu(1, "00000000:02:00.0")]
+    matched = match_visible(2, raylet(None), mixed)
+    assert all(g is None and how.startswith("ambiguous: CUDA index") for _, g, how in matched)
+    by_bus = match_visible(2, raylet(None, "PCI_BUS_ID"), mixed)
+    assert [g.index if g else None for _, g, _ in by_bus] == [0, 1]
+
+
+def test_an_unread_environment_is_not_guessed() -> None:
+    matched = match_visible(2, raylet(None, read=False), FOUR)
+    assert all(g is None for _, g, _ in matched)
+    assert match_visible(1, raylet(None, read=False), FOUR[:1])[0][2] == "the only GPU"
+
+
+def test_attribution_puts_an_idle_actor_on_the_device_ray_gave_it() -> None:
+    """With ``CUDA_VISIBLE_DEVICES=2,3`` an actor holding Ray id 1 is on GPU3 (old rule: GPU1)."""
+    status = ClusterStatus(generated_at=0.0, view="gcs", cluster=ClusterTotals(), nodes={NODE: node(2, 0.5)})
+    report = NodeReport(node_id=NODE, collected_at=0.0, raylet=raylet("2,3"), gpus=FOUR, processes=[])
+    out = attribute_cluster(status, {NODE: report}, [booking("q", [(1, 0.5)])])
+    gpus = out.nodes[NODE].gpus or []
+    holders = [[u.actor_id for u in g.attribution.users] if g.attribution else [] for g in gpus]
+    assert holders == [[], [], [], ["q"]]
+    placement = out.nodes[NODE].placement
+    assert placement is not None
+    assert [(d.visible_id, d.uuid, d.booked_gpu) for d in placement.devices] == [
+        ("2", uuid(2), 0.0),
+        ("3", uuid(3), 0.5),
+    ]

@@ -471,6 +471,9 @@ class NodeFit(msgspec.Struct, kw_only=True):
     need_bytes: Optional[int] = None
     """GPU memory one replica needs free, for the NVML check (``None``: not judged)."""
     gpus: list[GpuFit] = []
+    per_device: Optional[bool] = None
+    """``True``: ``GPU`` packed per device from Ray's placement; ``False``: node sums only
+    (placement unknown); ``None``: the shape asks no ``GPU`` here."""
 
 
 class FitResult(msgspec.Struct, kw_only=True):
@@ -499,3 +502,7 @@ class FitResult(msgspec.Struct, kw_only=True):
     fits: bool = False
     """The answer: fits by booking, and not refuted by measured memory."""
     nodes: list[NodeFit] = []
+    hazard: Optional[str] = None
+    """What the booking does that the request did not ask for (``num_gpus=0``: no GPU)."""
+    per_device_note: str = ""
+    """Why some nodes' ``GPU`` was judged on node sums, not per device."""

@@ -9,16 +9,20 @@ PCI bus ids. Positive control: taking Ray's id as the NVML index (the old rule) 
 from typing import Optional
 
 from agent.attribution import attribute_cluster
+from agent.fit import fit
 from agent.model import (
     ActorBooking,
     ClusterStatus,
     ClusterTotals,
+    FitRequest,
     GpuDevice,
     NodeReport,
     NodeStatus,
     RayletInfo,
+    SourceStatus,
 )
 from agent.placement import device_free, match_visible, place_devices, placement_known, replicas_on_devices
+from agent.render.fit import fit_lines
 
 NODE = "4a" * 28
 GIB = 1024**3
@@ -181,3 +185,36 @@ def test_attribution_puts_an_idle_actor_on_the_device_ray_gave_it() -> None:
         ("2", uuid(2), 0.0),
         ("3", uuid(3), 0.5),
     ]
+
+
+def fragmented_status(tasks_gpu: float = 0.0) -> ClusterStatus:
+    """One 2-GPU node with a 0.6 replica on each device: 0.8 free by the node sum."""
+    status = node(2, 1.2 + tasks_gpu)
+    actors = [booking("a", [(0, 0.6)]), booking("b", [(1, 0.6)])]
+    status.placement = place_devices(status, actors, raylet(None, "PCI_BUS_ID"), FOUR[:2])
+    return ClusterStatus(
+        generated_at=0.0,
+        view="gcs",
+        sources=[SourceStatus(name="gcs", ok=True)],
+        cluster=ClusterTotals(),
+        nodes={NODE: status},
+    )
+
+
+def test_fit_refuses_a_fraction_no_single_device_holds() -> None:
+    """Positive control: without the per-device bound (node sums) the 0.5 replica "fits"."""
+    result = fit(fragmented_status(), FitRequest(shape={"GPU": 0.5}))
+    assert (result.fits, result.nodes[0].capacity, result.nodes[0].limited_by) == (False, 0, "GPU per device")
+    assert result.nodes[0].available["GPU"] == 0.8  # the node sum admits it
+    assert "no device has 0.5 GPU free" in "\n".join(fit_lines(result))
+    assert fit(fragmented_status(), FitRequest(shape={"GPU": 0.4}, replicas=2)).fits
+
+
+def test_fit_falls_back_to_node_sums_when_tasks_hold_gpu_and_says_so() -> None:
+    result = fit(fragmented_status(tasks_gpu=0.1), FitRequest(shape={"GPU": 0.5}))
+    assert result.nodes[0].per_device is False and result.fits  # 0.7 free by the sum
+    assert result.per_device_note == (
+        "GPU judged on node sums, not per device, on 1 node(s):"
+        " 1 with GPU booked by tasks, whose devices Ray does not publish"
+    )
+    assert result.per_device_note in fit_lines(result)

@@ -23,6 +23,9 @@ from agent.model import (
 )
 from agent.placement import device_free, match_visible, place_devices, placement_known, replicas_on_devices
 from agent.render.fit import fit_lines
+from agent.render.gpus import status_gpu_lines
+from agent.render.status import status_lines
+from tests.golden import check_golden
 
 NODE = "4a" * 28
 GIB = 1024**3
@@ -218,3 +221,31 @@ def test_fit_falls_back_to_node_sums_when_tasks_hold_gpu_and_says_so() -> None:
         " 1 with GPU booked by tasks, whose devices Ray does not publish"
     )
     assert result.per_device_note in fit_lines(result)
+
+
+def test_status_lines_show_a_device_fuller_than_the_node_sum_golden() -> None:
+    """A 4-GPU node booked 1.5/4 by the sum, with GPU1 whole and a 0.5 beside VRAM_MB on
+    GPU0: GPU1 gets its own line under the node's (exact seed format kept); GPU0 does not (0.5
+    booked). ``--gpus`` lists all four with their VRAM_MB and flags the node-wide booking.
+    Positive control: judging on the node sum (0.38 booked) shows no device line."""
+    status = node(4, 1.5, total_vram=4 * 40960, used_vram=20480)
+    actors = [booking("b" * 32, [(1, 1.0)]), booking("a" * 32, [(0, 0.5)], vram_mb=20480)]
+    status.placement = place_devices(status, actors, raylet(None, "PCI_BUS_ID"), FOUR)
+    cluster = ClusterStatus(
+        generated_at=0.0,
+        view="gcs",
+        sources=[SourceStatus(name="gcs", ok=True)],
+        cluster=ClusterTotals(
+            total_cpu=32, total_gpu=4, used_gpu=1.5, total_vram_mb=163840, used_vram_mb=20480
+        ),
+        nodes={NODE: status},
+    )
+    lines = status_lines(cluster)
+    assert (
+        lines[3] == "  10.0.0.9 [worker] A100 GPU: 1.50/4 booked: 20480/163840 MB  VRAM: NA/NA GB  CPU: 0/32"
+    )
+    assert [line for line in lines if "fuller" in line] == [
+        "    GPU1 GPU-00000001-5f1c-4d3e-9a7b-000000000000  booked 1.00 GPU by 1 actor, 0.00 free"
+        "  used 1.0/40.0 GB  fuller than the node sum"
+    ]
+    check_golden("status_gpus_multigpu.txt", "\n".join(lines + status_gpu_lines(cluster)) + "\n")

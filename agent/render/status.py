@@ -14,6 +14,7 @@ import msgspec
 
 from agent.model import ClusterStatus, NodeStatus, SourceStatus
 from agent.render.fmt import booking, encode, gib, has_gpus, source_notes, source_ok, visible_nodes
+from agent.render.gpus import device_line, fuller_devices
 
 
 def node_markers(node: NodeStatus, view: str, scheduler_ok: bool) -> list[str]:
@@ -81,7 +82,10 @@ def status_lines(status: ClusterStatus, include_dead: bool = False) -> list[str]
     for title, group in (("GPU nodes:", gpu_nodes), ("CPU-only nodes:", cpu_nodes)):
         if group:
             lines += ["", title]
-            lines += ["  " + node_line(n, status.view, scheduler_ok) for n in group]
+            for n in group:
+                lines.append("  " + node_line(n, status.view, scheduler_ok))
+                # A device much fuller than the node sum: its own line (needs Ray's placement).
+                lines += ["    " + device_line(d) + "  fuller than the node sum" for d in fuller_devices(n)]
     notes = source_notes(status.sources)
     unmeasured = status.cluster.gpu_nodes - status.cluster.gpu_nodes_measured
     if status.view == "gcs" and unmeasured > 0:

@@ -91,7 +91,9 @@ def test_per_device_booking_equals_what_each_actor_sees(
     exactly the actors whose ``ray.get_gpu_ids()`` names it; its UUID is the one NVML gives
     the device that entry names (by index in PCI order, or by UUID)."""
     cluster, placed = multigpu
-    done = run_rayscope("status", "--json", "--gpus", "--gcs", cluster.gcs_address, env=fake_env)
+    done = run_rayscope(
+        "status", "--json", "--gpus", "--gcs", cluster.gcs_address, "--timeout", "30", env=fake_env
+    )
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     for node in MULTI:
@@ -122,16 +124,32 @@ def test_fit_refuses_what_no_single_device_holds_and_ray_agrees(
     rayscope says yes, and Ray starts it."""
     cluster, _ = multigpu
     doc_node = cluster.node_id("pair_uuid")
-    status = json.loads(run_rayscope("status", "--json", "--gcs", cluster.gcs_address, env=fake_env).stdout)
+    status = json.loads(
+        run_rayscope("status", "--json", "--gcs", cluster.gcs_address, "--timeout", "30", env=fake_env).stdout
+    )
     assert status["nodes"][doc_node]["used_gpu"] == pytest.approx(1.2)
     pin = {"accelerator_type:V100": 0.001}
     no = run_rayscope(
-        "fit", "--shape", json.dumps({"GPU": 0.5, **pin}), "--gcs", cluster.gcs_address, env=fake_env
+        "fit",
+        "--shape",
+        json.dumps({"GPU": 0.5, **pin}),
+        "--gcs",
+        cluster.gcs_address,
+        "--timeout",
+        "30",
+        env=fake_env,
     )
     assert no.returncode == 1, no.stdout + no.stderr
     assert "fits 0, gets 0 (GPU per device: no device has 0.5 GPU free)" in no.stdout, no.stdout
     yes = run_rayscope(
-        "fit", "--shape", json.dumps({"GPU": 0.4, **pin}), "--gcs", cluster.gcs_address, env=fake_env
+        "fit",
+        "--shape",
+        json.dumps({"GPU": 0.4, **pin}),
+        "--gcs",
+        cluster.gcs_address,
+        "--timeout",
+        "30",
+        env=fake_env,
     )
     assert yes.returncode == 0, yes.stdout + yes.stderr
     pending = cluster.request(
@@ -149,3 +167,22 @@ def test_fit_refuses_what_no_single_device_holds_and_ray_agrees(
         wait_s=60.0,
     )
     assert started["started"]
+
+
+def test_status_shows_the_full_device_under_its_node(
+    multigpu: tuple[LiveCluster, dict[str, dict[str, Any]]], fake_env: dict[str, str]
+) -> None:
+    """quad is 2.00/4 booked by the sum; the device holding the whole-GPU actor is 1.00: its
+    own line under quad's node line, in the words of ``--gpus``, naming its NVML UUID."""
+    cluster, placed = multigpu
+    done = run_rayscope("status", "--gpus", "--gcs", cluster.gcs_address, "--timeout", "30", env=fake_env)
+    assert done.returncode == 0, done.stderr
+    print(done.stdout)  # the README's multi-GPU example (pytest -s shows it)
+    lines = done.stdout.splitlines()
+    quad = lines.index(
+        "  127.0.0.1 [worker] A100 GPU: 2.00/4 booked: 30720/163840 MB  VRAM: 9.0/160.0 GB  CPU: 0/4"
+    )
+    whole = nvml_index("quad", placed["whole"]["gpu_ids"][0])
+    assert lines[quad + 1].startswith(f"    GPU{whole} {FAKE_UUID.format(whole)}  booked 1.00 GPU")
+    assert lines[quad + 1].endswith("fuller than the node sum")
+    assert f"GPUs of 127.0.0.1 [worker] {cluster.node_id('quad')[:12]}:" in lines

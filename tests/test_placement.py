@@ -24,6 +24,7 @@ from agent.model import (
 from agent.placement import device_free, match_visible, place_devices, placement_known, replicas_on_devices
 from agent.render.fit import fit_lines
 from agent.render.gpus import status_gpu_lines
+from agent.render.metrics import metrics_text
 from agent.render.status import status_lines
 from tests.golden import check_golden
 
@@ -249,3 +250,9 @@ def test_status_lines_show_a_device_fuller_than_the_node_sum_golden() -> None:
         "  used 1.0/40.0 GB  fuller than the node sum"
     ]
     check_golden("status_gpus_multigpu.txt", "\n".join(lines + status_gpu_lines(cluster)) + "\n")
+    metrics = metrics_text(cluster)
+    assert (
+        f'rayscope_device_vram_booked_bytes{{node_id="{NODE}",uuid="{uuid(0)}",gpu_id="0"}} {20480 * 2**20}'
+        in metrics
+    )
+    check_golden("metrics_multigpu.prom", metrics)

@@ -1,9 +1,16 @@
-"""``/metrics`` and ``status --format prom``: Prometheus text exposition."""
+"""``/metrics`` and ``status --format prom``: Prometheus text exposition.
+
+Names follow Prometheus base units: memory in bytes. ``VRAM_MB`` is counted by Ray in MiB
+(BioEngine sizes it from ``nvidia-smi`` totals, which are MiB), so it is exposed times 2**20.
+Per-device gauges (from Ray's placement, where the actor table was read) are labelled by
+NVML UUID (``uuid``, empty where Ray's id could not be matched) and Ray's ``gpu_id``.
+"""
 
 from collections.abc import Callable
 from typing import Optional
 
-from agent.model import ClusterStatus, NodeStatus
+from agent.model import ClusterStatus, DeviceFree, NodeStatus
+from agent.units import MIB
 
 # name, help, value of a node (None = unknown: the sample is left out, never written as 0)
 _NODE_METRICS: tuple[tuple[str, str, Callable[[NodeStatus], Optional[float]]], ...] = (
@@ -14,14 +21,14 @@ _NODE_METRICS: tuple[tuple[str, str, Callable[[NodeStatus], Optional[float]]], .
     ),
     ("rayscope_gpus_total", "GPUs the node advertises to Ray.", lambda n: n.total_gpu),
     (
-        "rayscope_vram_booked_megabytes",
-        "GPU memory booked through Ray's VRAM_MB resource.",
-        lambda n: n.used_vram_mb,
+        "rayscope_vram_booked_bytes",
+        "GPU memory booked through Ray's VRAM_MB resource (counted in MiB by Ray), in bytes.",
+        lambda n: n.used_vram_mb * MIB,
     ),
     (
-        "rayscope_vram_total_megabytes",
-        "VRAM_MB the node advertises (0: no VRAM booking).",
-        lambda n: n.total_vram_mb,
+        "rayscope_vram_total_bytes",
+        "VRAM_MB the node advertises (MiB), in bytes (0: no VRAM booking).",
+        lambda n: n.total_vram_mb * MIB,
     ),
     (
         "rayscope_gpu_memory_used_bytes",
@@ -42,6 +49,21 @@ _NODE_METRICS: tuple[tuple[str, str, Callable[[NodeStatus], Optional[float]]], .
     ),
     ("rayscope_report_stale", "1 when the node agent's latest report is stale.", lambda n: float(n.stale)),
     ("rayscope_node_alive", "1 while the scheduler counts the node alive.", lambda n: float(n.alive)),
+)
+
+
+# name, help, value of one device of Ray's placement
+_DEVICE_METRICS: tuple[tuple[str, str, Callable[[DeviceFree], Optional[float]]], ...] = (
+    (
+        "rayscope_device_gpu_booked",
+        "Ray's GPU resource booked on this device by actors (resource_mapping).",
+        lambda d: d.booked_gpu,
+    ),
+    (
+        "rayscope_device_vram_booked_bytes",
+        "VRAM_MB (MiB) of the actors placed on this device, in bytes: Ray books it node-wide.",
+        lambda d: d.booked_vram_mb * MIB,
+    ),
 )
 
 
@@ -67,6 +89,18 @@ def metrics_text(status: ClusterStatus) -> str:
             if value is not None:
                 labels = f'node_id="{_label(node.node_id)}",node_ip="{_label(node.node_ip or "")}"'
                 lines.append(f"{name}{{{labels}}} {_sample(value)}")
+    for name, help_text, device_value in _DEVICE_METRICS:
+        samples = []
+        for node in nodes:
+            for device in node.placement.devices if node.placement is not None else []:
+                value = device_value(device)
+                if value is None:
+                    continue
+                uuid = _label(device.uuid or "")
+                labels = f'node_id="{_label(node.node_id)}",uuid="{uuid}",gpu_id="{device.gpu_id}"'
+                samples.append(f"{name}{{{labels}}} {_sample(value)}")
+        if samples:
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", *samples]
     lines += ["# HELP rayscope_source_up 1 when the source answered.", "# TYPE rayscope_source_up gauge"]
     lines += [f'rayscope_source_up{{source="{_label(s.name)}"}} {int(s.ok)}' for s in status.sources]
     return "\n".join(lines) + "\n"

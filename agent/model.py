@@ -198,6 +198,9 @@ class GpuDevice(msgspec.Struct, kw_only=True, gc=False):
     (reason in ``errors``). On a MIG-enabled GPU they are listed on its MIG devices."""
     attribution: Optional[GpuAttribution] = None
     """Bookings beside measured memory; set by ``agent.attribution``, never by a node agent."""
+    process_list_version: Optional[int] = None
+    """The NVML process-list call version that answered: 3 (``_v3``, drivers >= 510.39) or
+    2 (``_v2``, R450/R470)."""
 
 
 class HostInfo(msgspec.Struct, kw_only=True, gc=False):

@@ -130,8 +130,44 @@ def test_two_gpus_json_carries_processes_and_attribution(
     mine = next(p for p in diag["processes"] if p["pid"] == sleeper)
     assert mine["name"] == "sleep" and mine["worker_pid"] is None
     sources = {s["name"]: s for s in diag["sources"]}
-    assert sources["nvml"] == {"name": "nvml", "ok": True, "reason": "", "detail": "2 GPU(s), memory info v2"}
+    assert sources["nvml"] == {
+        "name": "nvml",
+        "ok": True,
+        "reason": "",
+        "detail": "2 GPU(s), memory info v2, process list v3",
+    }
     assert sources["procs"]["ok"]
+
+
+@pytest.fixture(scope="module")
+def r470_nvml(tmp_path_factory: pytest.TempPathFactory) -> fake.FakeNvml:
+    """The fake built as an R470 driver's library: no ``_v3`` process lists, no memory v2."""
+    return fake.build(tmp_path_factory.mktemp("fake-nvml-r470"), era="r470")
+
+
+def test_an_r470_driver_lists_the_same_processes_through_v2(
+    fake_nvml_lib: fake.FakeNvml, r470_nvml: fake.FakeNvml, sleeper: int, tmp_path: Path
+) -> None:
+    """The same GPUs and processes under a current and an R470-era library: processes and
+    attribution come out the same; the call version that answered is named (3, then 2).
+    Positive control: calling only pynvml's default (``_v3``) leaves R470's lists empty
+    (``processes`` null, a Function Not Found error on every GPU)."""
+    docs = []
+    for lib in (fake_nvml_lib, r470_nvml):
+        done = run_node(lib, fake.two_gpus(sleeper), tmp_path, "--json")
+        assert done.returncode == 0, done.stderr
+        docs.append(json.loads(done.stdout))
+    current, old = docs
+    for new_gpu, old_gpu in zip(current["gpus"], old["gpus"]):
+        assert old_gpu["processes"] == new_gpu["processes"]
+        assert old_gpu["attribution"] == new_gpu["attribution"]
+        assert "compute_processes" not in old_gpu["errors"]
+    assert [g["process_list_version"] for g in current["gpus"]] == [3, 3]
+    assert [g["process_list_version"] for g in old["gpus"]] == [2, 2]
+    assert [g["memory_info_version"] for g in old["gpus"]] == [1, 1]  # R470 has no memory v2 either
+    assert current["gpus"][0]["processes"]  # not vacuous: the sleeper and a stranger are listed
+    old_nvml = next(s for s in old["sources"] if s["name"] == "nvml")
+    assert old_nvml["detail"] == "2 GPU(s), memory info v1, process list v2"
 
 
 def test_plain_node_keeps_its_one_line_per_gpu(

@@ -155,25 +155,49 @@ def _instance_id(value: Any) -> Optional[int]:
     return int(value)
 
 
-def _processes(handle: Any, errors: dict[str, str]) -> Optional[list[GpuProcess]]:
-    """Compute and graphics processes; ``None`` only when neither list could be read.
+PROCESS_LIST_VERSIONS = (3, 2)
+"""The process-list calls pynvml offers, newest first. ``_v3`` needs a driver >= 510.39;
+R450/R470 drivers export only ``_v2`` (same struct), and nvidia-ml-py 13's unversioned call
+is ``_v3``: without the fallback every GPU's process list there comes back empty."""
+
+
+def _process_list(
+    handle: Any, kind: str, errors: dict[str, str]
+) -> tuple[Optional[list[Any]], Optional[int]]:
+    """One NVML process list (``Compute`` or ``Graphics``) through the newest call version
+    this driver exports: (entries, version that answered); ``(None, None)`` on failure."""
+    field = f"{kind.lower()}_processes"
+    for version in PROCESS_LIST_VERSIONS:
+        call = getattr(pynvml, f"nvmlDeviceGet{kind}RunningProcesses_v{version}", None)
+        if call is None:  # this pynvml predates the version
+            continue
+        try:
+            return list(call(handle)), version
+        except pynvml.NVMLError as err:
+            if err.value == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+                continue  # an older driver: try the previous call version
+            errors[field] = _text(err)
+            return None, None
+        except _LIBRARY_TOO_OLD:
+            continue
+    errors[field] = "Function Not Found (no process-list call version this driver exports)"
+    return None, None
+
+
+def _processes(handle: Any, errors: dict[str, str]) -> tuple[Optional[list[GpuProcess]], Optional[int]]:
+    """Compute and graphics processes, and the call version that answered; ``None`` only
+    when neither list could be read.
 
     Graphics lists are Not Supported on many datacenter GPUs: that is quiet, not an error.
     """
-    compute = _field(
-        errors, "compute_processes", lambda: list(pynvml.nvmlDeviceGetComputeRunningProcesses(handle))
-    )
+    compute, version = _process_list(handle, "Compute", errors)
     graphics_errors: dict[str, str] = {}
-    graphics = _field(
-        graphics_errors,
-        "graphics_processes",
-        lambda: list(pynvml.nvmlDeviceGetGraphicsRunningProcesses(handle)),
-    )
+    graphics, graphics_version = _process_list(handle, "Graphics", graphics_errors)
     if graphics is None and graphics_errors["graphics_processes"] != "Not Supported":
         errors.update(graphics_errors)
     if compute is None and graphics is None:
-        return None
-    return merge_processes(compute or [], graphics or [])
+        return None, None
+    return merge_processes(compute or [], graphics or []), version or graphics_version
 
 
 def _shared_fields(handle: Any, errors: dict[str, str]) -> dict[str, Any]:
@@ -196,6 +220,7 @@ def _read_mig_device(parent_index: int, mig_index: int, handle: Any) -> GpuDevic
     """One MIG instance as a device of its own (memory, utilization and processes are its own;
     temperature and power are the physical GPU's and are read there)."""
     errors: dict[str, str] = {}
+    processes, version = _processes(handle, errors)
     return GpuDevice(
         index=mig_index,
         parent_index=parent_index,
@@ -206,7 +231,8 @@ def _read_mig_device(parent_index: int, mig_index: int, handle: Any) -> GpuDevic
         compute_instance_id=_field(
             errors, "compute_instance_id", lambda: int(pynvml.nvmlDeviceGetComputeInstanceId(handle))
         ),
-        processes=_processes(handle, errors),
+        processes=processes,
+        process_list_version=version,
         errors=errors,
     )
 
@@ -234,6 +260,8 @@ def read_device(index: int) -> GpuDevice:
     except pynvml.NVMLError as err:
         return GpuDevice(index=index, errors={"device": _text(err)})
     mig = _mig_mode(handle, errors)
+    # On a MIG GPU the processes are listed on its instances, not twice.
+    processes, version = (None, None) if mig else _processes(handle, errors)
     return GpuDevice(
         index=index,
         **_shared_fields(handle, errors),
@@ -249,8 +277,8 @@ def read_device(index: int) -> GpuDevice:
         ),
         mig_enabled=mig,
         mig_devices=_mig_devices(index, handle, errors) if mig else [],
-        # On a MIG GPU the processes are listed on its instances, not twice.
-        processes=None if mig else _processes(handle, errors),
+        processes=processes,
+        process_list_version=version,
         errors=errors,
     )
 
@@ -268,4 +296,7 @@ def read_gpus() -> tuple[Optional[str], Optional[list[GpuDevice]], SourceStatus]
     gpus = [read_device(i) for i in range(count)]
     versions = sorted({g.memory_info_version for g in gpus if g.memory_info_version})
     detail = f"{count} GPU(s)" + (f", memory info v{'/v'.join(map(str, versions))}" if versions else "")
+    leaves = [d for g in gpus for d in (g.mig_devices or [g])]
+    lists = sorted({d.process_list_version for d in leaves if d.process_list_version})
+    detail += f", process list v{'/v'.join(map(str, lists))}" if lists else ""
     return driver, gpus, SourceStatus(name="nvml", ok=True, detail=detail)

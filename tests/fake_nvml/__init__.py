@@ -29,8 +29,14 @@ class FakeNvml:
         return {**base, "LD_LIBRARY_PATH": str(self.lib_dir), SCENARIO_ENV: str(scenario)}
 
 
-def build(lib_dir: Path) -> FakeNvml:
-    """Compile ``fake_nvml.c`` into ``lib_dir/libnvidia-ml.so.1`` (warnings are errors)."""
+ERAS = {"current": [], "r470": ["-DDRIVER_R470"]}
+"""Driver eras the fake is built for, with the symbols each era's library exports (see the
+comment at the top of ``fake_nvml.c``)."""
+
+
+def build(lib_dir: Path, era: str = "current") -> FakeNvml:
+    """Compile ``fake_nvml.c`` into ``lib_dir/libnvidia-ml.so.1`` as a driver of ``era``
+    exports it (warnings are errors)."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         raise RuntimeError("no C compiler (cc) on PATH: the fake NVML library cannot be built")
@@ -43,6 +49,7 @@ def build(lib_dir: Path) -> FakeNvml:
             "-Wall",
             "-Wextra",
             "-Werror",
+            *ERAS[era],
             "-o",
             str(lib_dir / LIBRARY),
             str(SOURCE),

@@ -17,6 +17,11 @@
  *   <device>.error.FIELD CODE       FIELD answers CODE: handle, name, uuid, pci, memory,
  *                                   memory_v2, util, temperature, power, power_limit, mig,
  *                                   compute, graphics
+ *
+ * Driver eras (one build each, tests/fake_nvml/__init__.py): the default build exports what a
+ * current driver (>= 510.39) does; -DDRIVER_R470 builds an R450/R470 library: no _v3 process
+ * lists and no nvmlDeviceGetMemoryInfo_v2 (both absent, as on those drivers), the _v2 process
+ * lists present. The symbol set is the era's, so a binding that only calls _v3 finds nothing.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -208,6 +213,7 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m) {
     return OK;
 }
 
+#ifndef DRIVER_R470
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m) {
     if (m->version != MEMORY_V2) return ARGUMENT_VERSION_MISMATCH;
     unsigned long long v[3];
@@ -220,6 +226,7 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m) {
     m->free = v[0] - v[1] - v[2];
     return OK;
 }
+#endif
 
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u) {
     nvmlReturn_t err = device_error(d, "util");
@@ -301,10 +308,21 @@ static nvmlReturn_t processes(nvmlDevice_t d, const char *kind, unsigned int *co
     return OK;
 }
 
+#ifndef DRIVER_R470
 nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *count, nvmlProcessInfo_t *infos) {
     return processes(d, "compute", count, infos);
 }
 
 nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t d, unsigned int *count, nvmlProcessInfo_t *infos) {
+    return processes(d, "graphics", count, infos);
+}
+#endif
+
+/* R450 onwards: the same struct layout as _v3 (pid, memory, GPU and compute instance). */
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t d, unsigned int *count, nvmlProcessInfo_t *infos) {
+    return processes(d, "compute", count, infos);
+}
+
+nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t d, unsigned int *count, nvmlProcessInfo_t *infos) {
     return processes(d, "graphics", count, infos);
 }

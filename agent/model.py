@@ -164,6 +164,28 @@ class NodeAttribution(msgspec.Struct, kw_only=True, gc=False):
     """NVML: memory held by processes that booked nothing, summed over this node's GPUs."""
 
 
+class GpuHealth(msgspec.Struct, kw_only=True, gc=False):
+    """What an operator triages a GPU with, from NVML. ``None`` = not supported or not read
+    (absent, never 0). DCGM's field in brackets says what each means."""
+
+    xid_errors: Optional[int] = None
+    """XID events since this process began watching (the agent's start)
+    [``DCGM_FI_DEV_XID_ERRORS`` holds the last one's code]."""
+    last_xid: Optional[int] = None
+    ecc_uncorrected_volatile: Optional[int] = None
+    """Uncorrected ECC errors since the driver loaded [``DCGM_FI_DEV_ECC_DBE_VOL_TOTAL``]."""
+    retired_pages_pending: Optional[bool] = None
+    """Pages waiting to be retired at the next reset [``DCGM_FI_DEV_RETIRED_PENDING``]."""
+    remapped_rows_pending: Optional[bool] = None
+    """Rows waiting to be remapped at the next reset [``DCGM_FI_DEV_ROW_REMAP_PENDING``]."""
+    row_remap_failure: Optional[bool] = None
+    """A row remapping failed [``DCGM_FI_DEV_ROW_REMAP_FAILURE``]."""
+    clock_throttle_reasons: Optional[int] = None
+    """NVML's clock event reason bits now [``DCGM_FI_DEV_CLOCK_THROTTLE_REASONS``]."""
+    lost: bool = False
+    """The GPU has fallen off the bus (``NVML_ERROR_GPU_IS_LOST``)."""
+
+
 class GpuDevice(msgspec.Struct, kw_only=True, gc=False):
     """One GPU as NVML reports it (``nvidia-smi --query-gpu=...``). ``None`` = unknown."""
 
@@ -198,6 +220,8 @@ class GpuDevice(msgspec.Struct, kw_only=True, gc=False):
     (reason in ``errors``). On a MIG-enabled GPU they are listed on its MIG devices."""
     attribution: Optional[GpuAttribution] = None
     """Bookings beside measured memory; set by ``agent.attribution``, never by a node agent."""
+    health: Optional[GpuHealth] = None
+    """XID, ECC, row remapping, throttling, lost (``None``: not read, e.g. a MIG instance)."""
     process_list_version: Optional[int] = None
     """The NVML process-list call version that answered: 3 (``_v3``, drivers >= 510.39) or
     2 (``_v2``, R450/R470)."""

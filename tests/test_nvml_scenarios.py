@@ -185,12 +185,13 @@ def test_plain_node_keeps_its_one_line_per_gpu(
 
 
 def test_one_gpu_lost(fake_nvml_lib: fake.FakeNvml, tmp_path: Path) -> None:
-    """The lost GPU degrades its own row only."""
+    """The lost GPU degrades its own row only, flagged unhealthy: fallen off the bus."""
     assert node_gpu_lines(fake_nvml_lib, fake.gpu_lost(), tmp_path) == [
         "GPUs: 2 (driver 550.54.14)",
         "  GPU0 NVIDIA GeForce RTX 3090  booked NA  used 5.8 GB  util 87%",
         "    bus 00000000:01:00.0  temp 61 C  power 245/350 W  memory 5.8/24.0 GB, 0.3 GB reserved (v2)",
-        "  GPU1 NA  booked NA  used NA GB  util NA  (device: GPU is lost)",
+        "  GPU1 NA  booked NA  used NA GB  util NA  unhealthy  (device: GPU is lost)",
+        "    health: fallen off the bus",
         "  all GPUs: booked NA  actors use NA GB  unbooked 0.0 GB",
     ]
 
@@ -270,3 +271,33 @@ def test_in_a_container_host_pids_are_not_mapped(
         "  all GPUs: booked NA  actors use NA GB  unbooked NA GB",
         CONTAINER,
     ]
+
+
+def test_gpu_health_scenarios(fake_nvml_lib: fake.FakeNvml, sleeper: int, tmp_path: Path) -> None:
+    """XID events, ECC, a pending row remap, throttling, a lost GPU: one ``unhealthy`` flag
+    on each such device's line and a ``health:`` line saying why; the healthy GPU has none.
+    A field NVML does not support is absent (``null``), a supported 0 is 0. Positive
+    control: reading ECC as 0 when unsupported fails the GPU2 assertions."""
+    lines = node_gpu_lines(fake_nvml_lib, fake.four_gpus_health(sleeper), tmp_path)
+    assert lines[1] == "  GPU0 NVIDIA A100-SXM4-40GB  booked NA  used 2.0 GB  util 87%"
+    assert lines[2].startswith("    bus 00000000:17:00.0") and not lines[3].startswith("    health:")
+    gpu1 = lines.index("  GPU1 NVIDIA A100-SXM4-40GB  booked NA  used 2.0 GB  util 87%  unhealthy")
+    assert lines[gpu1 + 2] == (
+        "    health: XID 79 (2 since start); 3 uncorrected ECC errors; row remap pending (reset the GPU)"
+    )
+    gpu2 = lines.index("  GPU2 NVIDIA A100-SXM4-40GB  booked NA  used 2.0 GB  util 87%  unhealthy")
+    assert lines[gpu2 + 2] == "    health: throttled: hw_slowdown, hw_thermal"
+    assert "  GPU3 NA  booked NA  used NA GB  util NA  unhealthy  (device: GPU is lost)" in lines
+    assert "    health: fallen off the bus" in lines
+
+    done = run_node(fake_nvml_lib, fake.four_gpus_health(sleeper), tmp_path, "--json")
+    health = [g["health"] for g in json.loads(done.stdout)["gpus"]]
+    assert health[0]["ecc_uncorrected_volatile"] == 0 and health[0]["xid_errors"] == 0
+    assert (health[1]["xid_errors"], health[1]["last_xid"], health[1]["remapped_rows_pending"]) == (
+        2,
+        79,
+        True,
+    )
+    assert health[2]["ecc_uncorrected_volatile"] is None and health[2]["retired_pages_pending"] is None
+    assert health[2]["clock_throttle_reasons"] == 0x48
+    assert health[3]["lost"] is True

@@ -3,6 +3,7 @@
 from collections.abc import Sequence
 from typing import Optional
 
+from agent.health import health_flags
 from agent.model import ClusterStatus, DeviceFree, GpuDevice, GpuUser, NodeAttribution, NodeStatus
 from agent.render.fmt import gib, has_gpus, visible_nodes
 from agent.units import MIB
@@ -70,6 +71,7 @@ def gpu_booking_line(gpu: GpuDevice) -> str:
     name = gpu.name or "NA"
     mig = "  MIG on" if gpu.mig_enabled else ""
     flags = _flags_text(gpu.attribution.flags) if gpu.attribution else ""
+    flags += "  unhealthy" if health_flags(gpu) else ""  # one flag; `node --gpus` says why
     used = f"used {gib(gpu.memory_used_bytes)} GB"
     return f"{gpu_label(gpu)} {name}{mig}  {booked_text(gpu)}  {used}  util {util}{flags}{_errors_text(gpu)}"
 
@@ -161,6 +163,8 @@ def gpu_block_lines(
         lines.append(gpu_booking_line(gpu))
         if details and "device" not in gpu.errors:
             lines.append("  " + gpu_details_line(gpu))
+        if details and health_flags(gpu):
+            lines.append("  health: " + "; ".join(health_flags(gpu)))
         for mig in gpu.mig_devices:
             lines.append("  " + gpu_booking_line(mig))
             if details:

@@ -9,7 +9,7 @@ NVML UUID (``uuid``, empty where Ray's id could not be matched) and Ray's ``gpu_
 from collections.abc import Callable
 from typing import Optional
 
-from agent.model import ClusterStatus, DeviceFree, NodeStatus
+from agent.model import ClusterStatus, DeviceFree, GpuDevice, NodeStatus
 from agent.units import MIB
 
 # name, help, value of a node (None = unknown: the sample is left out, never written as 0)
@@ -67,8 +67,101 @@ _DEVICE_METRICS: tuple[tuple[str, str, Callable[[DeviceFree], Optional[float]]],
 )
 
 
+def _flag(value: Optional[bool]) -> Optional[float]:
+    return None if value is None else float(value)
+
+
+# name, help (the DCGM field it matches), value of one GPU NVML reported; None = absent
+_GPU_METRICS: tuple[tuple[str, str, Callable[[GpuDevice], Optional[float]]], ...] = (
+    (
+        "rayscope_gpu_xid_errors",
+        "XID events since the node agent started watching (DCGM_FI_DEV_XID_ERRORS holds the last code).",
+        lambda g: None if g.health is None or g.health.xid_errors is None else float(g.health.xid_errors),
+    ),
+    (
+        "rayscope_gpu_last_xid",
+        "Code of the last XID event since the agent started (DCGM_FI_DEV_XID_ERRORS).",
+        lambda g: None if g.health is None or g.health.last_xid is None else float(g.health.last_xid),
+    ),
+    (
+        "rayscope_gpu_ecc_uncorrected_volatile_errors",
+        "Uncorrected ECC errors since the driver loaded (DCGM_FI_DEV_ECC_DBE_VOL_TOTAL).",
+        lambda g: (
+            None
+            if g.health is None or g.health.ecc_uncorrected_volatile is None
+            else float(g.health.ecc_uncorrected_volatile)
+        ),
+    ),
+    (
+        "rayscope_gpu_retired_pages_pending",
+        "1 when pages wait to be retired at the next reset (DCGM_FI_DEV_RETIRED_PENDING).",
+        lambda g: None if g.health is None else _flag(g.health.retired_pages_pending),
+    ),
+    (
+        "rayscope_gpu_row_remap_pending",
+        "1 when rows wait to be remapped at the next reset (DCGM_FI_DEV_ROW_REMAP_PENDING).",
+        lambda g: None if g.health is None else _flag(g.health.remapped_rows_pending),
+    ),
+    (
+        "rayscope_gpu_row_remap_failure",
+        "1 when a row remapping failed (DCGM_FI_DEV_ROW_REMAP_FAILURE).",
+        lambda g: None if g.health is None else _flag(g.health.row_remap_failure),
+    ),
+    (
+        "rayscope_gpu_clock_throttle_reasons",
+        "NVML clock event reason bits now (DCGM_FI_DEV_CLOCK_THROTTLE_REASONS).",
+        lambda g: (
+            None
+            if g.health is None or g.health.clock_throttle_reasons is None
+            else float(g.health.clock_throttle_reasons)
+        ),
+    ),
+    (
+        "rayscope_gpu_temperature_celsius",
+        "GPU temperature (DCGM_FI_DEV_GPU_TEMP).",
+        lambda g: None if g.temperature_c is None else float(g.temperature_c),
+    ),
+    (
+        "rayscope_gpu_power_usage_watts",
+        "Power draw (DCGM_FI_DEV_POWER_USAGE).",
+        lambda g: None if g.power_draw_mw is None else g.power_draw_mw / 1000,
+    ),
+    (
+        "rayscope_gpu_power_limit_watts",
+        "Enforced power limit (DCGM_FI_DEV_ENFORCED_POWER_LIMIT).",
+        lambda g: None if g.power_limit_mw is None else g.power_limit_mw / 1000,
+    ),
+    (
+        "rayscope_gpu_lost",
+        "1 when the GPU has fallen off the bus (NVML GPU is lost; DCGM reports it as XID 79).",
+        lambda g: None if g.health is None else float(g.health.lost),
+    ),
+)
+
+
+def _gpu_samples(nodes: list[NodeStatus]) -> list[str]:
+    """Per GPU of every fresh NVML report, labelled by node, NVML index and UUID."""
+    lines: list[str] = []
+    for name, help_text, value_of in _GPU_METRICS:
+        samples = []
+        for node in nodes:
+            if node.stale:
+                continue
+            for gpu in node.gpus or []:
+                value = value_of(gpu)
+                if value is None:
+                    continue
+                uuid = _label(gpu.uuid or "")
+                labels = f'node_id="{_label(node.node_id)}",gpu="{gpu.index}",uuid="{uuid}"'
+                samples.append(f"{name}{{{labels}}} {_sample(value)}")
+        if samples:
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", *samples]
+    return lines
+
+
 def _sample(value: float) -> str:
     """Exact: ``25769803776``, not ``2.57698e+10``."""
+    value = float(value)
     return str(int(value)) if value.is_integer() else repr(value)
 
 
@@ -89,6 +182,7 @@ def metrics_text(status: ClusterStatus) -> str:
             if value is not None:
                 labels = f'node_id="{_label(node.node_id)}",node_ip="{_label(node.node_ip or "")}"'
                 lines.append(f"{name}{{{labels}}} {_sample(value)}")
+    lines += _gpu_samples(nodes)
     for name, help_text, device_value in _DEVICE_METRICS:
         samples = []
         for node in nodes:

@@ -13,12 +13,13 @@ used_memory`` (graphics processes too). MIG instances are read as devices of the
 
 import atexit
 import contextlib
+import ctypes
 import threading
 from typing import Any, Callable, Optional, TypeVar
 
 import pynvml
 
-from agent.model import GpuDevice, GpuProcess, SourceStatus
+from agent.model import GpuDevice, GpuHealth, GpuProcess, SourceStatus
 
 T = TypeVar("T")
 
@@ -252,13 +253,125 @@ def _mig_devices(index: int, handle: Any, errors: dict[str, str]) -> list[GpuDev
     return devices
 
 
+_QUIET = {
+    pynvml.NVML_ERROR_NOT_SUPPORTED,
+    pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+    pynvml.NVML_ERROR_NO_PERMISSION,
+}
+
+
+class _Lost(Exception):
+    """A health read answered GPU is lost."""
+
+
+def _quiet(read: Callable[[], T]) -> Optional[T]:
+    """A health field: its value, or ``None`` when unsupported (most consumer GPUs have no
+    ECC or row remapping: absent, not an error on every row); GPU lost raises :class:`_Lost`."""
+    try:
+        return read()
+    except pynvml.NVMLError as err:
+        if err.value == pynvml.NVML_ERROR_GPU_IS_LOST:
+            raise _Lost from None
+        return None  # not supported here, or not permitted: absent
+    except _LIBRARY_TOO_OLD:
+        return None
+
+
+def _address(handle: Any) -> Optional[int]:
+    return ctypes.cast(handle, ctypes.c_void_p).value
+
+
+# XID events, watched from the first read on (one event set per process): NVML delivers each
+# event once, so the counts are "since this agent started watching".
+_event_set: Any = None
+_watched: dict[Optional[int], int] = {}  # handle address -> GPU index
+_xids: dict[int, list[int]] = {}  # GPU index -> XID codes seen
+
+
+def _watch_xids(index: int, handle: Any) -> bool:
+    """Register the GPU for XID events once; whether its events are being watched."""
+    global _event_set
+    address = _address(handle)
+    if address in _watched:
+        return True
+    try:
+        if _event_set is None:
+            _event_set = pynvml.nvmlEventSetCreate()
+        pynvml.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, _event_set)
+    except (pynvml.NVMLError, _LIBRARY_TOO_OLD):
+        return False
+    _watched[address] = index
+    _xids.setdefault(index, [])
+    return True
+
+
+def _drain_xids() -> None:
+    """Every XID event waiting, without blocking (timeout 0)."""
+    if _event_set is None:
+        return
+    for _ in range(10_000):  # bounded: a storm of events never stalls a read
+        try:
+            data = pynvml.nvmlEventSetWait_v2(_event_set, 0)
+        except (pynvml.NVMLError, _LIBRARY_TOO_OLD):
+            return  # NVML_ERROR_TIMEOUT: nothing more waiting
+        index = _watched.get(_address(data.device))
+        if index is not None and data.eventType & pynvml.nvmlEventTypeXidCriticalError:
+            _xids[index].append(int(data.eventData))
+
+
+def _throttle_reasons(handle: Any) -> Optional[int]:
+    """Clock event reasons, newest call first (``...ThrottleReasons`` on older drivers)."""
+    for name in ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"):
+        call: Optional[Callable[[Any], Any]] = getattr(pynvml, name, None)
+        if call is None:
+            continue
+
+        def read(call: Callable[[Any], Any] = call) -> int:
+            return int(call(handle))
+
+        value = _quiet(read)
+        if value is not None:
+            return value
+    return None
+
+
+def read_health(index: int, handle: Any) -> GpuHealth:
+    """XID events, ECC, pending retirements and remaps, throttling; lost when NVML says so."""
+    try:
+        watching = _watch_xids(index, handle)
+        _drain_xids()
+        ecc = _quiet(
+            lambda: int(
+                pynvml.nvmlDeviceGetTotalEccErrors(
+                    handle, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC
+                )
+            )
+        )
+        retired = _quiet(lambda: bool(pynvml.nvmlDeviceGetRetiredPagesPendingStatus(handle)))
+        remapped = _quiet(lambda: pynvml.nvmlDeviceGetRemappedRows(handle))
+        throttle = _throttle_reasons(handle)
+    except _Lost:
+        return GpuHealth(lost=True)
+    xids = _xids.get(index, []) if watching else None
+    return GpuHealth(
+        xid_errors=None if xids is None else len(xids),
+        last_xid=xids[-1] if xids else None,
+        ecc_uncorrected_volatile=ecc,
+        retired_pages_pending=retired,
+        remapped_rows_pending=None if remapped is None else bool(remapped[2]),
+        row_remap_failure=None if remapped is None else bool(remapped[3]),
+        clock_throttle_reasons=throttle,
+    )
+
+
 def read_device(index: int) -> GpuDevice:
     """One GPU; a GPU NVML cannot reach is a row with only its index and the reason."""
     errors: dict[str, str] = {}
     try:
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
     except pynvml.NVMLError as err:
-        return GpuDevice(index=index, errors={"device": _text(err)})
+        lost = GpuHealth(lost=True) if err.value == pynvml.NVML_ERROR_GPU_IS_LOST else None
+        return GpuDevice(index=index, errors={"device": _text(err)}, health=lost)
     mig = _mig_mode(handle, errors)
     # On a MIG GPU the processes are listed on its instances, not twice.
     processes, version = (None, None) if mig else _processes(handle, errors)
@@ -279,6 +392,7 @@ def read_device(index: int) -> GpuDevice:
         mig_devices=_mig_devices(index, handle, errors) if mig else [],
         processes=processes,
         process_list_version=version,
+        health=read_health(index, handle),
         errors=errors,
     )
 

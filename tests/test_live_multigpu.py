@@ -180,9 +180,18 @@ def test_status_shows_the_full_device_under_its_node(
     print(done.stdout)  # the README's multi-GPU example (pytest -s shows it)
     lines = done.stdout.splitlines()
     quad = lines.index(
-        "  127.0.0.1 [worker] A100 GPU: 2.00/4 booked: 30720/163840 MB  VRAM: 9.0/160.0 GB  CPU: 0/4"
+        "  127.0.0.1 [worker] A100 GPU: 2.00/4 booked: 30720/163840 MB  VRAM: NA/NA GB  CPU: 0/4"
     )
     whole = nvml_index("quad", placed["whole"]["gpu_ids"][0])
-    assert lines[quad + 1].startswith(f"    GPU{whole} {FAKE_UUID.format(whole)}  booked 1.00 GPU")
-    assert lines[quad + 1].endswith("fuller than the node sum")
+    under = []
+    for line in lines[quad + 1 :]:
+        if not line.startswith("    GPU"):
+            break
+        under.append(line)
+    mine = [
+        line
+        for line in under
+        if line.startswith(f"    GPU{whole} {FAKE_UUID.format(whole)}  booked 1.00 GPU")
+    ]
+    assert len(mine) == 1 and mine[0].endswith("fuller than the node sum"), under
     assert f"GPUs of 127.0.0.1 [worker] {cluster.node_id('quad')[:12]}:" in lines

@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-# Ray ignores --node-ip-address=127.0.0.1 without this (DESIGN.md): every process that
+# Ray ignores --node-ip-address=127.0.0.1 without this (docs/architecture.md): every process that
 # starts or talks to a test cluster needs it.
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
 export RAY_USAGE_STATS_ENABLED := 0

@@ -24,7 +24,7 @@ from agent.model import (
 )
 
 STALE_INTERVALS = 3
-"""A report older than this many reporting intervals is stale (DESIGN.md, head agent)."""
+"""A report older than this many reporting intervals is stale (docs/architecture.md, agents)."""
 
 RESOURCE_DECIMALS = 4
 """Ray stores resources as fixed point with 1e-4 resolution; more digits are float noise."""

@@ -1,6 +1,6 @@
 """Recorded cluster states for the pure tests and the golden files.
 
-``seed`` is the cluster of DESIGN.md's status example (Europa head booked by VRAM_MB, a T4
+``seed`` is the cluster of the status example in docs/architecture.md (Europa head booked by VRAM_MB, a T4
 worker booked by fraction, a CPU-only worker), every node reporting to a head agent.
 ``mixed`` is what goes wrong in real clusters: a stale agent, a node without agent, an
 agent whose node the scheduler does not know, a dead node, a lost GPU.
@@ -141,7 +141,7 @@ def head_view(
 
 
 def seed_status() -> ClusterStatus:
-    """DESIGN.md's example cluster, every node's agent reporting."""
+    """The example cluster of docs/architecture.md, every node's agent reporting."""
     return head_view(SEED_VIEWS, SEED_REPORTS)
 
 

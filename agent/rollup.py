@@ -286,25 +286,3 @@ def merge(
         cluster=totals(ordered),
         nodes={n.node_id: n for n in ordered},
     )
-
-
-def rollup(
-    views: Sequence[RayNode],
-    reports: Mapping[str, ReceivedReport],
-    *,
-    now: float,
-    stale_after_s: float,
-    view: str,
-    gcs_address: Optional[str] = None,
-    sources: Sequence[SourceStatus] = (),
-) -> ClusterStatus:
-    """The scheduler's nodes merged with the latest report per node id (see :func:`merge`)."""
-    return merge(
-        scheduler_nodes(views),
-        reports,
-        now=now,
-        stale_after_s=stale_after_s,
-        view=view,
-        gcs_address=gcs_address,
-        sources=sources,
-    )

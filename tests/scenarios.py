@@ -23,7 +23,7 @@ from agent.model import (
     ReceivedReport,
     SourceStatus,
 )
-from agent.rollup import rollup
+from agent.rollup import merge, scheduler_nodes
 
 DATA = Path(__file__).resolve().parent / "data"
 NOW = 1_796_000_000.0
@@ -129,8 +129,8 @@ def head_view(
     views: list[RayNode], reports: dict[str, ReceivedReport], gcs: str = "172.17.0.3:6379"
 ) -> ClusterStatus:
     """The rollup a head agent serves at ``NOW`` (interval 5 s: stale after 15 s)."""
-    return rollup(
-        views,
+    return merge(
+        scheduler_nodes(views),
         reports,
         now=NOW,
         stale_after_s=15.0,
@@ -260,8 +260,8 @@ def fraction_status() -> ClusterStatus:
 def embedded_seed_status() -> ClusterStatus:
     """The seed's scheduler view as ``status`` reads it without a head agent, on a host
     where no raylet of the cluster runs: no node has NVML numbers."""
-    return rollup(
-        SEED_VIEWS,
+    return merge(
+        scheduler_nodes(SEED_VIEWS),
         {},
         now=NOW,
         stale_after_s=float("inf"),

@@ -177,6 +177,8 @@ def _infeasible(shape: Mapping[str, float], nodes: Sequence[PendingNode]) -> Opt
 
 def judge(shape: Mapping[str, float], nodes: Sequence[PendingNode], device_free: DeviceFree) -> Judgement:
     """Why ``shape`` (placement-group suffixes off) does not run now on ``nodes``."""
+    if not shape:
+        return Judgement("waits", "it asks for no resources: it waits on the scheduler")
     why = _infeasible(shape, nodes)
     if why is not None:
         return Judgement("infeasible", why)

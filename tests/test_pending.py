@@ -158,6 +158,11 @@ def test_an_actor_waiting_on_its_arguments_is_not_in_the_schedulers_demand() -> 
     assert demand.reason_text == "waits on its dependencies (its arguments are not ready yet)"
 
 
+def test_a_request_for_nothing_waits_on_the_scheduler() -> None:
+    demand = one(PendingRead(nodes=[TWO_GPUS], requests=[PendingRequest(shape={"CPU": 0.0})]))
+    assert (demand.shape, demand.reason) == ({}, "waits")
+
+
 def test_placement_group_resources_lose_their_suffix() -> None:
     group = "ab" * 18
     shape, found = pending.split_group(

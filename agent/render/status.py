@@ -14,7 +14,8 @@ import msgspec
 
 from agent.model import ClusterStatus, NodeStatus, PendingDemand, SourceStatus
 from agent.pending import shape_text
-from agent.render.fmt import booking, encode, gib, has_gpus, source_notes, source_ok, visible_nodes
+from agent.render.fmt import booking, encode, gib, has_gpus, source_notes, visible_nodes
+from agent.rollup import scheduler_failure, scheduler_view_ok
 
 
 def node_markers(node: NodeStatus, view: str, scheduler_ok: bool) -> list[str]:
@@ -74,7 +75,7 @@ def source_details(sources: Sequence[SourceStatus]) -> list[str]:
 
 def status_lines(status: ClusterStatus, include_dead: bool = False) -> list[str]:
     """The human status: cluster line, GPU nodes, CPU-only nodes, then notes."""
-    scheduler_ok = source_ok(status.sources, "gcs")
+    scheduler_ok = scheduler_view_ok(status)
     nodes = visible_nodes(status, include_dead)
     gpu_nodes = [n for n in nodes if has_gpus(n)]
     cpu_nodes = [n for n in nodes if not has_gpus(n)]
@@ -145,9 +146,8 @@ def status_ndjson(status: ClusterStatus, include_dead: bool = False) -> str:
 def completeness_note(status: ClusterStatus) -> Optional[str]:
     """Why ``status`` exits 2 (``no data: ...``) or 1 (``partial: stale report from 1
     node(s): 10.0.0.5 (42s)``); ``None`` when complete. Mirrors ``completeness``."""
-    scheduler_ok = source_ok(status.sources, "gcs")
-    reasons = [s.reason for s in status.sources if s.name == "gcs" and not s.ok]
-    why = f" ({reasons[0]})" if reasons else ""
+    scheduler_ok = scheduler_view_ok(status)
+    why = scheduler_failure(status)
     reporting = any(n.agent != "none" for n in status.nodes.values())
     if not status.nodes or (not scheduler_ok and not reporting):
         return f"no data: no node in the scheduler's view{why} and no agent report"

@@ -154,10 +154,10 @@ def _endpoint(default_port: int) -> Callable[[str], str]:
 def _token(path: Optional[str]) -> bytes:
     if path is None:
         return b""
-    from agent import wire  # hashlib and hmac: only worth importing when a token is used
+    from agent import tokens
 
     try:
-        return wire.read_token(path)
+        return tokens.read_token_file(path)
     except ValueError as err:
         raise AgentError(str(err), EXIT_NO_DATA) from None
 
@@ -523,6 +523,18 @@ def head_agent(
     interval: IntervalOption = 5.0,
     token_file: TokenFileOption = None,
     timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
+    read_token_file: Annotated[
+        Optional[str],
+        typer.Option(
+            "--read-token-file",
+            metavar="FILE",
+            envvar="RAYSCOPE_READ_TOKEN_FILE",
+            help=(
+                "A read-only token: GET /v1/status and /metrics only (dashboards, status --head),"
+                " never accepted for reports. Must differ from --token-file."
+            ),
+        ),
+    ] = None,
 ) -> None:
     """The head agent: takes node agents' reports, reads the scheduler once per interval,
     serves the merged rollup over HTTP. A report older than 3 intervals is stale. Listening
@@ -534,10 +546,12 @@ def head_agent(
 
     with _one_line_errors():
         _daemon_logging()
-        token = _token(token_file)
+        token, read_token = _token(token_file), _token(read_token_file)
         address = collect.resolve_gcs_here(gcs)
         try:
-            server = Head(split_address(listen), split_address(http), address, interval, token, timeout)
+            server = Head(
+                split_address(listen), split_address(http), address, interval, token, timeout, read_token
+            )
             asyncio.run(server.serve())
         except ValueError as err:
             raise AgentError(str(err), EXIT_NO_DATA) from None

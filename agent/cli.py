@@ -26,6 +26,7 @@ from agent.render.gpus import status_gpu_lines
 from agent.render.metrics import metrics_text
 from agent.render.node import node_json, node_lines
 from agent.render.status import completeness_note, source_details, status_json, status_lines, status_ndjson
+from agent.validate import printable
 
 app = typer.Typer(
     name="rayscope",
@@ -72,7 +73,7 @@ def _one_line_errors() -> Iterator[None]:
             import traceback
 
             traceback.print_exc()
-        typer.echo(f"rayscope: {err}", err=True)
+        typer.echo(f"rayscope: {printable(str(err))}", err=True)
         raise typer.Exit(err.exit_code) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
@@ -81,7 +82,8 @@ def _one_line_errors() -> Iterator[None]:
             import traceback
 
             traceback.print_exc()
-        typer.echo(f"rayscope: internal error: {type(err).__name__}: {err} (--verbose shows where)", err=True)
+        reason = printable(f"{type(err).__name__}: {err}")
+        typer.echo(f"rayscope: internal error: {reason} (--verbose shows where)", err=True)
         raise typer.Exit(1) from None
 
 

@@ -25,7 +25,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import msgspec
 
-from agent import wire
+from agent import validate, wire
 from agent.addresses import DEFAULT_TIMEOUT_S
 from agent.attribution import attribute_cluster
 from agent.model import (
@@ -42,6 +42,7 @@ from agent.render.metrics import metrics_text
 from agent.render.status import status_json
 from agent.rollup import STALE_INTERVALS, merge, scheduler_nodes
 from agent.sources import gcs
+from agent.validate import ReportError as ReportError  # noqa: PLC0414 (re-exported: the head raises it)
 
 log = logging.getLogger("rayscope.head")
 
@@ -51,10 +52,6 @@ FORGET_INTERVALS = 20
 """A report for a node the scheduler does not know is dropped once this many intervals old."""
 FRAME_BODY_TIMEOUT_S = 30.0
 """A peer that started a frame must finish it in this time (slowloris guard)."""
-
-
-class ReportError(Exception):
-    """A frame that authenticated but does not hold a report this head accepts."""
 
 
 class HeadState:
@@ -77,12 +74,15 @@ class HeadState:
         """Decode one report (typed) and keep it as its node's latest."""
         try:
             report = self._decoder.decode(payload)
-        except msgspec.DecodeError as err:  # ValidationError included
+        except (msgspec.DecodeError, RecursionError) as err:  # ValidationError included; nesting
             raise ReportError(f"malformed report: {err}") from None
         if report.schema > SCHEMA_VERSION:
             raise ReportError(f"report schema {report.schema} is newer than this head's {SCHEMA_VERSION}")
+        validate.check_report(report)  # bounds, numbers, strings (SECURITY.md rule 4)
         key = report.node_id or f"host:{report.host.hostname if report.host else '?'}"
         with self._lock:
+            evicted = validate.make_room(self._reports, self._base, key)
+            self._reports.pop(evicted or key, None)
             self._reports[key] = ReceivedReport(report=report, received_at=received_at)
             self.reports_received += 1
         return report

@@ -21,12 +21,15 @@ nodes the scheduler knows are never evicted (the scheduler bounds their number);
 they are held, a report from yet another unknown node is rejected.
 """
 
+import functools
 import math
+import operator
 import re
-from collections.abc import Container, Mapping
-from typing import Any, Optional
+from collections.abc import Callable, Container, Iterable, Mapping
+from typing import Any, NamedTuple, Optional
 
 import msgspec
+import msgspec.inspect
 
 from agent.model import NodeReport, ReceivedReport
 
@@ -76,7 +79,105 @@ def check_report(report: NodeReport) -> None:
                 )
             if device.attribution is not None:
                 raise ReportError("a GPU's attribution is set (only the head computes it)")
-    _clean_struct(report, "report")
+    _check_struct(report, "report")
+
+
+class _Plan(NamedTuple):
+    """One Struct type's fields by kind, read with one ``attrgetter`` call per kind."""
+
+    strings: Optional[Callable[[Any], tuple[Any, ...]]]
+    numbers: Optional[Callable[[Any], tuple[Any, ...]]]
+    signed: tuple[str, ...]
+    nested: tuple[str, ...]
+
+
+def _getter(names: list[str]) -> Optional[Callable[[Any], tuple[Any, ...]]]:
+    if not names:
+        return None
+    get = operator.attrgetter(*names)
+    return get if len(names) > 1 else lambda value: (get(value),)
+
+
+@functools.cache
+def _plan(cls: type) -> _Plan:
+    strings: list[str] = []
+    numbers: list[str] = []
+    signed: list[str] = []
+    nested: list[str] = []
+    for field in msgspec.inspect.type_info(cls).fields:  # type: ignore[attr-defined]
+        kind = field.type
+        if isinstance(kind, msgspec.inspect.UnionType):
+            inner = [t for t in kind.types if not isinstance(t, msgspec.inspect.NoneType)]
+            kind = inner[0] if len(inner) == 1 else kind
+        if isinstance(kind, msgspec.inspect.StrType):
+            strings.append(field.name)
+        elif isinstance(kind, (msgspec.inspect.IntType, msgspec.inspect.FloatType)):
+            (signed if field.name in SIGNED_FIELDS else numbers).append(field.name)
+        elif not isinstance(kind, msgspec.inspect.BoolType):
+            nested.append(field.name)
+    return _Plan(_getter(strings), _getter(numbers), tuple(signed), tuple(nested))
+
+
+def _strings_ok(values: Iterable[Any]) -> bool:
+    strings = [s for s in values if s]
+    try:
+        return not strings or (max(map(len, strings)) <= MAX_STRING_CHARS and "".join(strings).isprintable())
+    except TypeError:  # not all strings: the slow path says which
+        return False
+
+
+def _numbers_ok(values: Iterable[Any]) -> bool:
+    numbers = [x for x in values if x is not None]
+    try:
+        return not numbers or (min(numbers) >= 0 and math.isfinite(math.fsum(numbers)))
+    except (TypeError, ValueError, OverflowError):  # inf - inf, or not all numbers
+        return False
+
+
+def _scalars_ok(values: Iterable[Any]) -> bool:
+    items = tuple(values)
+    return not items or (_strings_ok(items) if isinstance(items[0], str) else _numbers_ok(items))
+
+
+def _check_struct(value: msgspec.Struct, where: str) -> None:
+    """The fast path: each kind of field checked in one pass of C-level calls; anything it
+    does not pass goes to :func:`_clean_struct`, which names the rule broken or cleans."""
+    plan = _plan(type(value))
+    if (plan.strings is not None and not _strings_ok(plan.strings(value))) or (
+        plan.numbers is not None and not _numbers_ok(plan.numbers(value))
+    ):
+        _clean_struct(value, where)
+        return
+    for name in plan.signed:
+        number = getattr(value, name)
+        if number is not None and not math.isfinite(number):
+            raise ReportError(f"{where}.{name}: {number!r} is not a finite number")
+    for name in plan.nested:
+        _check_nested(value, name, f"{where}.{name}")
+
+
+def _check_nested(value: msgspec.Struct, name: str, where: str) -> None:
+    """A list, map or Struct field: Structs on the fast path, lists and maps of scalars in
+    one pass, anything else (or anything that fails) through :func:`_clean`."""
+    item = getattr(value, name)
+    if item is None:
+        return
+    if isinstance(item, msgspec.Struct):
+        _check_struct(item, where)
+        return
+    if isinstance(item, (list, dict)) and len(item) > MAX_ITEMS:
+        raise ReportError(f"{where}: {len(item)} items (at most {MAX_ITEMS})")
+    if isinstance(item, list) and item and isinstance(item[0], msgspec.Struct):
+        for element in item:
+            _check_struct(element, where)
+        return
+    if isinstance(item, list) and _scalars_ok(item):
+        return
+    if isinstance(item, dict) and _scalars_ok(item.keys()) and _scalars_ok(item.values()):
+        return
+    cleaned = _clean(item, where)
+    if cleaned is not item:
+        setattr(value, name, cleaned)
 
 
 def _clean_struct(value: msgspec.Struct, where: str) -> None:
@@ -108,12 +209,12 @@ def _clean(value: Any, where: str, signed: bool = False) -> Any:
     if isinstance(value, list):
         if len(value) > MAX_ITEMS:
             raise ReportError(f"{where}: {len(value)} items (at most {MAX_ITEMS})")
-        items = [_clean(v, f"{where}[]") for v in value]
+        items = [_clean(v, where) for v in value]
         return value if all(a is b for a, b in zip(items, value)) else items
     if isinstance(value, dict):
         if len(value) > MAX_ITEMS:
             raise ReportError(f"{where}: {len(value)} entries (at most {MAX_ITEMS})")
-        pairs = [(_clean(k, f"{where}{{}}"), _clean(v, f"{where}[{k!r}]")) for k, v in value.items()]
+        pairs = [(_clean(k, where), _clean(v, where)) for k, v in value.items()]
         return (
             value if all(a is k and b is v for (a, b), (k, v) in zip(pairs, value.items())) else dict(pairs)
         )

@@ -140,11 +140,11 @@ def test_render_strips_control_characters_from_strings_the_gcs_gave() -> None:
     """The embedded view reads strings straight from the GCS (any Ray user names actors and
     labels): the renderers strip them too. Positive control: drop ``printable_lines`` in
     ``render.status.status_lines``."""
-    from agent.rollup import rollup
+    from agent.rollup import merge, scheduler_nodes
 
     total = {"CPU": 8.0, "GPU": 1.0, "accelerator_type:\x1b[2JX": 1.0}
     views = [view("cd" * 28, "10.0.0.7\x1b[2J", total, {"CPU": 8.0, "GPU": 1.0})]
-    status = rollup(views, {}, now=NOW, stale_after_s=math.inf, view="gcs")
+    status = merge(scheduler_nodes(views), {}, now=NOW, stale_after_s=math.inf, view="gcs")
     status.sources = [SourceStatus(name="gcs", ok=False, reason="boom\x1b[31m\x07")]
     lines = status_lines(status, include_dead=True) + source_details(status.sources)
     assert lines and not any(CONTROL.search(line) for line in lines)

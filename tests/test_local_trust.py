@@ -183,3 +183,33 @@ def test_every_hop_of_a_symlinked_interpreter_is_checked(shared_dir: Path) -> No
     assert f"{target_dir} is writable by group or others" in (trust.interpreter_refusal(str(link), me) or "")
     assert "not an absolute path" in (trust.interpreter_refusal("python3", me) or "")
     assert "cannot stat" in (trust.interpreter_refusal(str(shared_dir / "none"), me) or "")
+
+
+def test_a_child_under_this_python_still_finds_what_this_process_imports(
+    shared_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``-I`` drops ``PYTHONPATH`` and the user site, where ray may be installed: the child
+    appends the directories this process found it in (after its own, never shadowing the
+    standard library); a directory others can write is not passed on. Positive control: make
+    ``trust.with_import_path`` return the source unchanged."""
+    package = shared_dir / "rayscope_probe_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("WHERE = 'probe'\n")
+    monkeypatch.syspath_prepend(str(shared_dir))
+    paths = trust.parent_import_path("rayscope_probe_pkg")
+    assert paths == [str(shared_dir)]
+    program = trust.with_import_path(
+        "import rayscope_probe_pkg, json; print(rayscope_probe_pkg.WHERE)", paths
+    )
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", program],
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.stdout == "probe\n", done.stderr
+    assert trust.parent_import_path("no_such_module_anywhere") == []
+    shared_dir.chmod(0o777)
+    assert trust.parent_import_path("rayscope_probe_pkg") == []

@@ -12,6 +12,7 @@ sentence naming the object and the reason; ``None`` means trusted.
 Also the environment of a child process (:func:`child_env`): only what Ray's client needs.
 """
 
+import importlib.util
 import os
 import stat
 from collections.abc import Mapping, Sequence
@@ -84,6 +85,32 @@ def raylet_python_refusal(pid: int, process_uids: Sequence[int], python: str) ->
     me = os.geteuid()
     reason = process_refusal(pid, process_uids, me) or interpreter_refusal(python, me)
     return f"refused {python} named by raylet pid {pid}: {reason}" if reason else None
+
+
+def parent_import_path(module: str) -> list[str]:
+    """The directories this process finds ``module`` in, for a child under this same
+    interpreter run with ``-I`` (no ``PYTHONPATH``, no user site) to search too; only those
+    root or this user owns and nobody else can write."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return []
+    locations = spec.submodule_search_locations if spec is not None else None
+    directories = sorted({os.path.dirname(path) for path in locations or []})
+    return [d for d in directories if _trusted_directory(d)]
+
+
+def _trusted_directory(path: str) -> bool:
+    try:
+        return file_refusal(path, os.stat(path), os.geteuid()) is None
+    except OSError:
+        return False
+
+
+def with_import_path(source: str, paths: Sequence[str]) -> str:
+    """``source`` (a ``-c`` program) that first appends ``paths`` to ``sys.path``: after the
+    interpreter's own directories, so they can add ray but never shadow the standard library."""
+    return f"import sys; sys.path.extend({list(paths)!r})\n{source}" if paths else source
 
 
 def child_env(environ: Mapping[str, str]) -> dict[str, str]:

@@ -154,6 +154,7 @@ def test_agents_reconnect_to_a_restarted_head_by_themselves(fleet: Fleet) -> Non
 def test_wrong_token_is_rejected_and_the_head_keeps_serving(fleet: Fleet, tmp_path: Path) -> None:
     wrong = tmp_path / "wrong"
     wrong.write_text("not the shared secret")
+    wrong.chmod(0o600)
     impostor = fleet.start_agent("impostor", token_file=wrong, node_id="baad" * 14)
     try:
         eventually(lambda: "bad MAC" in fleet.head.log_text(), what="the head logs the bad MAC")

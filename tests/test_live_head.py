@@ -228,9 +228,9 @@ def test_agent_started_before_its_head_connects_when_it_comes_up(
                 return bool(json.loads(body)["nodes"][live_cluster.node_id("cpu")]["agent"] == "reporting")
 
             eventually(reporting, timeout_s=20, what="the early agent reporting")
+            log = agent.log_text()  # before the head stops: losing it again is a new state change
         finally:
             head.stop()
-        log = agent.log_text()
         assert log.count("unreachable") == 1  # one line per state change, not one per retry
         assert "connected to head" in log
     finally:

@@ -5,6 +5,7 @@ from typing import Optional
 
 from agent.model import ClusterStatus, NodeStatus
 from agent.pending import shape_text
+from agent.validate import printable
 
 # name, help, value of a node (None = unknown: the sample is left out, never written as 0)
 _NODE_METRICS: tuple[tuple[str, str, Callable[[NodeStatus], Optional[float]]], ...] = (
@@ -52,7 +53,7 @@ def _sample(value: float) -> str:
 
 
 def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return printable(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def pending_metrics(status: ClusterStatus) -> list[str]:

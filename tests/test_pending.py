@@ -265,3 +265,21 @@ def test_golden_pending_outputs() -> None:
     check_golden("status_pending.txt", "\n".join(status_lines(status)) + "\n")
     check_golden("status_pending.json", status_json(status) + "\n")
     check_golden("status_pending.prom", metrics_text(status))
+
+
+def test_an_actor_name_cannot_write_to_the_terminal() -> None:
+    """Exploit: any Ray user names actors; a name with an escape sequence must not reach the
+    operator's terminal through the Pending lines (nor the reason under them). Positive
+    control: ``status_lines`` without its final ``printable_lines`` fails this."""
+    evil = "x\x1b]0;owned\x07\x1b[2J"
+    actor = PendingActor(
+        actor_id="a1", name=evil, required_resources={"GPU": 0.5, f"accelerator_type:{evil}": 0.001}
+    )
+    read = PendingRead(
+        nodes=[TWO_GPUS],
+        requests=[PendingRequest(shape={"GPU": 0.5, f"accelerator_type:{evil}": 0.001})],
+        actors=[actor],
+    )
+    lines = status_lines(pending.attach(seed_status(), read))
+    assert any("x]0;owned" in line for line in lines)  # shown, without its control characters
+    assert not any("\x1b" in line or "\x07" in line for line in lines)

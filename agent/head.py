@@ -25,7 +25,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import msgspec
 
-from agent import wire
+from agent import pending, validate, wire
 from agent.addresses import DEFAULT_TIMEOUT_S
 from agent.attribution import attribute_cluster
 from agent.model import (
@@ -34,6 +34,7 @@ from agent.model import (
     ClusterStatus,
     NodeReport,
     NodeStatus,
+    PendingRead,
     RayNode,
     ReceivedReport,
     SourceStatus,
@@ -42,6 +43,7 @@ from agent.render.metrics import metrics_text
 from agent.render.status import status_json
 from agent.rollup import STALE_INTERVALS, merge, scheduler_nodes
 from agent.sources import gcs
+from agent.validate import ReportError as ReportError  # noqa: PLC0414 (re-exported: the head raises it)
 
 log = logging.getLogger("rayscope.head")
 
@@ -51,10 +53,6 @@ FORGET_INTERVALS = 20
 """A report for a node the scheduler does not know is dropped once this many intervals old."""
 FRAME_BODY_TIMEOUT_S = 30.0
 """A peer that started a frame must finish it in this time (slowloris guard)."""
-
-
-class ReportError(Exception):
-    """A frame that authenticated but does not hold a report this head accepts."""
 
 
 class HeadState:
@@ -69,6 +67,8 @@ class HeadState:
         self._gcs_status = SourceStatus(name="gcs", ok=False, reason="not read yet", detail=gcs_address or "")
         self._actors: Optional[list[ActorBooking]] = None
         self._actors_status = SourceStatus(name="gcs_actors", ok=False, reason="not read yet")
+        self._pending: Optional[PendingRead] = None
+        self._pending_status: Optional[SourceStatus] = None
         self._decoder = msgspec.msgpack.Decoder(NodeReport)
         self.reports_received = 0
         self.frames_rejected = 0
@@ -77,12 +77,15 @@ class HeadState:
         """Decode one report (typed) and keep it as its node's latest."""
         try:
             report = self._decoder.decode(payload)
-        except msgspec.DecodeError as err:  # ValidationError included
+        except (msgspec.DecodeError, RecursionError) as err:  # ValidationError included; nesting
             raise ReportError(f"malformed report: {err}") from None
         if report.schema > SCHEMA_VERSION:
             raise ReportError(f"report schema {report.schema} is newer than this head's {SCHEMA_VERSION}")
+        validate.check_report(report)  # bounds, numbers, strings (SECURITY.md rule 4)
         key = report.node_id or f"host:{report.host.hostname if report.host else '?'}"
         with self._lock:
+            evicted = validate.make_room(self._reports, self._base, key)
+            self._reports.pop(evicted or key, None)
             self._reports[key] = ReceivedReport(report=report, received_at=received_at)
             self.reports_received += 1
         return report
@@ -127,12 +130,19 @@ class HeadState:
                 self._actors = actors
             self._actors_status = status
 
+    def set_pending(self, read: Optional[PendingRead], status: SourceStatus) -> None:
+        """What waits to be placed, read with the scheduler view; a failed read drops it
+        (an old demand would name actors long placed), and the status says why."""
+        with self._lock:
+            self._pending, self._pending_status = read, status
+
     def status(self, now: float, gpus: bool = False) -> ClusterStatus:
         """The rollup as of ``now``: reports older than 3 intervals are stale. ``gpus``: also
         attribute each fresh report's GPU memory to the actors on it (agent.attribution)."""
         with self._lock:
             base, reports, gcs_status = self._base, dict(self._reports), self._gcs_status
             actors, actors_status = self._actors, self._actors_status
+            waiting, pending_status = self._pending, self._pending_status
         status = merge(
             base,
             reports,
@@ -142,6 +152,9 @@ class HeadState:
             gcs_address=self.gcs_address,
             sources=[gcs_status, actors_status] if gpus else [gcs_status],
         )
+        if pending_status is not None:
+            status.sources.append(pending_status)
+        status = pending.attach(status, waiting)
         if not gpus:
             return status
         fresh = {node_id: r.report for node_id, r in reports.items() if not status.nodes[node_id].stale}
@@ -227,11 +240,12 @@ class ReportProtocol(asyncio.Protocol):
 
 
 class _StatusHandler(BaseHTTPRequestHandler):
-    """``/v1/status``, ``/metrics``, ``/healthz``; bearer token required when the head has one
-    (``/healthz`` excepted: it says only whether reports arrive)."""
+    """``/v1/status``, ``/metrics``, ``/healthz``; a bearer token required when the head has one
+    (``/healthz`` excepted: it says only whether reports arrive). ``read_tokens``: the agents'
+    write token and the read-only token (``--read-token-file``), either reads."""
 
     state: HeadState
-    token: bytes
+    read_tokens: tuple[bytes, ...]
     timeout = 10  # seconds a client may take to send its request
     server_version = "rayscope-head"
 
@@ -243,7 +257,7 @@ class _StatusHandler(BaseHTTPRequestHandler):
             )
         if url.path not in ("/v1/status", "/metrics"):
             return self._send(404, TEXT, b"not found: try /v1/status, /metrics, /healthz\n")
-        if self.token and not self._authorized():
+        if self.read_tokens and not self._authorized():
             return self._send(401, TEXT, b"bearer token required\n")
         query = parse_qs(url.query)
         gpus = query.get("gpus", ["0"])[0] in ("1", "true", "yes")
@@ -255,8 +269,12 @@ class _StatusHandler(BaseHTTPRequestHandler):
         return self._send(200, "application/json", document.encode())
 
     def _authorized(self) -> bool:
-        offered = self.headers.get("Authorization", "")
-        return hmac.compare_digest(offered.encode(), b"Bearer " + self.token)
+        """``Bearer TOKEN``, the scheme in any case (RFC 9110); every token compared in
+        constant time. The header arrives latin-1 decoded: encoded back, byte for byte."""
+        scheme, _, offered = self.headers.get("Authorization", "").strip().partition(" ")
+        offered_bytes = offered.strip().encode("latin-1", "replace")
+        matches = [hmac.compare_digest(offered_bytes, token) for token in self.read_tokens]
+        return scheme.lower() == "bearer" and any(matches)
 
     def _send(self, code: int, content_type: str, body: bytes) -> None:
         self.send_response(code)
@@ -296,6 +314,7 @@ def poll_gcs(state: HeadState, reader: Optional[gcs.GcsReader], stop: threading.
             views, status = reader.read()
             if status.ok:
                 state.set_actors(*reader.read_actors())
+                state.set_pending(*reader.read_pending())
         state.set_view(views, status)
         for node_id in state.forget_gone(time.time()):
             log.info(
@@ -321,6 +340,7 @@ class Head:
         interval_s: float,
         token: bytes,
         gcs_timeout_s: float = DEFAULT_TIMEOUT_S,
+        read_token: bytes = b"",
     ) -> None:
         for host, _ in (listen, http):
             if not token and not is_loopback(host):
@@ -328,14 +348,17 @@ class Head:
                     f"refusing to listen on {host} without a token: anyone who reaches it could"
                     " send reports or read the cluster; pass --token-file (the same file on every agent)"
                 )
-        self.listen, self.http, self.token = listen, http, token
+        if read_token and (not token or hmac.compare_digest(read_token, token)):
+            raise ValueError("the read-only token must differ from the agents' token (--token-file)")
+        self.listen, self.http, self.token, self.read_token = listen, http, token, read_token
         self.state = HeadState(interval_s, gcs_address)
         self._reader = gcs.GcsReader(gcs_address, gcs_timeout_s) if gcs_address else None
         self._stop = threading.Event()
         self._httpd: Optional[ThreadingHTTPServer] = None
 
     def _start_http(self) -> None:
-        handler = type("Handler", (_StatusHandler,), {"state": self.state, "token": self.token})
+        read_tokens = tuple(t for t in (self.token, self.read_token) if t)
+        handler = type("Handler", (_StatusHandler,), {"state": self.state, "read_tokens": read_tokens})
         self._httpd = ThreadingHTTPServer(self.http, handler)
         self._httpd.daemon_threads = True
         threading.Thread(target=self._httpd.serve_forever, name="rayscope-http", daemon=True).start()

@@ -4,6 +4,7 @@ from typing import Optional
 
 from agent.model import FitResult, NodeFit
 from agent.render.fmt import encode, gib, number, size
+from agent.validate import printable_lines
 
 UNBOUNDED = 10**9
 """``agent.fit``'s capacity for a shape that asks for nothing a node could run out of."""
@@ -115,7 +116,7 @@ def fit_lines(result: FitResult) -> list[str]:
         notes.append(note)
     if notes:
         lines += ["", *notes]
-    return lines
+    return printable_lines(lines)
 
 
 def fit_json(result: FitResult) -> str:

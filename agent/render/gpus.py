@@ -7,6 +7,7 @@ from agent.health import health_flags
 from agent.model import ClusterStatus, DeviceFree, GpuDevice, GpuUser, NodeAttribution, NodeStatus
 from agent.render.fmt import gib, has_gpus, visible_nodes
 from agent.units import MIB
+from agent.validate import printable_lines
 
 FULLER_BOOKED = 0.9
 """A device at least this booked (``GPU`` fraction, or ``VRAM_MB`` of its memory) ..."""
@@ -253,4 +254,4 @@ def status_gpu_lines(status: ClusterStatus, include_dead: bool = False) -> list[
         else:
             lines += ["  " + line for line in gpu_block_lines(node.gpus, node.attribution)]
         lines += ["  " + line for line in placement_lines(node)]
-    return lines
+    return printable_lines(lines)

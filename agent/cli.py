@@ -21,6 +21,7 @@ from agent import __version__, client, completeness, render
 from agent.addresses import DEFAULT_TIMEOUT_S, GCS_ADDRESS_ENV, parse_address, split_address
 from agent.errors import EXIT_FAILED, EXIT_NO_DATA, AgentError
 from agent.model import ClusterStatus, FitRequest, SourceStatus
+from agent.tls import TlsFiles
 
 app = typer.Typer(
     name="rayscope",
@@ -121,6 +122,28 @@ TokenFileOption = Annotated[
         help="Shared secret of the head and its agents (the same file everywhere).",
     ),
 ]
+TlsCertOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--tls-cert",
+        metavar="PEM",
+        envvar="RAYSCOPE_TLS_CERT",
+        help="TLS certificate (the head's; an agent's or client's for mutual TLS).",
+    ),
+]
+TlsKeyOption = Annotated[
+    Optional[str],
+    typer.Option("--tls-key", metavar="PEM", envvar="RAYSCOPE_TLS_KEY", help="The --tls-cert's private key."),
+]
+TlsCaOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--tls-ca",
+        metavar="PEM",
+        envvar="RAYSCOPE_TLS_CA",
+        help="CA that signed the head's certificate (on the head: its clients', then required).",
+    ),
+]
 IntervalOption = Annotated[
     float, typer.Option("--interval", metavar="SECONDS", callback=_positive, help="Seconds between reports.")
 ]
@@ -191,12 +214,19 @@ HeadOption = Annotated[
 
 
 def _read_cluster(
-    head: Optional[str], token_file: Optional[str], gcs: Optional[str], timeout: float, gpus: bool = False
+    head: Optional[str],
+    token_file: Optional[str],
+    gcs: Optional[str],
+    timeout: float,
+    gpus: bool = False,
+    tls: Optional[TlsFiles] = None,
 ) -> ClusterStatus:
     """The cluster as ``status`` (every mode) and ``fit`` read it, the one place that picks
-    the source: a head agent (--head / $RAYSCOPE_HEAD), else the embedded default."""
+    the source: a head agent (--head / $RAYSCOPE_HEAD), else the embedded default. ``tls``:
+    the --tls-* files (None: from $RAYSCOPE_TLS_*)."""
     if head:
-        return client.head_status(head, _token(token_file), timeout, gpus=gpus)
+        files = TlsFiles.from_env() if tls is None else tls
+        return client.head_status(head, _token(token_file), timeout, gpus=gpus, tls=files)
     from agent import collect
 
     return collect.embedded_status(gcs, timeout, gpus=gpus)
@@ -260,6 +290,9 @@ def status(
     token_file: TokenFileOption = None,
     timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
     gpus: GpusOption = False,
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
+    tls_ca: TlsCaOption = None,
     format_: Annotated[
         Optional[Format],
         typer.Option(
@@ -311,6 +344,7 @@ def status(
     could not be written. Nodes that run no agent are not partial data.
     """
     fmt = _status_format(json_out, format_)
+    tls = TlsFiles(tls_cert, tls_key, tls_ca)
     if watch_s is not None:
         if fmt is not Format.text or output_file or append_file:
             raise click.UsageError(
@@ -322,14 +356,14 @@ def status(
             from agent import watch
 
             code = watch.run(
-                lambda: _read_cluster(head, token_file, gcs, timeout, gpus),
+                lambda: _read_cluster(head, token_file, gcs, timeout, gpus, tls),
                 lambda result: _status_lines(result, all_nodes, gpus),
                 watch_s,
                 keyboard_fd=sys.stdin.fileno() if sys.stdin and sys.stdin.isatty() else None,
             )
         raise typer.Exit(code)
     with _one_line_errors():
-        result = _read_cluster(head, token_file, gcs, timeout, gpus)
+        result = _read_cluster(head, token_file, gcs, timeout, gpus, tls)
         code = completeness.status_exit_code(result)
         note = render.completeness_note(result)
         if code == EXIT_NO_DATA:  # never an empty document over a good one
@@ -518,6 +552,9 @@ def head_agent(
     interval: IntervalOption = 5.0,
     token_file: TokenFileOption = None,
     timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
+    tls_ca: TlsCaOption = None,
 ) -> None:
     """The head agent: takes node agents' reports, reads the scheduler once per interval,
     serves the merged rollup over HTTP. A report older than 3 intervals is stale. Listening
@@ -532,7 +569,8 @@ def head_agent(
         token = _token(token_file)
         address = collect.resolve_gcs_here(gcs)
         try:
-            server = Head(split_address(listen), split_address(http), address, interval, token, timeout)
+            tls = TlsFiles(tls_cert, tls_key, tls_ca)
+            server = Head(split_address(listen), split_address(http), address, interval, token, timeout, tls)
             asyncio.run(server.serve())
         except ValueError as err:
             raise AgentError(str(err), EXIT_NO_DATA) from None
@@ -559,6 +597,9 @@ def push(
             "--node-id", metavar="ID", help="The Ray node to report for (default: the local raylet's)."
         ),
     ] = None,
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
+    tls_ca: TlsCaOption = None,
 ) -> None:
     """The node agent: every interval (with jitter) sends this node's raylet, NVML and host
     facts to the head agent over one persistent connection; reconnects with backoff; never
@@ -567,7 +608,13 @@ def push(
 
     with _one_line_errors():
         _daemon_logging()
-        Pusher(split_address(head), _token(token_file), interval, node_id).run()
+        from agent.tls import client_context
+
+        try:
+            context = client_context(TlsFiles(tls_cert, tls_key, tls_ca))
+        except ValueError as err:
+            raise AgentError(str(err), EXIT_NO_DATA) from None
+        Pusher(split_address(head), _token(token_file), interval, node_id, ssl_context=context).run()
 
 
 def optional_watch_value(argv: Sequence[str]) -> list[str]:

@@ -56,14 +56,14 @@ def test_recorded_schema_1_report_still_decodes() -> None:
 
 
 def test_seal_and_open() -> None:
-    frame = wire.seal(b"payload", TOKEN)
+    frame = wire.seal_v1(b"payload", TOKEN)
     length = wire.body_length(frame[:4])
     assert length == len(frame) - 4
     assert wire.open_body(frame[4:], TOKEN) == b"payload"
 
 
 def test_wrong_token_is_a_bad_mac() -> None:
-    frame = wire.seal(b"payload", TOKEN)
+    frame = wire.seal_v1(b"payload", TOKEN)
     with pytest.raises(wire.FrameError, match="bad MAC"):
         wire.open_body(frame[4:], b"another token")
 
@@ -146,13 +146,13 @@ def _send(port: int, data: bytes) -> None:
 
 
 def _frames() -> st.SearchStrategy[bytes]:
-    good = wire.seal(msgspec.msgpack.encode(a_report()), TOKEN)
+    good = wire.seal_v1(msgspec.msgpack.encode(a_report()), TOKEN)
     return st.one_of(
         st.binary(max_size=512),  # garbage
         st.integers(min_value=1, max_value=len(good) - 1).map(lambda n: good[:n]),  # truncated
         st.just(struct.pack(">I", wire.MAX_FRAME_BYTES + 1) + b"x" * 64),  # oversized
-        st.just(wire.seal(msgspec.msgpack.encode(a_report()), b"wrong token")),  # wrong MAC
-        st.binary(max_size=256).map(lambda b: wire.seal(b, TOKEN)),  # authentic garbage
+        st.just(wire.seal_v1(msgspec.msgpack.encode(a_report()), b"wrong token")),  # wrong MAC
+        st.binary(max_size=256).map(lambda b: wire.seal_v1(b, TOKEN)),  # authentic garbage
     )
 
 
@@ -170,7 +170,7 @@ def test_hostile_frames_do_not_kill_the_head(head_daemon: Any, frame: bytes) -> 
 def test_after_hostile_frames_a_good_report_is_still_taken(head_daemon: Any) -> None:
     report = msgspec.structs.replace(a_report(), node_id="f00d" * 14)
     with socket.create_connection(("127.0.0.1", head_daemon.listen_port), timeout=5) as s:
-        s.sendall(wire.seal(msgspec.msgpack.encode(report), TOKEN))
+        s.sendall(wire.seal_v1(msgspec.msgpack.encode(report), TOKEN))
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             _, body = head_daemon.get("/v1/status?all=1")

@@ -358,6 +358,7 @@ class Head:
             lambda: ingest.ReportProtocol(self.state.take, self.token, idle, guard),
             *self.listen,
             ssl=self.ssl_context,
+            backlog=ingest.ACCEPT_BACKLOG,
             ssl_handshake_timeout=ingest.FRAME_DEADLINE_S if self.ssl_context else None,
         )
         self._start_http()

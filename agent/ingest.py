@@ -33,8 +33,11 @@ FRAME_DEADLINE_S = 10.0
 """A frame (or a TLS handshake) must be complete this long after its first byte."""
 MAX_CONNECTIONS = 4096
 MAX_UNAUTH_PER_HOST = 64
-FD_RESERVE = 128
-"""File descriptors kept back from the report port for HTTP, the GCS client and logs."""
+ACCEPT_BACKLOG = 64
+"""asyncio accepts up to this many connections in one go, before any of them is admitted."""
+FD_RESERVE = 192 + ACCEPT_BACKLOG
+"""File descriptors kept back from the report port: HTTP, the GCS client, logs, a burst of
+accepts and connections closing."""
 THROTTLE_S = 10.0
 
 

@@ -182,3 +182,77 @@ def test_after_hostile_frames_a_good_report_is_still_taken(head_daemon: Any) -> 
     assert "rejected frame" in head_daemon.log_text() or "truncated frame" in head_daemon.log_text()
     health = msgspec.json.decode(head_daemon.get("/healthz")[1])
     assert health["frames_rejected"] > 0 and health["reports_received"] >= 1
+
+
+# Version 2: challenge, sequence numbers, acknowledgements ----------------------------------
+
+
+def test_v2_frames_round_trip_in_order() -> None:
+    challenge = wire.new_challenge()
+    sealer, opener = wire.Sealer(TOKEN, challenge), wire.Opener(TOKEN, challenge)
+    for payload in (b"one", b"", b"x" * 5000):
+        frame = sealer.seal(payload)
+        seq, length = opener.open_header(frame[: wire.V2_HEADER_BYTES])
+        assert length == len(payload) and seq == sealer.seq
+        assert opener.open_body(frame[wire.V2_HEADER_BYTES :], seq) == payload
+
+
+def test_a_recorded_frame_is_useless_on_another_connection() -> None:
+    """Positive control: drop the challenge from the MAC (``_Keyed`` keyed without it) and
+    the frame opens on the new connection."""
+    frame = wire.Sealer(TOKEN, wire.new_challenge()).seal(b"report")
+    with pytest.raises(wire.FrameError) as caught:
+        wire.Opener(TOKEN, wire.new_challenge()).open_header(frame[: wire.V2_HEADER_BYTES])
+    assert caught.value.reason == wire.BAD_TOKEN
+
+
+def test_a_frame_resent_on_its_own_connection_is_a_replay() -> None:
+    """Positive control: drop the ``seq <= last_seq`` check in ``Opener.open_header``."""
+    challenge = wire.new_challenge()
+    sealer, opener = wire.Sealer(TOKEN, challenge), wire.Opener(TOKEN, challenge)
+    first, second = sealer.seal(b"a"), sealer.seal(b"b")
+    for frame in (first, second):
+        seq, _ = opener.open_header(frame[: wire.V2_HEADER_BYTES])
+        opener.open_body(frame[wire.V2_HEADER_BYTES :], seq)
+    with pytest.raises(wire.FrameError) as caught:
+        opener.open_header(first[: wire.V2_HEADER_BYTES])
+    assert caught.value.reason == wire.REPLAYED
+
+
+def test_the_header_is_authenticated_before_any_body_byte() -> None:
+    """A stranger's header announcing the largest payload is refused from its 29 bytes."""
+    challenge = wire.new_challenge()
+    forged = wire.HEADER.pack(wire.V2, 1, wire.MAX_PAYLOAD_BYTES) + b"\0" * wire.HEADER_TAG_BYTES
+    with pytest.raises(wire.FrameError) as caught:
+        wire.Opener(TOKEN, challenge).open_header(forged)
+    assert caught.value.reason == wire.BAD_TOKEN
+    too_big = wire.Sealer(TOKEN, challenge)
+    with pytest.raises(wire.FrameError, match="exceeds"):
+        too_big.seal(b"x" * (wire.MAX_PAYLOAD_BYTES + 1))
+
+
+def test_a_changed_payload_fails_the_frame_mac() -> None:
+    challenge = wire.new_challenge()
+    frame = bytearray(wire.Sealer(TOKEN, challenge).seal(b"payload"))
+    frame[wire.V2_HEADER_BYTES] ^= 1
+    opener = wire.Opener(TOKEN, challenge)
+    seq, _ = opener.open_header(bytes(frame[: wire.V2_HEADER_BYTES]))
+    with pytest.raises(wire.FrameError, match="frame MAC"):
+        opener.open_body(bytes(frame[wire.V2_HEADER_BYTES :]), seq)
+
+
+def test_acks_and_rejections_parse_from_any_split() -> None:
+    stream = wire.ack(1) + wire.ack(2) + wire.rejection(3, wire.BAD_TOKEN)
+    for cut in range(len(stream) + 1):
+        reader = wire.AckReader()
+        got = reader.feed(stream[:cut]) + reader.feed(stream[cut:])
+        assert got == [(1, None), (2, None), (3, wire.BAD_TOKEN)]
+    with pytest.raises(wire.FrameError, match="unexpected"):
+        wire.AckReader().feed(b"\x99" + b"\0" * 8)
+
+
+def test_greeting() -> None:
+    challenge = wire.new_challenge()
+    assert wire.parse_greeting(wire.greeting(challenge)) == challenge
+    with pytest.raises(wire.FrameError, match="did not greet"):
+        wire.parse_greeting(b"HTTP/1.0 400 Bad\r\n\r\n")

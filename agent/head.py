@@ -81,7 +81,8 @@ class HeadState:
         """Decode one report (typed) and keep it as its node's latest."""
         try:
             report = self._decoder.decode(payload)
-        except msgspec.DecodeError as err:  # ValidationError included
+        # ValidationError included; bad UTF-8 in a str field raises UnicodeDecodeError (tests/fuzz_wire.py)
+        except (msgspec.DecodeError, UnicodeDecodeError) as err:
             raise ReportError(f"malformed report: {err}") from None
         if report.schema > SCHEMA_VERSION:
             raise ReportError(f"report schema {report.schema} is newer than this head's {SCHEMA_VERSION}")

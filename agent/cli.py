@@ -555,6 +555,15 @@ def head_agent(
     tls_cert: TlsCertOption = None,
     tls_key: TlsKeyOption = None,
     tls_ca: TlsCaOption = None,
+    max_pending: Annotated[
+        int,
+        typer.Option(
+            "--max-pending-per-address",
+            metavar="N",
+            min=1,
+            help="Connections per source address not yet past their first good frame (older ones go).",
+        ),
+    ] = 256,
 ) -> None:
     """The head agent: takes node agents' reports, reads the scheduler once per interval,
     serves the merged rollup over HTTP. A report older than 3 intervals is stale. Listening
@@ -570,7 +579,16 @@ def head_agent(
         address = collect.resolve_gcs_here(gcs)
         try:
             tls = TlsFiles(tls_cert, tls_key, tls_ca)
-            server = Head(split_address(listen), split_address(http), address, interval, token, timeout, tls)
+            server = Head(
+                split_address(listen),
+                split_address(http),
+                address,
+                interval,
+                token,
+                timeout,
+                tls,
+                max_pending,
+            )
             asyncio.run(server.serve())
         except ValueError as err:
             raise AgentError(str(err), EXIT_NO_DATA) from None

@@ -323,6 +323,7 @@ class Head:
         token: bytes,
         gcs_timeout_s: float = DEFAULT_TIMEOUT_S,
         tls: TlsFiles = NO_TLS,
+        max_pending_per_address: int = ingest.MAX_UNAUTH_PER_HOST,
     ) -> None:
         for host, _ in (listen, http):
             if not token and not is_loopback(host):
@@ -332,6 +333,7 @@ class Head:
                 )
         self.listen, self.http, self.token = listen, http, token
         self.ssl_context = server_context(tls)
+        self.max_pending_per_address = max_pending_per_address
         self.state = HeadState(interval_s, gcs_address)
         self._reader = gcs.GcsReader(gcs_address, gcs_timeout_s) if gcs_address else None
         self._stop = threading.Event()
@@ -351,7 +353,7 @@ class Head:
         nofile = raise_fd_limit()
         max_total = max(16, min(ingest.MAX_CONNECTIONS, nofile - ingest.FD_RESERVE - HTTP_WORKERS))
         guard = ingest.ConnectionGuard(
-            max_total, ingest.MAX_UNAUTH_PER_HOST, self.throttle, self.state.count_rejected
+            max_total, self.max_pending_per_address, self.throttle, self.state.count_rejected
         )
         self.state.net = guard.counters
         idle = max(60.0, 10 * self.state.interval_s)

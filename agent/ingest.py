@@ -6,10 +6,10 @@ thousands of reports a second) and acknowledged, or rejected with a reason and c
 
 What a peer without the token can hold is bounded:
 
-* connections: at most ``max_total`` in all and ``max_unauth_per_host`` not yet authenticated
-  per source address; a new connection past either cap evicts the oldest unauthenticated one
-  (of its address first), so a flood cannot lock out an agent that connects later, and an
-  authenticated agent is never evicted;
+* connections: at most ``max_total`` in all and ``max_unauth_per_host`` (256, ``head
+  --max-pending-per-address``) not yet authenticated per source address; a new connection
+  past either cap evicts the oldest unauthenticated one (of its address first), so a flood
+  cannot lock out an agent that connects later, and an authenticated agent is never evicted;
 * time: a frame must be complete ``FRAME_DEADLINE_S`` after its first byte (the greeting's
   TLS handshake too), and a silent connection is dropped after the idle timeout;
 * memory: a version-2 header is checked (MAC) before its body is buffered; a version-1 frame
@@ -32,7 +32,7 @@ log = logging.getLogger("rayscope.head")
 FRAME_DEADLINE_S = 10.0
 """A frame (or a TLS handshake) must be complete this long after its first byte."""
 MAX_CONNECTIONS = 4096
-MAX_UNAUTH_PER_HOST = 64
+MAX_UNAUTH_PER_HOST = 256
 ACCEPT_BACKLOG = 64
 """asyncio accepts up to this many connections in one go, before any of them is admitted."""
 FD_RESERVE = 192 + ACCEPT_BACKLOG

@@ -156,7 +156,9 @@ def test_wrong_token_is_rejected_and_the_head_keeps_serving(fleet: Fleet, tmp_pa
     wrong.write_text("not the shared secret")
     impostor = fleet.start_agent("impostor", token_file=wrong, node_id="baad" * 14)
     try:
-        eventually(lambda: "bad MAC" in fleet.head.log_text(), what="the head logs the bad MAC")
+        eventually(
+            lambda: "rejected frame (bad token)" in fleet.head.log_text(), what="the head logs the bad MAC"
+        )
         doc = fleet.status()
         assert "baad" * 14 not in doc["nodes"]
         assert all(doc["nodes"][fleet.cluster.node_id(n)]["agent"] == "reporting" for n in NODES)
@@ -227,9 +229,9 @@ def test_agent_started_before_its_head_connects_when_it_comes_up(
                 return bool(json.loads(body)["nodes"][live_cluster.node_id("cpu")]["agent"] == "reporting")
 
             eventually(reporting, timeout_s=20, what="the early agent reporting")
+            log = agent.log_text()  # before the head stops: the agent notices that at once
         finally:
             head.stop()
-        log = agent.log_text()
         assert log.count("unreachable") == 1  # one line per state change, not one per retry
         assert "connected to head" in log
     finally:

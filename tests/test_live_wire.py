@@ -472,3 +472,28 @@ def test_agents_and_status_work_over_tls_and_plain_clients_are_refused(tmp_path:
         agent.stop()
         plain.stop()
         head.stop()
+
+
+def test_http_worker_threads_are_bounded(tmp_path: Path, token: Path) -> None:
+    """60 HTTP connections that never send a request hold at most HTTP_WORKERS threads, and
+    the head answers again once they go. Before: one thread per connection. Positive
+    control: make ``BoundedHTTPServer.process_request`` skip the semaphore."""
+    import psutil
+
+    from agent.head import HTTP_WORKERS
+
+    head = Head(tmp_path / "head.log", token)
+    idle: list[socket.socket] = []
+    try:
+        base = psutil.Process(head.process.pid).num_threads()
+        idle = [socket.create_connection(("127.0.0.1", head.http_port), timeout=5) for _ in range(60)]
+        time.sleep(1.0)
+        threads = psutil.Process(head.process.pid).num_threads()
+        assert threads - base <= HTTP_WORKERS, (base, threads)
+        for s in idle:
+            s.close()
+        eventually(lambda: head.get("/healthz", timeout_s=3)[0] == 200, 20, "the head answers again")
+    finally:
+        for s in idle:
+            s.close()
+        head.stop()

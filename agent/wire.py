@@ -96,6 +96,10 @@ def seal_v1(payload: bytes, token: bytes) -> bytes:
     return LENGTH.pack(body_len) + tag(payload, token) + payload
 
 
+seal = seal_v1
+"""The previous release's name; new senders use :class:`Sealer` (version 2)."""
+
+
 def body_length(header: bytes, max_bytes: int = MAX_FRAME_BYTES) -> int:
     """The body length a 4-byte version-1 header announces; :class:`FrameError` if it cannot
     be valid."""

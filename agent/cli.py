@@ -572,10 +572,9 @@ def head_agent(
     max_pending: Annotated[
         int,
         typer.Option(
-            "--max-pending-per-address",
+            "--max-pending",
             metavar="N",
-            min=1,
-            help="Connections per source address not yet past their first good frame (older ones go).",
+            help="Connections per source address before their first good frame.",
         ),
     ] = 256,
 ) -> None:

@@ -334,6 +334,8 @@ class Head:
                     " send reports or read the cluster; pass --token-file (the same file on every agent)"
                 )
         self.listen, self.http, self.token = listen, http, token
+        if max_pending_per_address < 1:
+            raise ValueError(f"--max-pending must be at least 1, not {max_pending_per_address}")
         self.ssl_context = server_context(tls)
         self.max_pending_per_address = max_pending_per_address
         self.state = HeadState(interval_s, gcs_address)

@@ -7,7 +7,7 @@ thousands of reports a second) and acknowledged, or rejected with a reason and c
 What a peer without the token can hold is bounded:
 
 * connections: at most ``max_total`` in all and ``max_unauth_per_host`` (256, ``head
-  --max-pending-per-address``) not yet authenticated per source address; a new connection
+  --max-pending``) not yet authenticated per source address; a new connection
   past either cap evicts the oldest unauthenticated one (of its address first), so a flood
   cannot lock out an agent that connects later, and an authenticated agent is never evicted;
 * time: a frame must be complete ``FRAME_DEADLINE_S`` after its first byte (the greeting's

@@ -67,20 +67,6 @@ class FrameError(Exception):
         self.reason = reason
 
 
-def read_token(path: Optional[str]) -> bytes:
-    """The shared token from a file (whitespace stripped); ``b""`` when no file is given."""
-    if path is None:
-        return b""
-    try:
-        with open(path, "rb") as f:
-            token = f.read().strip()
-    except OSError as err:
-        raise ValueError(f"cannot read token file {path}: {err.strerror}") from None
-    if not token:
-        raise ValueError(f"token file {path} is empty")
-    return token
-
-
 # Version 1 -------------------------------------------------------------------------------
 
 

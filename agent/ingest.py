@@ -87,7 +87,7 @@ class IngestCounters:
             "connections_refused": self.refused,
             "connections_timed_out": self.timed_out,
             "v1_frames": self.v1_frames,
-            "rejected": dict(self.rejected),
+            **{f"rejected_{reason.replace(' ', '_')}": n for reason, n in self.rejected.items()},
         }
 
 

@@ -212,7 +212,7 @@ def test_a_recorded_frame_replayed_after_the_node_went_stale_leaves_it_stale(
             for _ in range(20):  # right away (a replayed report would be fresh for 3 s), and on
                 assert head.agent_state() == "stale"
                 time.sleep(0.1)
-        assert head.health()["rejected"].get("bad token", 0) >= 1
+        assert head.health().get("rejected_bad_token", 0) >= 1
     finally:
         head.stop()
 
@@ -228,9 +228,9 @@ def test_a_wrong_token_is_named_once_and_backed_off(tmp_path: Path, token: Path)
     try:
         eventually(lambda: "token rejected" in agent.log_text(), 20, "the agent names the rejection")
         started = time.monotonic()
-        first = head.health()["rejected"].get("bad token", 0)
+        first = head.health().get("rejected_bad_token", 0)
         time.sleep(6)
-        attempts = head.health()["rejected"].get("bad token", 0) - first
+        attempts = head.health().get("rejected_bad_token", 0) - first
         elapsed = time.monotonic() - started
         # every 0.5 s without backoff (12 tries); 1, 2, 4 s with it
         assert 1 <= attempts <= 4, (attempts, elapsed)
@@ -485,11 +485,12 @@ def test_http_worker_threads_are_bounded(tmp_path: Path, token: Path) -> None:
     head = Head(tmp_path / "head.log", token)
     idle: list[socket.socket] = []
     try:
+        time.sleep(2.0)  # the GCS poller and the executor settle
         base = psutil.Process(head.process.pid).num_threads()
         idle = [socket.create_connection(("127.0.0.1", head.http_port), timeout=5) for _ in range(60)]
         time.sleep(1.0)
         threads = psutil.Process(head.process.pid).num_threads()
-        assert threads - base <= HTTP_WORKERS, (base, threads)
+        assert threads - base <= HTTP_WORKERS + 2, (base, threads)  # main: 53 more
         for s in idle:
             s.close()
         eventually(lambda: head.get("/healthz", timeout_s=3)[0] == 200, 20, "the head answers again")

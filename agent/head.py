@@ -20,7 +20,7 @@ import signal
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 from urllib.parse import parse_qs, urlsplit
 
 import msgspec
@@ -40,6 +40,7 @@ from agent.model import (
 )
 from agent.rollup import STALE_INTERVALS, merge, scheduler_nodes
 from agent.sources import gcs
+from agent.sources.ray_agents import RayAgents
 
 log = logging.getLogger("rayscope.head")
 
@@ -70,6 +71,8 @@ class HeadState:
         self._decoder = msgspec.msgpack.Decoder(NodeReport)
         self.reports_received = 0
         self.frames_rejected = 0
+        self.more_health: list[Callable[[], dict[str, int]]] = []
+        """Counters of parts beside ingest (agents placed through Ray) for ``/healthz``."""
 
     def ingest(self, payload: bytes, received_at: float) -> NodeReport:
         """Decode one report (typed) and keep it as its node's latest."""
@@ -92,11 +95,14 @@ class HeadState:
     def health(self) -> dict[str, int]:
         """Cheap counters for ``/healthz``: is the head taking reports at all?"""
         with self._lock:
-            return {
+            counts = {
                 "nodes_reporting": len(self._reports),
                 "reports_received": self.reports_received,
                 "frames_rejected": self.frames_rejected,
             }
+        for more in self.more_health:
+            counts.update(more())
+        return counts
 
     def set_view(self, views: list[RayNode], status: SourceStatus) -> None:
         """A new scheduler view (a failed read keeps the last good one, flagged by status)."""
@@ -283,8 +289,14 @@ def is_loopback(host: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")
 
 
-def poll_gcs(state: HeadState, reader: Optional[gcs.GcsReader], stop: threading.Event) -> None:
-    """Read the scheduler's view once per interval; log only when reachability changes."""
+def poll_gcs(
+    state: HeadState,
+    reader: Optional[gcs.GcsReader],
+    stop: threading.Event,
+    agents: Optional[RayAgents] = None,
+) -> None:
+    """Read the scheduler's view once per interval; log only when reachability changes.
+    ``agents``: keep one node agent on every alive node of that view (``--agents ray``)."""
     was_ok: Optional[bool] = None
     while not stop.is_set():
         views: list[RayNode] = []
@@ -295,6 +307,8 @@ def poll_gcs(state: HeadState, reader: Optional[gcs.GcsReader], stop: threading.
             if status.ok:
                 state.set_actors(*reader.read_actors())
         state.set_view(views, status)
+        if agents is not None and status.ok:
+            agents.reconcile(v.node_id for v in views if v.alive)
         for node_id in state.forget_gone(time.time()):
             log.info(
                 "forgot node %s: unknown to the scheduler, silent for %d intervals", node_id, FORGET_INTERVALS
@@ -308,6 +322,15 @@ def poll_gcs(state: HeadState, reader: Optional[gcs.GcsReader], stop: threading.
         stop.wait(state.interval_s)
 
 
+def remove_agents(agents: RayAgents) -> None:
+    """The head's shutdown with ``--agents ray``: every placed agent goes with it."""
+    try:
+        agents.remove_all()
+        agents.close()
+    except Exception as err:  # the GCS may be gone: say so, and stop anyway
+        log.warning("could not remove the agents placed through Ray: %s", err)
+
+
 class Head:
     """The head agent's servers: :meth:`serve` runs them until :meth:`stop` or a signal."""
 
@@ -319,6 +342,7 @@ class Head:
         interval_s: float,
         token: bytes,
         gcs_timeout_s: float = DEFAULT_TIMEOUT_S,
+        agents: Optional[RayAgents] = None,
     ) -> None:
         for host, _ in (listen, http):
             if not token and not is_loopback(host):
@@ -331,6 +355,9 @@ class Head:
         self._reader = gcs.GcsReader(gcs_address, gcs_timeout_s) if gcs_address else None
         self._stop = threading.Event()
         self._httpd: Optional[ThreadingHTTPServer] = None
+        self.agents = agents
+        if agents is not None:
+            self.state.more_health.append(agents.health)
 
     def _start_http(self) -> None:
         handler = type("Handler", (_StatusHandler,), {"state": self.state, "token": self.token})
@@ -345,7 +372,10 @@ class Head:
         server = await loop.create_server(lambda: ReportProtocol(self.state, self.token, idle), *self.listen)
         self._start_http()
         poller = threading.Thread(
-            target=poll_gcs, args=(self.state, self._reader, self._stop), name="rayscope-gcs", daemon=True
+            target=poll_gcs,
+            args=(self.state, self._reader, self._stop, self.agents),
+            name="rayscope-gcs",
+            daemon=True,
         )
         poller.start()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -360,6 +390,8 @@ class Head:
         )
         async with server:
             await loop.run_in_executor(None, self._stop.wait)
+        if self.agents is not None:
+            await loop.run_in_executor(None, remove_agents, self.agents)
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()

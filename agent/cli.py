@@ -17,10 +17,15 @@ import typer
 # Deliberately not agent.collect here: it pulls psutil and pynvml, which `status --head`
 # (the fast path, benchmarked against `ray status`) does not need; the commands and options
 # that need collect, fit, output, watch, json or traceback import them where they are used.
-from agent import __version__, client, completeness, render
+from agent import __version__, client, completeness
 from agent.addresses import DEFAULT_TIMEOUT_S, GCS_ADDRESS_ENV, parse_address, split_address
 from agent.errors import EXIT_FAILED, EXIT_NO_DATA, AgentError
 from agent.model import ClusterStatus, FitRequest, SourceStatus
+from agent.render.fit import fit_json, fit_lines
+from agent.render.gpus import status_gpu_lines
+from agent.render.metrics import metrics_text
+from agent.render.node import node_json, node_lines
+from agent.render.status import completeness_note, source_details, status_json, status_lines, status_ndjson
 
 app = typer.Typer(
     name="rayscope",
@@ -210,7 +215,7 @@ def _print_sources(sources: list[SourceStatus]) -> None:
     """With ``--verbose``: which sources answered, and through what (the GCS read names the
     interpreter it ran under), on stderr so that ``--json`` output stays one document."""
     if _verbose:
-        sys.stderr.write("\n".join(render.source_details(sources)) + "\n")
+        sys.stderr.write("\n".join(source_details(sources)) + "\n")
 
 
 class Format(str, Enum):
@@ -239,15 +244,15 @@ def _status_format(json_out: bool, format_: Optional[Format]) -> Format:
 
 
 def _status_lines(result: ClusterStatus, include_dead: bool, gpus: bool) -> list[str]:
-    lines = render.status_lines(result, include_dead=include_dead)
-    return lines + render.status_gpu_lines(result, include_dead=include_dead) if gpus else lines
+    lines = status_lines(result, include_dead=include_dead)
+    return lines + status_gpu_lines(result, include_dead=include_dead) if gpus else lines
 
 
 def _render_status(result: ClusterStatus, fmt: Format, include_dead: bool, gpus: bool) -> str:
     if fmt is Format.json:
-        return render.status_json(result, include_dead=include_dead) + "\n"
+        return status_json(result, include_dead=include_dead) + "\n"
     if fmt is Format.prom:
-        return render.metrics_text(result)
+        return metrics_text(result)
     return "\n".join(_status_lines(result, include_dead, gpus)) + "\n"
 
 
@@ -331,7 +336,7 @@ def status(
     with _one_line_errors():
         result = _read_cluster(head, token_file, gcs, timeout, gpus)
         code = completeness.status_exit_code(result)
-        note = render.completeness_note(result)
+        note = completeness_note(result)
         if code == EXIT_NO_DATA:  # never an empty document over a good one
             raise AgentError(note or "no data", code)
         text = _render_status(result, fmt, all_nodes, gpus)
@@ -340,7 +345,7 @@ def status(
         if output_file:
             output.write_atomic(output_file, text)
         if append_file:
-            output.append_line(append_file, render.status_ndjson(result, include_dead=all_nodes))
+            output.append_line(append_file, status_ndjson(result, include_dead=all_nodes))
         if not output_file and not append_file:
             sys.stdout.write(text)
         if note:
@@ -475,7 +480,7 @@ def fit(
 
     with _one_line_errors():
         result = fitting.fit(_read_cluster(head, token_file, gcs, timeout), request)
-        _print([render.fit_json(result)] if json_out else render.fit_lines(result))
+        _print([fit_json(result)] if json_out else fit_lines(result))
     raise typer.Exit(fitting.exit_code(result))
 
 
@@ -493,7 +498,7 @@ def node(
         from agent import collect
 
         diag = collect.node_diagnostics(gcs, timeout, gpus=gpus)
-        _print([render.node_json(diag)] if json_out else render.node_lines(diag, gpus=gpus))
+        _print([node_json(diag)] if json_out else node_lines(diag, gpus=gpus))
         _print_sources(diag.sources)
 
 

@@ -40,6 +40,26 @@ SCHEDULER_RESOURCES: tuple[tuple[str, str], ...] = (
 )
 
 
+SCHEDULER_STEMS: dict[str, str] = {ray_name: stem for stem, ray_name in SCHEDULER_RESOURCES}
+"""Ray resource name -> the stem of the ``total_<stem>`` / ``used_<stem>`` fields that carry it."""
+
+
+def scheduler_view_ok(status: ClusterStatus) -> bool:
+    """Whether the scheduler's view (the GCS read) is part of ``status``."""
+    return any(s.name == "gcs" and s.ok for s in status.sources)
+
+
+def scheduler_failure(status: ClusterStatus) -> str:
+    """`` (why the GCS could not be read)``, or ``""`` when it gave no reason."""
+    reasons = [s.reason for s in status.sources if s.name == "gcs" and not s.ok and s.reason]
+    return f" ({reasons[0]})" if reasons else ""
+
+
+def schedulable_nodes(status: ClusterStatus) -> list[NodeStatus]:
+    """Alive nodes the scheduler knows, in display order: the only places Ray can book."""
+    return [n for n in status.nodes.values() if n.alive and n.in_scheduler]
+
+
 def used_amount(total: float, available: float) -> float:
     """``total - available``, clamped at 0 and rounded to Ray's 1e-4 resource unit."""
     return round(max(0.0, total - available), RESOURCE_DECIMALS)

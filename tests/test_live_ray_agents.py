@@ -116,8 +116,9 @@ def ray_head(cluster: LiveCluster, tmp_path: Path, wire_token: Path) -> Iterator
 def test_every_node_reports_through_a_ray_placed_agent(cluster: LiveCluster, ray_head: RayHead) -> None:
     """Control: place no agent (``--agents none``) and no node reports (``no agent``)."""
     assert rayscope_actors(cluster) == sorted(f"rayscope-agent:{n}" for n in alive_ids(cluster))
+    eventually(lambda: ray_head.health()["agents_running"] == 2, timeout_s=10, what="/healthz: 2 running")
     health = ray_head.health()
-    assert (health["agents_placed"], health["agents_running"], health["agents_failing"]) == (2, 2, 0)
+    assert (health["agents_placed"], health["agents_starting"], health["agents_failing"]) == (2, 0, 0)
     done = run_rayscope(
         "status", "--head", ray_head.daemon.url, "--token-file", str(ray_head.token_file), env=ray_head.env
     )
@@ -133,7 +134,7 @@ def test_agents_book_nothing(cluster: LiveCluster, tmp_path: Path, wire_token: P
     env = base_env(RAY_AUTH_MODE="disabled", RAY_TMPDIR=str(cluster.root))
 
     def sums() -> dict[str, dict[str, float]]:
-        done = run_rayscope("status", "--json", "--gcs", cluster.gcs_address, env=env)
+        done = run_rayscope("status", "--json", "--gcs", cluster.gcs_address, "--timeout", "30", env=env)
         assert done.returncode == 0, done.stderr
         doc = json.loads(done.stdout)
         nodes = {nid: {k: node[k] for k in RESOURCE_KEYS} for nid, node in doc["nodes"].items()}

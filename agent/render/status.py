@@ -20,6 +20,8 @@ from agent.rollup import scheduler_failure, scheduler_view_ok
 def node_markers(node: NodeStatus, view: str, scheduler_ok: bool) -> list[str]:
     """What to append to a node's line so old or missing numbers are never silent."""
     markers = []
+    if view == "head" and node.agent in ("reporting", "stale") and node.agent_started_by:
+        markers.append(f"agent: {node.agent_started_by}")  # how the node is covered: ray, systemd, manual
     if not node.alive:
         markers.append("dead")
     if not node.in_scheduler:

@@ -38,8 +38,9 @@ log = logging.getLogger("rayscope.agents")
 NAMESPACE = "rayscope"
 NAME_PREFIX = "rayscope-agent:"
 STARTED_BY = "ray"
-FAIL_AFTER_INTERVALS = 2
-"""A placed agent whose push loop has not started after this many intervals counts as failing."""
+SLOW_START_S = 60.0
+"""A placed agent whose push loop has not started after this long counts as failing (Ray may
+take tens of seconds to start a worker with a new runtime environment on a busy node)."""
 RETRY_AFTER_INTERVALS = 10
 """An agent whose start failed is retried after this many intervals (no placement storm)."""
 SHIPPED = ("agent", "msgspec", "psutil", "pynvml")
@@ -276,15 +277,19 @@ class RayAgents:
             self._state = state
 
     def health(self) -> dict[str, int]:
-        """For ``/healthz``: agents placed (existing, by this head), running (push loop
-        started), failing (start failed, or not started after FAIL_AFTER_INTERVALS)."""
+        """For ``/healthz``: agents placed (by this head, on alive nodes), running (push loop
+        started), starting, and failing (start failed and waiting to be retried, or not
+        started after SLOW_START_S)."""
         with self._lock:
+            if self._ray is not None and not self._closed:
+                with contextlib.suppress(Exception):  # a health check never fails on Ray's account
+                    self._check_starts()
             now = time.monotonic()
-            late = FAIL_AFTER_INTERVALS * self.interval_s
-            slow = sum(1 for n in self._starting if now - self._placed.get(n, now) > late)
+            slow = sum(1 for n in self._starting if now - self._placed.get(n, now) > SLOW_START_S)
             return {
                 "agents_placed": len(self._placed),
                 "agents_running": len(self._running),
+                "agents_starting": len(self._starting) - slow,
                 "agents_failing": slow + len(self._retry_at),
             }
 

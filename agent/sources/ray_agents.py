@@ -142,6 +142,13 @@ class RayAgents:
 
     def __init__(self, gcs_address: str, head: tuple[str, int], token: bytes, interval_s: float) -> None:
         self.gcs_address, self.head, self.interval_s = gcs_address, head, interval_s
+        if head[0] == "localhost" or head[0].startswith("127."):
+            log.info(
+                "agents report to %s:%d, which only nodes on this host reach: on a cluster of"
+                " several hosts, --listen 0.0.0.0:%d (with --token-file)",
+                *head,
+                head[1],
+            )
         self._token = token
         self._ray: Any = None
         self._lock = threading.Lock()

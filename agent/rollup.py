@@ -24,7 +24,7 @@ from agent.model import (
 )
 
 STALE_INTERVALS = 3
-"""A report older than this many reporting intervals is stale (DESIGN.md, head agent)."""
+"""A report older than this many reporting intervals is stale (docs/architecture.md, agents)."""
 
 RESOURCE_DECIMALS = 4
 """Ray stores resources as fixed point with 1e-4 resolution; more digits are float noise."""
@@ -286,26 +286,4 @@ def merge(
         sources=list(sources),
         cluster=totals(ordered),
         nodes={n.node_id: n for n in ordered},
-    )
-
-
-def rollup(
-    views: Sequence[RayNode],
-    reports: Mapping[str, ReceivedReport],
-    *,
-    now: float,
-    stale_after_s: float,
-    view: str,
-    gcs_address: Optional[str] = None,
-    sources: Sequence[SourceStatus] = (),
-) -> ClusterStatus:
-    """The scheduler's nodes merged with the latest report per node id (see :func:`merge`)."""
-    return merge(
-        scheduler_nodes(views),
-        reports,
-        now=now,
-        stale_after_s=stale_after_s,
-        view=view,
-        gcs_address=gcs_address,
-        sources=sources,
     )

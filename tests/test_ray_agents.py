@@ -1,6 +1,8 @@
 """The pure parts of placing agents through Ray: the reconcile plan, names, how an agent says
 it was started, and the CLI's refusals. The live behaviour: tests/test_live_ray_agents.py."""
 
+from pathlib import Path
+
 import msgspec
 
 from agent.model import NodeReport, NodeStatus, RayNode, ReceivedReport
@@ -8,6 +10,7 @@ from agent.push import started_by
 from agent.render.status import node_line
 from agent.rollup import merge, scheduler_nodes
 from agent.sources.ray_agents import agent_name, node_of, plan, shipped_modules
+from tests.bench_agents import BEGIN, END, keep_marked, write_section
 from tests.conftest import run_rayscope
 
 
@@ -92,3 +95,17 @@ def test_remove_without_agents_ray_is_one_line_exit_2() -> None:
 def test_an_unknown_agents_mode_is_refused() -> None:
     done = run_rayscope("head", "--agents", "kubernetes")
     assert done.returncode == 2 and "kubernetes" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_bench_agents_section_is_replaced_in_place_and_kept_by_make_bench(tmp_path: Path) -> None:
+    """``make bench-agents`` rewrites only its own section; ``make bench`` (which rewrites
+    BENCHMARKS.md) appends what ``keep_marked`` returns, so the section survives it."""
+    path = tmp_path / "BENCHMARKS.md"
+    path.write_text("# Benchmarks\n\n| a | b |\n")
+    write_section(path, "first\n")
+    write_section(path, "second\n")
+    text = path.read_text()
+    assert text.count(BEGIN) == 1 and "second" in text and "first" not in text
+    assert text.startswith("# Benchmarks\n\n| a | b |\n")
+    assert keep_marked(path) == f"{BEGIN}\nsecond\n{END}\n"
+    assert keep_marked(tmp_path / "absent.md") == ""

@@ -27,6 +27,7 @@ from agent.render.gpus import status_gpu_lines
 from agent.render.metrics import metrics_text
 from agent.render.node import node_json, node_lines
 from agent.render.status import completeness_note, source_details, status_json, status_lines, status_ndjson
+from agent.validate import printable
 
 app = typer.Typer(
     name="rayscope",
@@ -73,7 +74,7 @@ def _one_line_errors() -> Iterator[None]:
             import traceback
 
             traceback.print_exc()
-        typer.echo(f"rayscope: {err}", err=True)
+        typer.echo(f"rayscope: {printable(str(err))}", err=True)
         raise typer.Exit(err.exit_code) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
@@ -82,7 +83,8 @@ def _one_line_errors() -> Iterator[None]:
             import traceback
 
             traceback.print_exc()
-        typer.echo(f"rayscope: internal error: {type(err).__name__}: {err} (--verbose shows where)", err=True)
+        reason = printable(f"{type(err).__name__}: {err}")
+        typer.echo(f"rayscope: internal error: {reason} (--verbose shows where)", err=True)
         raise typer.Exit(1) from None
 
 
@@ -155,10 +157,10 @@ def _endpoint(default_port: int) -> Callable[[str], str]:
 def _token(path: Optional[str]) -> bytes:
     if path is None:
         return b""
-    from agent import wire  # hashlib and hmac: only worth importing when a token is used
+    from agent import tokens
 
     try:
-        return wire.read_token(path)
+        return tokens.read_token_file(path)
     except ValueError as err:
         raise AgentError(str(err), EXIT_NO_DATA) from None
 
@@ -532,6 +534,18 @@ def head_agent(
     interval: IntervalOption = 5.0,
     token_file: TokenFileOption = None,
     timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
+    read_token_file: Annotated[
+        Optional[str],
+        typer.Option(
+            "--read-token-file",
+            metavar="FILE",
+            envvar="RAYSCOPE_READ_TOKEN_FILE",
+            help=(
+                "A read-only token: GET /v1/status and /metrics only (dashboards, status --head),"
+                " never accepted for reports. Must differ from --token-file."
+            ),
+        ),
+    ] = None,
     agents: Annotated[
         str,
         typer.Option(
@@ -560,7 +574,7 @@ def head_agent(
 
     with _one_line_errors():
         _daemon_logging()
-        token = _token(token_file)
+        token, read_token = _token(token_file), _token(read_token_file)
         address = collect.resolve_gcs_here(gcs)
         if agents == "ray" and not address:
             raise AgentError("--agents ray needs the GCS address: pass --gcs HOST:PORT", EXIT_NO_DATA)
@@ -581,7 +595,14 @@ def head_agent(
             return
         try:
             server = Head(
-                split_address(listen), split_address(http), address, interval, token, timeout, keeper
+                split_address(listen),
+                split_address(http),
+                address,
+                interval,
+                token,
+                timeout,
+                read_token,
+                agents=keeper,
             )
             asyncio.run(server.serve())
         except ValueError as err:

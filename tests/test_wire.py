@@ -101,17 +101,6 @@ def test_head_forgets_nothing_without_a_scheduler_view() -> None:
     assert state.forget_gone(now=1000.0) == []
 
 
-def test_token_file(tmp_path: Path) -> None:
-    (tmp_path / "t").write_text(" secret \n")
-    assert wire.read_token(str(tmp_path / "t")) == b"secret"
-    (tmp_path / "empty").write_text("\n")
-    with pytest.raises(ValueError, match="empty"):
-        wire.read_token(str(tmp_path / "empty"))
-    with pytest.raises(ValueError, match="cannot read"):
-        wire.read_token(str(tmp_path / "missing"))
-    assert wire.read_token(None) == b""
-
-
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=2048))
 def test_garbage_payloads_never_escape_as_anything_but_report_error(payload: bytes) -> None:

@@ -15,6 +15,7 @@ import msgspec
 from agent.model import ClusterStatus, NodeStatus, SourceStatus
 from agent.render.fmt import booking, encode, gib, has_gpus, source_notes, visible_nodes
 from agent.rollup import scheduler_failure, scheduler_view_ok
+from agent.validate import printable, printable_lines
 
 
 def node_markers(node: NodeStatus, view: str, scheduler_ok: bool) -> list[str]:
@@ -71,7 +72,7 @@ def source_details(sources: Sequence[SourceStatus]) -> list[str]:
         line += f", {s.detail}" if s.detail else ""
         line += f" ({s.reason})" if s.reason else ""
         lines.append(line)
-    return lines
+    return printable_lines(lines)
 
 
 def status_lines(status: ClusterStatus, include_dead: bool = False) -> list[str]:
@@ -94,7 +95,7 @@ def status_lines(status: ClusterStatus, include_dead: bool = False) -> list[str]
         )
     if notes:
         lines += ["", *notes]
-    return lines
+    return printable_lines(lines)
 
 
 def status_json(status: ClusterStatus, include_dead: bool = False, indent: int = 2) -> str:
@@ -125,13 +126,13 @@ def completeness_note(status: ClusterStatus) -> Optional[str]:
     why = scheduler_failure(status)
     reporting = any(n.agent != "none" for n in status.nodes.values())
     if not status.nodes or (not scheduler_ok and not reporting):
-        return f"no data: no node in the scheduler's view{why} and no agent report"
+        return printable(f"no data: no node in the scheduler's view{why} and no agent report")
     if not scheduler_ok:
-        return f"partial: no scheduler view{why}: only the agents' reports are shown"
+        return printable(f"partial: no scheduler view{why}: only the agents' reports are shown")
     stale = [n for n in status.nodes.values() if n.alive and n.stale]
     if stale:
         names = ", ".join(
             f"{n.node_ip or n.hostname or n.node_id[:12]} ({n.report_age_s or 0:.0f}s)" for n in stale
         )
-        return f"partial: stale report from {len(stale)} node(s): {names}"
+        return printable(f"partial: stale report from {len(stale)} node(s): {names}")
     return None

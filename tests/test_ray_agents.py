@@ -85,6 +85,7 @@ def test_status_says_how_each_node_is_covered() -> None:
     assert _head_status_line("ray") == "10.0.0.5 [worker] CPU: 0/8  agent: ray"
     assert _head_status_line("systemd") == "10.0.0.5 [worker] CPU: 0/8  agent: systemd"
     assert _head_status_line("") == "10.0.0.5 [worker] CPU: 0/8"  # an agent older than the field
+    assert _head_status_line("x" * 4000) == "10.0.0.5 [worker] CPU: 0/8  agent: other"  # a report's own word
 
 
 def test_remove_without_agents_ray_is_one_line_exit_2() -> None:

@@ -34,7 +34,8 @@ demo: setup  ## a Ray cluster on 127.0.0.1, the seed's bookings, `rayscope statu
 
 golden: setup  ## rewrite tests/golden/ from the renderers; review the diff
 	RAYSCOPE_UPDATE_GOLDEN=1 $(BIN)/python -m pytest -q -m "not live" \
-		tests/test_render.py tests/test_attribution.py tests/test_cron_output.py tests/test_fit.py tests/test_help.py
+		tests/test_render.py tests/test_attribution.py tests/test_cron_output.py tests/test_fit.py tests/test_help.py \
+		tests/test_pending.py
 
 lock:  ## re-pin constraints.txt from requirements-dev.txt in a scratch venv
 	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv

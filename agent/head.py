@@ -25,7 +25,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import msgspec
 
-from agent import validate, wire
+from agent import pending, validate, wire
 from agent.addresses import DEFAULT_TIMEOUT_S
 from agent.attribution import attribute_cluster
 from agent.model import (
@@ -34,6 +34,7 @@ from agent.model import (
     ClusterStatus,
     NodeReport,
     NodeStatus,
+    PendingRead,
     RayNode,
     ReceivedReport,
     SourceStatus,
@@ -67,6 +68,8 @@ class HeadState:
         self._gcs_status = SourceStatus(name="gcs", ok=False, reason="not read yet", detail=gcs_address or "")
         self._actors: Optional[list[ActorBooking]] = None
         self._actors_status = SourceStatus(name="gcs_actors", ok=False, reason="not read yet")
+        self._pending: Optional[PendingRead] = None
+        self._pending_status: Optional[SourceStatus] = None
         self._decoder = msgspec.msgpack.Decoder(NodeReport)
         self.reports_received = 0
         self.frames_rejected = 0
@@ -133,12 +136,19 @@ class HeadState:
                 self._actors = actors
             self._actors_status = status
 
+    def set_pending(self, read: Optional[PendingRead], status: SourceStatus) -> None:
+        """What waits to be placed, read with the scheduler view; a failed read drops it
+        (an old demand would name actors long placed), and the status says why."""
+        with self._lock:
+            self._pending, self._pending_status = read, status
+
     def status(self, now: float, gpus: bool = False) -> ClusterStatus:
         """The rollup as of ``now``: reports older than 3 intervals are stale. ``gpus``: also
         attribute each fresh report's GPU memory to the actors on it (agent.attribution)."""
         with self._lock:
             base, reports, gcs_status = self._base, dict(self._reports), self._gcs_status
             actors, actors_status = self._actors, self._actors_status
+            waiting, pending_status = self._pending, self._pending_status
         status = merge(
             base,
             reports,
@@ -148,6 +158,9 @@ class HeadState:
             gcs_address=self.gcs_address,
             sources=[gcs_status, actors_status] if gpus else [gcs_status],
         )
+        if pending_status is not None:
+            status.sources.append(pending_status)
+        status = pending.attach(status, waiting)
         if not gpus:
             return status
         fresh = {node_id: r.report for node_id, r in reports.items() if not status.nodes[node_id].stale}
@@ -313,6 +326,7 @@ def poll_gcs(
             views, status = reader.read()
             if status.ok:
                 state.set_actors(*reader.read_actors())
+                state.set_pending(*reader.read_pending())
         state.set_view(views, status)
         if agents is not None and status.ok:
             agents.reconcile(v.node_id for v in views if v.alive)

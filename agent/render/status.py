@@ -12,7 +12,8 @@ from typing import Optional
 
 import msgspec
 
-from agent.model import ClusterStatus, NodeStatus, SourceStatus
+from agent.model import ClusterStatus, NodeStatus, PendingDemand, SourceStatus
+from agent.pending import shape_text
 from agent.render.fmt import booking, encode, gib, has_gpus, source_notes, visible_nodes
 from agent.rollup import scheduler_failure, scheduler_view_ok
 from agent.validate import printable, printable_lines
@@ -91,6 +92,7 @@ def status_lines(status: ClusterStatus, include_dead: bool = False) -> list[str]
         if group:
             lines += ["", title]
             lines += ["  " + node_line(n, status.view, scheduler_ok) for n in group]
+    lines += pending_lines(status)
     notes = source_notes(status.sources)
     unmeasured = status.cluster.gpu_nodes - status.cluster.gpu_nodes_measured
     if status.view == "gcs" and unmeasured > 0:
@@ -101,6 +103,31 @@ def status_lines(status: ClusterStatus, include_dead: bool = False) -> list[str]
     if notes:
         lines += ["", *notes]
     return printable_lines(lines)
+
+
+def demand_line(demand: PendingDemand) -> str:
+    """``2 × GPU=0.5 accelerator_type:A10G=0.001  actors: half-0, half-1``."""
+    if demand.kind == "placement_group":
+        bundles = ", ".join("{" + shape_text(b) + "}" for b in demand.bundles)
+        text = f"{demand.count} × placement group {demand.strategy} [{bundles}]"
+    else:
+        text = f"{demand.count} × {shape_text(demand.shape)}"
+    if demand.names:
+        text += "  actors: " + ", ".join(demand.names)
+    return text
+
+
+def pending_lines(status: ClusterStatus) -> list[str]:
+    """``Pending:``, one line per waiting shape and its reason under it; nothing when
+    nothing waits (or the pending demand was not read)."""
+    demands = status.cluster.pending or []
+    if not demands:
+        return []
+    lines = ["", "Pending:"]
+    for demand in demands:
+        lines.append("  " + demand_line(demand))
+        lines.append(f"    {demand.reason_text}")
+    return lines
 
 
 def status_json(status: ClusterStatus, include_dead: bool = False, indent: int = 2) -> str:

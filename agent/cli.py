@@ -591,6 +591,19 @@ def head_agent(
             help="Connections per source address before their first good frame.",
         ),
     ] = 256,
+    agents: Annotated[
+        str,
+        typer.Option(
+            "--agents",
+            metavar="none|ray",
+            click_type=click.Choice(["none", "ray"]),
+            help="ray: keep a node agent on every alive node, placed through Ray (removed at shutdown).",
+        ),
+    ] = "none",
+    remove: Annotated[
+        bool,
+        typer.Option("--remove", help="With --agents ray: remove every agent placed through Ray, then exit."),
+    ] = False,
 ) -> None:
     """The head agent: merges node reports with the scheduler's view.
 
@@ -602,11 +615,29 @@ def head_agent(
 
     from agent import collect
     from agent.head import Head
+    from agent.sources.ray_agents import RayAgents
 
     with _one_line_errors():
         _daemon_logging()
         token, read_token = _token(token_file), _token(read_token_file)
         address = collect.resolve_gcs_here(gcs)
+        if agents == "ray" and not address:
+            raise AgentError("--agents ray needs the GCS address: pass --gcs HOST:PORT", EXIT_NO_DATA)
+        keeper = (
+            RayAgents(address, split_address(listen), token, interval)
+            if agents == "ray" and address
+            else None
+        )
+        if remove:
+            if keeper is None:
+                raise AgentError("--remove goes with --agents ray", EXIT_NO_DATA)
+            try:
+                removed = keeper.remove_all()
+                keeper.close()
+            except Exception as err:  # Ray's own errors: one line, as every other failure
+                raise AgentError(f"cannot remove the agents placed through Ray: {err}", EXIT_FAILED) from None
+            typer.echo(f"removed {removed} agent(s) placed through Ray")
+            return
         try:
             tls = TlsFiles(tls_cert, tls_key, tls_ca)
             server = Head(
@@ -619,6 +650,7 @@ def head_agent(
                 read_token,
                 tls,
                 max_pending,
+                agents=keeper,
             )
             asyncio.run(server.serve())
         except ValueError as err:

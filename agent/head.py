@@ -24,7 +24,7 @@ import ssl
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 from urllib.parse import parse_qs, urlsplit
 
 import msgspec
@@ -47,6 +47,7 @@ from agent.render.metrics import metrics_text
 from agent.render.status import status_json
 from agent.rollup import STALE_INTERVALS, merge, scheduler_nodes
 from agent.sources import gcs
+from agent.sources.ray_agents import RayAgents
 from agent.tls import NO_TLS, TlsFiles, server_context
 from agent.validate import ReportError as ReportError  # noqa: PLC0414 (re-exported: the head raises it)
 
@@ -78,6 +79,8 @@ class HeadState:
         self.reports_received = 0
         self.frames_rejected = 0
         self.net: Optional[ingest.IngestCounters] = None  # the report port's, once it serves
+        self.more_health: list[Callable[[], dict[str, int]]] = []
+        """Counters of parts beside ingest (agents placed through Ray) for ``/healthz``."""
 
     def ingest(self, payload: bytes, received_at: float) -> NodeReport:
         """Decode one report (typed) and keep it as its node's latest."""
@@ -111,6 +114,8 @@ class HeadState:
             }
         if self.net is not None:
             counts.update(self.net.as_dict())
+        for more in self.more_health:
+            counts.update(more())
         return counts
 
     def take(self, payload: bytes, received_at: float) -> Optional[str]:
@@ -239,8 +244,14 @@ def is_loopback(host: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")
 
 
-def poll_gcs(state: HeadState, reader: Optional[gcs.GcsReader], stop: threading.Event) -> None:
-    """Read the scheduler's view once per interval; log only when reachability changes."""
+def poll_gcs(
+    state: HeadState,
+    reader: Optional[gcs.GcsReader],
+    stop: threading.Event,
+    agents: Optional[RayAgents] = None,
+) -> None:
+    """Read the scheduler's view once per interval; log only when reachability changes.
+    ``agents``: keep one node agent on every alive node of that view (``--agents ray``)."""
     was_ok: Optional[bool] = None
     while not stop.is_set():
         views: list[RayNode] = []
@@ -252,6 +263,8 @@ def poll_gcs(state: HeadState, reader: Optional[gcs.GcsReader], stop: threading.
                 state.set_actors(*reader.read_actors())
                 state.set_pending(*reader.read_pending())
         state.set_view(views, status)
+        if agents is not None and status.ok:
+            agents.reconcile(v.node_id for v in views if v.alive)
         for node_id in state.forget_gone(time.time()):
             log.info(
                 "forgot node %s: unknown to the scheduler, silent for %d intervals", node_id, FORGET_INTERVALS
@@ -332,6 +345,15 @@ def raise_fd_limit() -> int:
     return int(soft)
 
 
+def remove_agents(agents: RayAgents) -> None:
+    """The head's shutdown with ``--agents ray``: every placed agent goes with it."""
+    try:
+        agents.remove_all()
+        agents.close()
+    except Exception as err:  # the GCS may be gone: say so, and stop anyway
+        log.warning("could not remove the agents placed through Ray: %s", err)
+
+
 class Head:
     """The head agent's servers: :meth:`serve` runs them until :meth:`stop` or a signal."""
 
@@ -346,6 +368,7 @@ class Head:
         read_token: bytes = b"",
         tls: TlsFiles = NO_TLS,
         max_pending_per_address: int = ingest.MAX_UNAUTH_PER_HOST,
+        agents: Optional[RayAgents] = None,
     ) -> None:
         for host, _ in (listen, http):
             if not token and not is_loopback(host):
@@ -365,6 +388,9 @@ class Head:
         self._stop = threading.Event()
         self._httpd: Optional[BoundedHTTPServer] = None
         self.throttle = ingest.LogThrottle(log)
+        self.agents = agents
+        if agents is not None:
+            self.state.more_health.append(agents.health)
 
     def _start_http(self) -> None:
         read_tokens = tuple(t for t in (self.token, self.read_token) if t)
@@ -393,7 +419,10 @@ class Head:
         )
         self._start_http()
         poller = threading.Thread(
-            target=poll_gcs, args=(self.state, self._reader, self._stop), name="rayscope-gcs", daemon=True
+            target=poll_gcs,
+            args=(self.state, self._reader, self._stop, self.agents),
+            name="rayscope-gcs",
+            daemon=True,
         )
         poller.start()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -416,6 +445,8 @@ class Head:
         loop.call_later(ingest.THROTTLE_S, flush)
         async with server:
             await loop.run_in_executor(None, self._stop.wait)
+        if self.agents is not None:
+            await loop.run_in_executor(None, remove_agents, self.agents)
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()

@@ -12,6 +12,7 @@ per cycle, and stops cleanly on SIGTERM.
 
 import errno
 import logging
+import os
 import random
 import select
 import signal
@@ -19,7 +20,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Optional
 
 import msgspec
@@ -39,6 +40,12 @@ ACK_WAIT_S = 0.5
 """After a send, how long to wait for its acknowledgement before the next cycle checks again."""
 RESCAN_CYCLES = 10
 """While no raylet is found, look again every this many cycles (a scan costs ~7 ms)."""
+
+
+def started_by(environ: Optional[Mapping[str, str]] = None) -> str:
+    """How this agent was started, as ``status`` shows it: ``systemd`` (a service: systemd
+    sets ``INVOCATION_ID``) or ``manual``; an agent placed through Ray says ``ray``."""
+    return "systemd" if "INVOCATION_ID" in (os.environ if environ is None else environ) else "manual"
 
 
 class Pusher:
@@ -74,6 +81,7 @@ class Pusher:
         self._raylet_state = ""
         self._known: Optional[RayletInfo] = None
         self._cycles_since_scan = RESCAN_CYCLES  # scan on the first cycle
+        self.started_by = started_by()
 
     def _raylet(self) -> Optional[RayletInfo]:
         """The raylet to report for; the process table is scanned only when it is gone
@@ -99,6 +107,7 @@ class Pusher:
             self._note_raylet("no raylet on this host: reporting the host only")
         report = collect.local_report(mine, self.clock())
         report.interval_s = self.interval_s
+        report.started_by = self.started_by
         if mine is None and self.node_id:
             report.node_id = self.node_id
         return report
@@ -229,9 +238,10 @@ class Pusher:
         wait, self._backoff_s = self._backoff_s, min(self._backoff_s * 2, BACKOFF_MAX_S)
         return wait
 
-    def run(self) -> None:
-        """Collect and send every interval until stopped (SIGTERM and SIGINT stop it)."""
-        for sig in (signal.SIGTERM, signal.SIGINT):
+    def run(self, handle_signals: bool = True) -> None:
+        """Collect and send every interval until stopped (SIGTERM and SIGINT stop it, unless
+        the process is someone else's: a Ray actor's worker)."""
+        for sig in (signal.SIGTERM, signal.SIGINT) if handle_signals else ():
             signal.signal(sig, lambda *_: self.stop())
         log.info("node agent: sending to %s:%d every %g s", *self.head, self.interval_s)
         try:

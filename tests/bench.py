@@ -33,6 +33,7 @@ from agent.head import HeadState
 from agent.model import GpuDevice, HostInfo, NodeReport, RayletInfo, RayNode, SourceStatus
 from agent.render.metrics import metrics_text
 from agent.render.status import status_json, status_lines
+from tests.bench_agents import keep_marked
 from tests.conftest import REPO, HeadDaemon, LiveCluster, base_env, push_agent, start_cluster
 
 NODES = 10_000
@@ -391,7 +392,7 @@ def write_report(path: Path, live: dict[str, float], synthetic: dict[str, float]
         "reads on one core while a sender on the other core writes.",
         "",
     ]
-    path.write_text("\n".join(lines))
+    path.write_text("\n".join(lines) + keep_marked(path))  # bench_agents' section stays
 
 
 def main() -> int:

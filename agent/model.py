@@ -339,6 +339,9 @@ class NodeReport(msgspec.Struct, kw_only=True, gc=False):
     """How often the agent sends: the head judges staleness by its own interval and this."""
     processes: Optional[list[ProcessInfo]] = None
     """This host's view of the GPU processes' pids; ``None`` when not read or not mappable."""
+    started_by: str = ""
+    """How the agent was started: ``ray`` (placed by ``head --agents ray``), ``systemd``,
+    ``manual``; ``""`` from agents older than this field."""
 
 
 class ReceivedReport(msgspec.Struct, kw_only=True, gc=False):
@@ -380,6 +383,8 @@ class NodeStatus(msgspec.Struct, kw_only=True, gc=False):
     agent: str = "none"
     """Where the NVML/host numbers come from: ``local`` (read by this command),
     ``reporting`` (a fresh agent report), ``stale`` (an old one) or ``none``."""
+    agent_started_by: str = ""
+    """How the reporting agent was started (the report's ``started_by``); ``""`` if unknown."""
     report_age_s: Optional[float] = None
     stale: bool = False
     driver_version: Optional[str] = None

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import Any, Optional
 
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # honour 127.0.0.1 (docs/architecture.md)
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -125,7 +125,7 @@ class LiveCluster:
         )
         self.nodes: dict[str, Any] = {head_name: self.cluster.head_node}
         for name, args in spec[1:]:
-            self.nodes[name] = self._add_node(common, args)
+            self.nodes[name] = self._add_node(common, args or {})
         self.cluster.wait_for_nodes()
         ray.init(address=self.cluster.address, log_to_driver=False, logging_level="ERROR")
         self.actors: dict[str, Any] = {}
@@ -254,6 +254,51 @@ class LiveCluster:
             time.sleep(0.1)
         raise TimeoutError(f"the GCS never showed the bookings {expected}")
 
+    TOPOLOGY_OPS = ("add_node", "remove_node", "named_actors", "probe_named", "actor_table_hex", "kill_named")
+    """Commands named after the method that answers them (node agents placed through Ray)."""
+
+    def add_node(self, name: str, args: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+        """One more raylet on this host (``add_node``); its node id once the GCS has it."""
+        common = {"node_ip_address": LOOPBACK, "temp_dir": self.temp_dir, "dashboard_agent_listen_port": None}
+        self.nodes[name] = self.cluster.add_node(**common, **(args or {}))
+        self.cluster.wait_for_nodes()
+        return {"name": name, "node_id": self.nodes[name].node_id}
+
+    def remove_node(self, name: str) -> dict[str, Any]:
+        node = self.nodes.pop(name)
+        self.cluster.remove_node(node)
+        return {"name": name, "node_id": node.node_id}
+
+    def named_actors(self) -> dict[str, Any]:
+        """Every named actor the GCS lists (not DEAD), in every namespace."""
+        return {"actors": self.ray.util.list_named_actors(all_namespaces=True)}
+
+    def kill_named(self, name: str, namespace: str) -> dict[str, Any]:
+        self.ray.kill(self.ray.get_actor(name, namespace=namespace), no_restart=True)
+        return {"name": name}
+
+    def probe_named(self, name: str, namespace: str) -> dict[str, Any]:
+        """An actor's own ``probe()`` answer (rayscope's node agents have one)."""
+        return {
+            "probe": self.ray.get(self.ray.get_actor(name, namespace=namespace).probe.remote(), timeout=60)
+        }
+
+    def actor_table_hex(self) -> dict[str, Any]:
+        """Every entry of the GCS actor table, dead ones included, as serialized protobufs:
+        all that ``ray list actors --detail`` and the dashboard can show of an actor."""
+        from agent.sources import gcs_read
+
+        client = gcs_read.connect(self.cluster.address)
+
+        async def fetch() -> Any:
+            return await client.async_get_all_actor_info(timeout=10)
+
+        import asyncio
+
+        infos = asyncio.run(fetch())
+        entries = list(infos.values()) if isinstance(infos, dict) else list(infos)
+        return {"actors": [info.SerializeToString().hex() for info in entries]}
+
     def state(self) -> dict[str, Any]:
         nodes = {
             name: {"node_id": n.node_id, "raylet_pid": n.all_processes["raylet"][0].process.pid}
@@ -315,6 +360,8 @@ def serve(args: argparse.Namespace) -> int:
                     )
                 elif op == "placement_group":
                     reply = cluster.placement_group(request["name"], request["bundles"], request["strategy"])
+                elif op in LiveCluster.TOPOLOGY_OPS:  # the request's other keys are the arguments
+                    reply = getattr(cluster, op)(**request)
                 else:
                     reply = {"state": cluster.state()}
                 out = {"ok": True, **reply}

@@ -19,10 +19,17 @@ from agent.render.gpus import device_line, fuller_devices
 from agent.rollup import scheduler_failure, scheduler_view_ok
 from agent.validate import printable, printable_lines
 
+AGENT_STARTERS = ("ray", "systemd", "manual")
+"""How an agent may say it was started (``NodeReport.started_by``)."""
+
 
 def node_markers(node: NodeStatus, view: str, scheduler_ok: bool) -> list[str]:
     """What to append to a node's line so old or missing numbers are never silent."""
     markers = []
+    if view == "head" and node.agent in ("reporting", "stale") and node.agent_started_by:
+        # How the node is covered; a report's own word, so only a known one is shown.
+        known = node.agent_started_by in AGENT_STARTERS
+        markers.append(f"agent: {node.agent_started_by if known else 'other'}")
     if not node.alive:
         markers.append("dead")
     if not node.in_scheduler:

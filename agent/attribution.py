@@ -34,8 +34,31 @@ from agent.model import (
     NodeAttribution,
     NodeReport,
     ProcessInfo,
+    RayletInfo,
 )
+from agent.placement import id_map, place_devices
 from agent.units import MIB
+
+IdMaps = Mapping[str, Mapping[int, Optional[int]]]
+"""Node id → (Ray GPU id → NVML index, ``None`` where the mapping is ambiguous). A node not
+named keeps Ray's id as the NVML index (the raylet's environment was not read)."""
+
+
+def nvml_index(id_maps: IdMaps, node_id: str, gpu_id: int) -> Optional[int]:
+    """The NVML index of Ray's GPU ``gpu_id`` on ``node_id``; ``None`` when ambiguous."""
+    mapping = id_maps.get(node_id)
+    return gpu_id if mapping is None else mapping.get(gpu_id)
+
+
+def _device_shares(actor: ActorBooking, id_maps: IdMaps) -> dict[int, float]:
+    """NVML index → the ``GPU`` quantity the actor holds there (Ray's ``resource_mapping``)."""
+    shares: dict[int, float] = {}
+    for gpu_id, quantity in actor.gpu_shares:
+        index = nvml_index(id_maps, actor.node_id, int(gpu_id))
+        if index is not None:
+            shares[index] = shares.get(index, 0.0) + float(quantity)
+    return shares
+
 
 OVER_BOOKING = "over_booking"
 UNBOOKED = "unbooked"
@@ -153,6 +176,7 @@ def _place_idle_actors(
     per_device: dict[tuple[int, int], dict[str, GpuUser]],
     matcher: _Matcher,
     seen: dict[str, ActorBooking],
+    id_maps: IdMaps,
 ) -> list[GpuUser]:
     """Actors that booked a GPU but hold no memory NVML lists: on the GPUs Ray gave them
     (used 0, or unknown where the device's processes are), else on no GPU."""
@@ -161,7 +185,8 @@ def _place_idle_actors(
     for actor in matcher.node_actors:
         if actor.actor_id in seen or not _books_gpu(actor):
             continue
-        targets = [(gpu_id, -1) for gpu_id in actor.gpu_ids if (gpu_id, -1) in devices]
+        indices = [nvml_index(id_maps, actor.node_id, gpu_id) for gpu_id in actor.gpu_ids]
+        targets = [(i, -1) for i in indices if i is not None and (i, -1) in devices]
         for key in targets:
             known = devices[key].processes is not None and matcher.processes is not None
             per_device[key][f"actor:{actor.actor_id}"] = GpuUser(
@@ -201,12 +226,26 @@ def _allowance(actor: ActorBooking, placed: Sequence[tuple[GpuDevice, GpuUser]])
     return allowance
 
 
+def _gpu_per_device(
+    actor: ActorBooking, placed: Sequence[tuple[GpuDevice, GpuUser]], id_maps: IdMaps
+) -> dict[int, float]:
+    """Device → the actor's ``GPU`` there: Ray's own per-device quantity where the devices it
+    is on are the ones Ray gave it, else its ``GPU`` split evenly."""
+    shares = _device_shares(actor, id_maps)
+    on = {_device_key(d)[0] for d, _ in placed}
+    if shares and set(shares) == on:
+        return {i: round(q, 4) for i, q in shares.items()}
+    return {i: round(actor.required.get("GPU", 0.0) / len(placed), 4) for i in on}
+
+
 def _book(
     leaves: Sequence[GpuDevice],
     per_device: dict[tuple[int, int], dict[str, GpuUser]],
     seen: Mapping[str, ActorBooking],
+    id_maps: IdMaps,
 ) -> None:
-    """Each actor's booking, split over the devices it is on, and everyone's flags."""
+    """Each actor's booking on the devices it is on (Ray's per-device ``GPU`` where the
+    devices are the ones Ray gave it, else split evenly), and everyone's flags."""
     devices = {_device_key(d): d for d in leaves}
     placements: dict[str, list[tuple[GpuDevice, GpuUser]]] = {}
     for key, users in per_device.items():
@@ -215,9 +254,10 @@ def _book(
                 placements.setdefault(user.actor_id, []).append((devices[key], user))
     for actor_id, placed in placements.items():
         actor = seen[actor_id]
-        for _, user in placed:
+        gpu_shares = _gpu_per_device(actor, placed, id_maps)
+        for device, user in placed:
             user.booked_vram_mb = round(actor.required.get("VRAM_MB", 0.0) / len(placed), 4)
-            user.booked_gpu = round(actor.required.get("GPU", 0.0) / len(placed), 4)
+            user.booked_gpu = gpu_shares[_device_key(device)[0]]
             user.pids = user.pids or ([actor.pid] if actor.pid else [])
         used = sum(u.used_memory_bytes or 0 for _, u in placed)
         allowance = _allowance(actor, placed) if _books_gpu(actor) else 0.0
@@ -271,6 +311,7 @@ def attribute_node(
     *,
     total_vram_mb: float = 0.0,
     used_vram_mb: float = 0.0,
+    id_maps: Optional[IdMaps] = None,
 ) -> tuple[list[GpuDevice], NodeAttribution]:
     """One node's GPUs with their attribution, and the node's own.
 
@@ -278,13 +319,15 @@ def attribute_node(
     container). ``actors``: the GCS actor table (``None``: not read; bookings are then
     unknown). ``node_ids``: the Ray nodes whose actors may use these GPUs (one node, or every
     raylet of a host running several). ``total_vram_mb``/``used_vram_mb``: the scheduler's
-    node-wide ``VRAM_MB``, for the hidden-full-device check.
+    node-wide ``VRAM_MB``, for the hidden-full-device check. ``id_maps``: per node, Ray's GPU
+    ids → NVML indices (:mod:`agent.placement`); by default Ray's id is taken as the index.
     """
+    id_maps = id_maps or {}
     matcher = _Matcher(processes, actors, node_ids)
     leaves = leaf_devices(gpus)
     per_device, seen = _users_by_device(leaves, matcher)
-    off_gpu = _place_idle_actors(leaves, per_device, matcher, seen) if actors is not None else []
-    _book(leaves, per_device, seen)
+    off_gpu = _place_idle_actors(leaves, per_device, matcher, seen, id_maps) if actors is not None else []
+    _book(leaves, per_device, seen, id_maps)
     attributed: list[GpuDevice] = []
     for gpu in gpus:
         if gpu.mig_devices:
@@ -335,14 +378,32 @@ def attribute_cluster(
     reports: Mapping[str, NodeReport],
     actors: Optional[Sequence[ActorBooking]],
     co_hosted: Optional[Mapping[str, Collection[str]]] = None,
+    raylets: Optional[Mapping[str, RayletInfo]] = None,
 ) -> ClusterStatus:
     """``status`` with every reported node's GPUs attributed (a copy; the input is untouched).
 
     ``reports``: node id → its latest report (GPUs and processes). ``co_hosted``: node id →
     every node id sharing that node's host and GPUs (several raylets on one machine); a node
-    not named is alone on its host.
+    not named is alone on its host. ``raylets``: node id → its raylet as read on this host
+    (the embedded path), for nodes no report describes.
+
+    With the actor table read, every node also gets Ray's per-device placement
+    (:func:`agent.placement.place_devices`); a node shares the NVML devices of its host's
+    report.
     """
     nodes = dict(status.nodes)
+    id_maps: dict[str, Mapping[int, Optional[int]]] = {}
+    if actors is not None:
+        for node_id, scheduled in nodes.items():
+            group = set((co_hosted or {}).get(node_id, ())) | {node_id}
+            host_reports = [reports[n] for n in sorted(group) if n in reports]
+            own = reports.get(node_id)
+            raylet = (raylets or {}).get(node_id) or (own.raylet if own is not None else None)
+            gpus = next((r.gpus for r in host_reports if r.gpus is not None), None)
+            placement = place_devices(scheduled, actors, raylet, gpus)
+            nodes[node_id] = msgspec.structs.replace(scheduled, placement=placement)
+            if raylet is not None and raylet.environ_read and gpus is not None:
+                id_maps[node_id] = id_map(placement)
     for node_id, report in reports.items():
         node = nodes.get(node_id)
         if node is None or report.gpus is None:
@@ -356,6 +417,7 @@ def attribute_cluster(
             group,
             total_vram_mb=round(sum(m.total_vram_mb for m in members), 4),
             used_vram_mb=round(sum(m.used_vram_mb for m in members), 4),
+            id_maps=id_maps,
         )
         nodes[node_id] = msgspec.structs.replace(node, gpus=gpus, attribution=attribution)
     return msgspec.structs.replace(status, nodes=nodes)

@@ -521,7 +521,8 @@ def fit(
     from agent import fit as fitting
 
     with _one_line_errors():
-        result = fitting.fit(_read_cluster(head, token_file, gcs, timeout), request)
+        # gpus=True: the actor table too, for Ray's per-device placement (agent.placement).
+        result = fitting.fit(_read_cluster(head, token_file, gcs, timeout, gpus=True), request)
         _print([fit_json(result)] if json_out else fit_lines(result))
     raise typer.Exit(fitting.exit_code(result))
 

@@ -131,7 +131,11 @@ def embedded_status(
     # Every raylet of this cluster on this host shares its GPUs: their actors may hold them.
     local = {r.node_id for r in raylets} & {v.node_id for v in views}
     return attribute_cluster(
-        status, {n: r.report for n, r in reports.items()}, actors, {n: local for n in reports}
+        status,
+        {n: r.report for n, r in reports.items()},
+        actors,
+        {n: local for n in local},
+        {r.node_id: r for r in raylets if r.node_id in local},
     )
 
 

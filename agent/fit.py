@@ -6,8 +6,11 @@ The request shape is BioEngine AppBuilder's (``_apply_gpu_memory``) for an app d
 
 * on a cluster where a node advertises ``VRAM_MB``: ``GPU`` 0.01 (a device handle, so CUDA
   sees a GPU) plus ``VRAM_MB`` = the request — the real reservation;
-* otherwise ``GPU`` = round(MB / the smallest GPU's MB, 2): a request up to 10% over a whole
-  GPU is clamped to 1.0, more is refused; with no GPU node to size against, a whole GPU;
+* otherwise ``GPU`` = round(MB / the smallest GPU's MB, 2), rounded first: a rounded fraction
+  over 1.1 is refused, up to 1.1 is booked as 1.0 (so 16898 MB on a 15360 MB GPU, 1.1001
+  raw, rounds to 1.1 and deploys as one GPU); under 0.005 of the GPU it rounds to 0, and
+  BioEngine books ``num_gpus=0``: the replica runs with no GPU at all (said as a hazard);
+  with no GPU node to size against, a whole GPU;
 * ``-1``: a whole GPU, ``VRAM_MB`` packing ignored.
 
 The smallest GPU's MB: ``--gpu-total-mb`` if given, else per GPU node the smallest GPU NVML
@@ -16,10 +19,11 @@ When a GPU node has neither, the answer is "could not tell" (exit 2), never a gu
 
 Placement is on what the scheduler has available per node (``total - used``, in Ray's 1e-4
 fixed point, so 0.96 / 0.01 is 96, not 95.99). Replicas are spread one per node in turn,
-as Ray Serve spreads replicas. Known approximation: Ray packs fractional GPUs per device and
-the GCS gives per-node sums, so on a node with several partly booked GPUs Ray may refuse a
-fraction the node's sum allows; ``VRAM_MB`` is a per-node resource, so Ray itself books it
-that way.
+as Ray Serve spreads replicas. ``GPU`` is packed per device, as Ray packs it: a fraction
+needs that much free on one device, ``n`` whole GPUs need ``n`` free devices, taken from
+Ray's own placement (:mod:`agent.placement`) where the actor table was read and every
+booked ``GPU`` is an actor's; elsewhere node sums, and the answer says so. ``VRAM_MB`` is a
+per-node resource, so Ray itself books it that way.
 
 Beside the booking, the driver's view: on each node given replicas, NVML's free memory per
 GPU (fresh reports only) must hold what each replica needs, best case (each replica on the
@@ -32,6 +36,7 @@ from typing import NamedTuple, Optional
 
 from agent.errors import AgentError
 from agent.model import ClusterStatus, FitRequest, FitResult, GpuFit, NodeFit, NodeStatus
+from agent.placement import device_free, placement_known, replicas_on_devices
 from agent.rollup import SCHEDULER_STEMS, schedulable_nodes, scheduler_failure, scheduler_view_ok
 from agent.units import MIB
 
@@ -42,8 +47,14 @@ EXIT_COULD_NOT_TELL = 2
 GPU_HANDLE = 0.01
 """BioEngine's ``_GPU_HANDLE_EPSILON``: the GPU fraction that only binds a device."""
 WHOLE_GPU = -1
-OVERSHOOT = 1.10
-"""A request up to 10% over the smallest GPU is clamped to one GPU; more is refused."""
+GRACE = 0.1
+"""BioEngine's ``_GPU_FRACTION_GRACE``: a rounded fraction up to 1 + 0.1 is booked as one
+GPU; more is refused."""
+FRACTION_DECIMALS = 2
+"""BioEngine's ``_GPU_FRACTION_DECIMALS``: the fraction is rounded before anything else."""
+UNBOUNDED = 10**9
+"""Capacity of a node for a shape that asks for nothing it could run out of."""
+PER_DEVICE = "GPU per device"
 RESOURCE_UNIT = 10_000
 """Ray books resources in fixed point with 1e-4 resolution."""
 ACCELERATOR_PREFIX = "accelerator_type:"
@@ -139,6 +150,18 @@ def node_capacity(node: NodeStatus, shape: Mapping[str, float]) -> NodeFit:
     free = {resource: available(node, resource) for resource, amount in shape.items() if amount > 0}
     fit.capacity, fit.limited_by, fit.missing = replicas_in(free, shape)
     fit.available = {resource: round(amount, 4) for resource, amount in free.items() if amount is not None}
+    if not free:  # e.g. num_gpus=0 and nothing else: nothing to run out of
+        fit.capacity = UNBOUNDED
+    gpu = shape.get("GPU", 0.0)
+    if fit.missing or gpu <= 0:
+        return fit
+    if placement_known(node):  # Ray packs GPU per device: a fraction must fit on one
+        fit.per_device = True
+        on_devices = replicas_on_devices(device_free(node), gpu)
+        if on_devices < fit.capacity:
+            fit.capacity, fit.limited_by = on_devices, PER_DEVICE
+    elif node.total_gpu > 1:  # one GPU: its sum is the device
+        fit.per_device = False
     return fit
 
 
@@ -162,6 +185,21 @@ def replicas_in(
         return 0, None, missing
     capacity, limited_by = min(counts, key=lambda c: c[0])
     return capacity, limited_by, missing
+
+
+def per_device_note(fits: Sequence[NodeFit], nodes: Sequence[NodeStatus]) -> str:
+    """One line when some GPU node's ``GPU`` was judged on node sums, not per device."""
+    summed = [n for f, n in zip(fits, nodes) if f.per_device is False]
+    if not summed:
+        return ""
+    unknown = [n for n in summed if n.placement is None]
+    tasks = [n for n in summed if n.placement is not None]
+    why = []
+    if unknown:
+        why.append(f"{len(unknown)} without the actor table's placement")
+    if tasks:
+        why.append(f"{len(tasks)} with GPU booked by tasks, whose devices Ray does not publish")
+    return f"GPU judged on node sums, not per device, on {len(summed)} node(s): " + "; ".join(why)
 
 
 def spread(fits: Sequence[NodeFit], replicas: int) -> int:
@@ -246,14 +284,24 @@ def check_measured(
 
 
 def gpu_fraction(mb: int, smallest_mb: float) -> Optional[float]:
-    """BioEngine's GPU fraction for ``mb`` on a GPU of ``smallest_mb``: ``round(mb / size, 2)``,
-    at least the 0.01 handle; up to 10% over one GPU clamped to 1.0; ``None`` = refused."""
-    ratio = mb / smallest_mb
-    if ratio > OVERSHOOT:
+    """BioEngine's ``num_gpus`` for ``mb`` on a smallest GPU of ``smallest_mb``, exactly as
+    ``AppBuilder._apply_gpu_memory`` books it: the fraction is rounded to 2 decimals first;
+    a rounded fraction over 1.1 is refused (``None``); otherwise the smaller of it and 1.0.
+    Under 0.005 of the GPU this is 0.0: no GPU at all (see :func:`sizing_hazard`)."""
+    fraction = round(int(mb) / smallest_mb, FRACTION_DECIMALS)
+    if fraction > 1.0 + GRACE:
         return None
-    if ratio > 1:
-        return 1.0
-    return max(GPU_HANDLE, round(ratio, 2))
+    return min(1.0, fraction)
+
+
+def sizing_hazard(shape: Mapping[str, float], sizing: str) -> Optional[str]:
+    """What the booking BioEngine makes will do that the app's author did not ask for."""
+    if sizing == "fraction" and shape.get("GPU", 0.0) == 0.0:
+        return (
+            "BioEngine books num_gpus=0 for this request (under 0.5% of the smallest GPU"
+            " rounds to 0): the replica runs with no GPU, CUDA sees no device"
+        )
+    return None
 
 
 class Sizing(NamedTuple):
@@ -283,8 +331,12 @@ def _size_by_memory(status: ClusterStatus, request: FitRequest, mb: int) -> Sizi
         )
     gpu = gpu_fraction(mb, smallest)
     if gpu is None:
-        refused = f"{mb} MB is more than 10% over the smallest GPU ({smallest:.0f} MB, {origin})"
-        return Sizing("fraction", why, {"GPU": round(mb / smallest, 4)}, smallest, origin, refused)
+        fraction = round(mb / smallest, FRACTION_DECIMALS)
+        refused = (
+            f"{mb} MiB is {fraction:.2f} of the smallest GPU ({smallest:.0f} MiB, {origin}),"
+            " over the 1.1 BioEngine allows"
+        )
+        return Sizing("fraction", why, {"GPU": fraction}, smallest, origin, refused)
     return Sizing("fraction", why, {"GPU": gpu}, smallest, origin)
 
 
@@ -332,11 +384,13 @@ def fit(status: ClusterStatus, request: FitRequest) -> FitResult:
         shape=shape,
         refused=sizing.refused,
         replicas=request.replicas,
+        hazard=sizing_hazard(shape, sizing.name),
     )
     if sizing.refused is not None:
         return result
     result.nodes = [node_capacity(n, shape) for n in nodes]
     result.placed = spread(result.nodes, request.replicas)
+    result.per_device_note = per_device_note(result.nodes, nodes)
     result.fits_booking = result.placed == request.replicas
     for node_fit, node in zip(result.nodes, nodes):
         check_measured(node_fit, node, shape, request, status.view)

@@ -92,6 +92,9 @@ class ActorBooking(msgspec.Struct, kw_only=True, gc=False):
     """Required resources: ``GPU`` (device handles), ``VRAM_MB`` (MB booked), ``CPU``, ..."""
     gpu_ids: list[int] = []
     """The GPU ids Ray assigned it (indices of the raylet's visible GPUs)."""
+    gpu_shares: list[tuple[int, float]] = []
+    """``(gpu_id, quantity)``: how much of each of its GPU ids it holds (the actor table's
+    ``resource_mapping``); empty from a reader that predates it."""
 
 
 class GpuUser(msgspec.Struct, kw_only=True, gc=False):
@@ -161,6 +164,28 @@ class NodeAttribution(msgspec.Struct, kw_only=True, gc=False):
     """NVML: memory held by processes that booked nothing, summed over this node's GPUs."""
 
 
+class GpuHealth(msgspec.Struct, kw_only=True, gc=False):
+    """What an operator triages a GPU with, from NVML. ``None`` = not supported or not read
+    (absent, never 0). DCGM's field in brackets says what each means."""
+
+    xid_errors: Optional[int] = None
+    """XID events since this process began watching (the agent's start)
+    [``DCGM_FI_DEV_XID_ERRORS`` holds the last one's code]."""
+    last_xid: Optional[int] = None
+    ecc_uncorrected_volatile: Optional[int] = None
+    """Uncorrected ECC errors since the driver loaded [``DCGM_FI_DEV_ECC_DBE_VOL_TOTAL``]."""
+    retired_pages_pending: Optional[bool] = None
+    """Pages waiting to be retired at the next reset [``DCGM_FI_DEV_RETIRED_PENDING``]."""
+    remapped_rows_pending: Optional[bool] = None
+    """Rows waiting to be remapped at the next reset [``DCGM_FI_DEV_ROW_REMAP_PENDING``]."""
+    row_remap_failure: Optional[bool] = None
+    """A row remapping failed [``DCGM_FI_DEV_ROW_REMAP_FAILURE``]."""
+    clock_throttle_reasons: Optional[int] = None
+    """NVML's clock event reason bits now [``DCGM_FI_DEV_CLOCK_THROTTLE_REASONS``]."""
+    lost: bool = False
+    """The GPU has fallen off the bus (``NVML_ERROR_GPU_IS_LOST``)."""
+
+
 class GpuDevice(msgspec.Struct, kw_only=True, gc=False):
     """One GPU as NVML reports it (``nvidia-smi --query-gpu=...``). ``None`` = unknown."""
 
@@ -195,6 +220,11 @@ class GpuDevice(msgspec.Struct, kw_only=True, gc=False):
     (reason in ``errors``). On a MIG-enabled GPU they are listed on its MIG devices."""
     attribution: Optional[GpuAttribution] = None
     """Bookings beside measured memory; set by ``agent.attribution``, never by a node agent."""
+    health: Optional[GpuHealth] = None
+    """XID, ECC, row remapping, throttling, lost (``None``: not read, e.g. a MIG instance)."""
+    process_list_version: Optional[int] = None
+    """The NVML process-list call version that answered: 3 (``_v3``, drivers >= 510.39) or
+    2 (``_v2``, R450/R470)."""
 
 
 class HostInfo(msgspec.Struct, kw_only=True, gc=False):
@@ -226,6 +256,12 @@ class RayletInfo(msgspec.Struct, kw_only=True, gc=False):
     """The Ray node's own Python, first word of ``--python_worker_command``."""
     started_at: Optional[float] = None
     """The raylet process's start time (epoch seconds): with ``pid``, tells a restart apart."""
+    cuda_visible_devices: Optional[str] = None
+    """The raylet's ``CUDA_VISIBLE_DEVICES`` (its environment): Ray's GPU id *i* is entry *i*."""
+    cuda_device_order: Optional[str] = None
+    """The raylet's ``CUDA_DEVICE_ORDER`` (``PCI_BUS_ID``; unset = CUDA's fastest-first)."""
+    environ_read: bool = False
+    """Whether the raylet's environment could be read (else the two above are unknown)."""
 
 
 class RayNode(msgspec.Struct, kw_only=True, gc=False):
@@ -240,6 +276,49 @@ class RayNode(msgspec.Struct, kw_only=True, gc=False):
     available: Optional[dict[str, float]] = None
     """``None`` when the GCS holds no availability for the node (a dead node)."""
     labels: dict[str, str] = {}
+
+
+class DeviceFree(msgspec.Struct, kw_only=True, gc=False):
+    """One physical GPU of a Ray node as the scheduler placed work on it (agent.placement).
+
+    Ray keeps one ``GPU`` number per node but hands each actor specific GPU ids; a fraction
+    must fit on one device. This is that per-device view, from the actor table.
+    """
+
+    gpu_id: int
+    """Ray's GPU id on its node (an index into the raylet's visible GPUs)."""
+    visible_id: str
+    """What ``ray.get_gpu_ids()`` returns in a worker on it: the raylet's
+    ``CUDA_VISIBLE_DEVICES`` entry (an index or a UUID), else the id itself."""
+    uuid: Optional[str] = None
+    """NVML's UUID of the device; ``None`` when it cannot be told (see ``mapping``)."""
+    nvml_index: Optional[int] = None
+    mapping: str = ""
+    """How the Ray id was matched to an NVML device, or why it could not be (``ambiguous: ...``)."""
+    booked_gpu: float = 0.0
+    """``GPU`` booked on this device by actors (the actor table's ``resource_mapping``)."""
+    free_gpu: float = 1.0
+    """``1 - booked_gpu``: what one more fraction may take here (tasks not counted, see
+    :class:`NodePlacement`)."""
+    booked_vram_mb: float = 0.0
+    """``VRAM_MB`` (MiB) booked by the actors placed on this device (split evenly over an
+    actor's devices): Ray books ``VRAM_MB`` node-wide and never binds it to a device."""
+    actors: dict[str, float] = {}
+    """Actor id → the ``GPU`` quantity it holds here."""
+    memory_used_bytes: Optional[int] = None
+    """NVML, when the device was matched and measured."""
+    memory_total_bytes: Optional[int] = None
+
+
+class NodePlacement(msgspec.Struct, kw_only=True, gc=False):
+    """A node's per-device placement (:class:`DeviceFree` per Ray GPU id)."""
+
+    devices: list[DeviceFree] = []
+    unplaced_gpu: float = 0.0
+    """``GPU`` the node has booked that no actor accounts for (tasks, whose devices the actor
+    table does not name): where it is > 0 the per-device free numbers are an upper bound."""
+    note: str = ""
+    """Why the Ray id → NVML device mapping is partial, in the operator's words."""
 
 
 class NodeReport(msgspec.Struct, kw_only=True, gc=False):
@@ -313,6 +392,9 @@ class NodeStatus(msgspec.Struct, kw_only=True, gc=False):
     sources: list[SourceStatus] = []
     attribution: Optional[NodeAttribution] = None
     """Set by ``agent.attribution`` (``status --gpus``); ``None`` otherwise."""
+    placement: Optional[NodePlacement] = None
+    """Ray's per-device placement (``agent.placement``); ``None`` when the actor table was
+    not read."""
 
 
 class PendingNode(msgspec.Struct, kw_only=True, gc=False):
@@ -525,6 +607,9 @@ class NodeFit(msgspec.Struct, kw_only=True):
     need_bytes: Optional[int] = None
     """GPU memory one replica needs free, for the NVML check (``None``: not judged)."""
     gpus: list[GpuFit] = []
+    per_device: Optional[bool] = None
+    """``True``: ``GPU`` packed per device from Ray's placement; ``False``: node sums only
+    (placement unknown); ``None``: the shape asks no ``GPU`` here."""
 
 
 class FitResult(msgspec.Struct, kw_only=True):
@@ -553,3 +638,7 @@ class FitResult(msgspec.Struct, kw_only=True):
     fits: bool = False
     """The answer: fits by booking, and not refuted by measured memory."""
     nodes: list[NodeFit] = []
+    hazard: Optional[str] = None
+    """What the booking does that the request did not ask for (``num_gpus=0``: no GPU)."""
+    per_device_note: str = ""
+    """Why some nodes' ``GPU`` was judged on node sums, not per device."""

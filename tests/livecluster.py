@@ -36,6 +36,24 @@ REPLY = "@@"
 HEAD = {"num_cpus": 8, "num_gpus": 1, "resources": {"VRAM_MB": 24576, "accelerator_type:G": 1}}
 DENBI = {"num_cpus": 8, "num_gpus": 1, "resources": {"accelerator_type:T4": 1}}
 CPU_ONLY = {"num_cpus": 16, "num_gpus": 0}
+# Multi-GPU nodes beside the seed's head (issue 15), all on the one fake NVML of this host
+# (four A100s, UUIDs GPU-0000000<i>-...): a 4-GPU node as Ray sees all of them; a 2-GPU
+# node whose raylet sees GPUs 1 and 3 by index (PCI bus order); a 2-GPU node whose raylet
+# sees GPUs 2 and 0 by UUID. ``env`` is the raylet's environment (tests/test_live_multigpu.py).
+FAKE_UUID = "GPU-{:08x}-5f1c-4d3e-9a7b-000000000000"
+QUAD = {"num_cpus": 4, "num_gpus": 4, "resources": {"VRAM_MB": 4 * 40960, "accelerator_type:A100": 1}}
+PAIR_BY_INDEX = {
+    "num_cpus": 2,
+    "num_gpus": 2,
+    "resources": {"accelerator_type:A100": 1},
+    "env": {"CUDA_VISIBLE_DEVICES": "1,3", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"},
+}
+PAIR_BY_UUID = {
+    "num_cpus": 2,
+    "num_gpus": 2,
+    "resources": {"accelerator_type:V100": 1},
+    "env": {"CUDA_VISIBLE_DEVICES": f"{FAKE_UUID.format(2)},{FAKE_UUID.format(0)}"},
+}
 # The pending-demand cases: a 2-GPU node (two 0.6 replicas leave 0.4 on each device) and a
 # VRAM_MB node that two 8192 MB replicas fill.
 TWO_GPUS = {"num_cpus": 4, "num_gpus": 2, "resources": {"accelerator_type:A10G": 1}}
@@ -44,6 +62,7 @@ TOPOLOGIES: dict[str, list[tuple[str, dict[str, Any]]]] = {
     "seed": [("head", HEAD), ("denbi", DENBI), ("cpu", CPU_ONLY)],
     "demo": [("head", HEAD), ("denbi", DENBI)],
     "single": [("head", HEAD)],
+    "multigpu": [("head", HEAD), ("quad", QUAD), ("pair_index", PAIR_BY_INDEX), ("pair_uuid", PAIR_BY_UUID)],
     "pending": [("head", TWO_GPUS), ("vram", VRAM_FULL)],
 }
 # name -> (node, ray options): four federated-unet replicas of 5120 MB on Europa, one
@@ -64,6 +83,22 @@ PENDING_ACTORS: list[tuple[str, str, dict[str, Any]]] = [
 ]
 ACTORS = {"pending": PENDING_ACTORS}
 """The actors each topology starts with (the seed's by default)."""
+
+
+def _ray_actor_states(client: Any, actor_id: str) -> str:
+    """The GCS's state of one actor (``PENDING_CREATION`` while Ray cannot place it)."""
+    import asyncio
+
+    gcs_pb2: Any = importlib.import_module("ray.core.generated.gcs_pb2")
+
+    async def fetch() -> Any:
+        return await client.async_get_all_actor_info(timeout=10)
+
+    infos = asyncio.run(fetch())
+    for info in infos.values() if isinstance(infos, dict) else infos:
+        if info.actor_id.hex() == actor_id:
+            return str(gcs_pb2.ActorTableData.ActorState.Name(info.state))
+    return "UNKNOWN"
 
 
 def _node_pids(node: Any) -> list[int]:
@@ -90,7 +125,7 @@ class LiveCluster:
         )
         self.nodes: dict[str, Any] = {head_name: self.cluster.head_node}
         for name, args in spec[1:]:
-            self.nodes[name] = self.cluster.add_node(**common, **(args or {}))
+            self.nodes[name] = self._add_node(common, args or {})
         self.cluster.wait_for_nodes()
         ray.init(address=self.cluster.address, log_to_driver=False, logging_level="ERROR")
         self.actors: dict[str, Any] = {}
@@ -98,21 +133,61 @@ class LiveCluster:
         self.groups: dict[str, Any] = {}
         self.temp_dir = temp_dir
 
+    def _add_node(self, common: dict[str, Any], args: dict[str, Any]) -> Any:
+        """A raylet started with ``args["env"]`` in its environment (its workers inherit it)."""
+        env = args.get("env", {})
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            return self.cluster.add_node(**common, **{k: v for k, v in args.items() if k != "env"})
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
     def place(self, name: str, node: str, options: dict[str, Any]) -> dict[str, Any]:
-        """A real actor pinned to ``node``; returns its pid and actor id once it runs."""
+        """A real actor pinned to ``node``; returns its pid, actor id and ``ray.get_gpu_ids()``
+        (what the actor itself sees: the truth for per-device booking) once it runs."""
         strategies: Any = importlib.import_module("ray.util.scheduling_strategies")
+        ray = self.ray
 
         class Replica:
             def pid(self) -> int:
                 return os.getpid()
 
+            def gpu_ids(self) -> list[str]:
+                return [str(i) for i in ray.get_gpu_ids()]
+
         remote_replica: Any = self.ray.remote(Replica)
         strategy = strategies.NodeAffinitySchedulingStrategy(self.nodes[node].node_id, soft=False)
         actor = remote_replica.options(name=name, scheduling_strategy=strategy, **options).remote()
         pid = self.ray.get(actor.pid.remote(), timeout=60)
+        gpu_ids = self.ray.get(actor.gpu_ids.remote(), timeout=60)
         self.actors[name] = (actor, node, options)
         self.settle()
-        return {"name": name, "node": node, "pid": pid, "actor_id": actor._actor_id.hex()}
+        return {"name": name, "node": node, "pid": pid, "actor_id": actor._actor_id.hex(), "gpu_ids": gpu_ids}
+
+    def try_place(self, name: str, node: str, options: dict[str, Any], wait_s: float) -> dict[str, Any]:
+        """An actor pinned to ``node`` that may never be scheduled: whether it started within
+        ``wait_s`` and the GCS's state of it; killed again either way."""
+        strategies: Any = importlib.import_module("ray.util.scheduling_strategies")
+
+        class Probe:
+            def ready(self) -> bool:
+                return True
+
+        remote_probe: Any = self.ray.remote(Probe)
+        strategy = strategies.NodeAffinitySchedulingStrategy(self.nodes[node].node_id, soft=False)
+        actor = remote_probe.options(name=name, scheduling_strategy=strategy, **options).remote()
+        ready, _ = self.ray.wait([actor.ready.remote()], timeout=wait_s)
+        from agent.sources import gcs_read
+
+        client = gcs_read.connect(self.cluster.address)
+        states = _ray_actor_states(client, actor._actor_id.hex())
+        self.ray.kill(actor)
+        return {"name": name, "started": bool(ready), "gcs_state": states}
 
     def submit(self, name: str, options: dict[str, Any], placement_group: str = "") -> dict[str, Any]:
         """An actor created and not waited for (it may never be placed: the pending cases),
@@ -270,6 +345,13 @@ def serve(args: argparse.Namespace) -> int:
                 op = request.pop("op")
                 if op == "actor":
                     reply = cluster.place(request["name"], request["node"], request.get("options", {}))
+                elif op == "try_actor":
+                    reply = cluster.try_place(
+                        request["name"],
+                        request["node"],
+                        request.get("options", {}),
+                        request.get("wait_s", 10.0),
+                    )
                 elif op == "kill_actor":
                     reply = cluster.kill(request["name"])
                 elif op == "submit":

@@ -130,8 +130,8 @@ def test_prom_carries_the_three_gpu_numbers_with_units_and_node_labels() -> None
     text = metrics_text(seed_status())
     labels = 'node_id="' + "e0" * 28 + '",node_ip="172.17.0.3"'
     assert f"rayscope_gpus_booked{{{labels}}} 0.04" in text
-    assert f"rayscope_vram_booked_megabytes{{{labels}}} 20480" in text
-    assert f"rayscope_vram_total_megabytes{{{labels}}} 24576" in text
+    assert f"rayscope_vram_booked_bytes{{{labels}}} {20480 * 1024**2}" in text  # MiB, in bytes
+    assert f"rayscope_vram_total_bytes{{{labels}}} {24576 * 1024**2}" in text
     assert f"rayscope_gpu_memory_used_bytes{{{labels}}} {int(5.8 * 1024**3)}" in text
 
 

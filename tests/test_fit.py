@@ -11,7 +11,8 @@ ignoring NVML fails ``test_booking_fits_but_measured_memory_does_not``.
 """
 
 import json
-from typing import Any
+from decimal import ROUND_HALF_EVEN, Decimal
+from typing import Any, Optional
 
 import msgspec
 import pytest
@@ -77,14 +78,51 @@ def test_nodes_without_vram_mb_take_no_vram_booked_replica() -> None:
         (15360, 1.0),  # exactly one
         (15361, 1.0),  # over, clamped
         (16896, 1.0),  # 10% over exactly: still clamped
-        (16897, None),  # more: refused
+        (16898, 1.0),  # 1.1001 raw rounds to 1.1: BioEngine deploys it as one GPU
+        (16972, 1.0),  # 1.10495 rounds to 1.1: the last one booked
+        (16973, None),  # 1.10501 rounds to 1.11: the first one refused
         (100, 0.01),  # round(0.0065, 2) = 0.01
-        (10, 0.01),  # round() gives 0.0: never below the device handle
+        (77, 0.01),  # 0.00501: the smallest request that still gets a GPU
+        (76, 0.0),  # 0.00495 rounds to 0: num_gpus=0, no GPU at all
+        (10, 0.0),
         (5000, 0.33),
     ],
 )
 def test_gpu_fraction_edges(mb: int, expected: Any) -> None:
     assert gpu_fraction(mb, T4_MIB) == expected
+
+
+def bioengine_num_gpus(mb: int, smallest_mb: float) -> Optional[float]:
+    """BioEngine's rule restated independently (decimal arithmetic on the exact ratio): the
+    fraction rounded half-even to 0.01 first; refused over 1.1; at most 1.0."""
+    exact = Decimal(mb / smallest_mb).quantize(Decimal("0.01"), rounding=ROUND_HALF_EVEN)
+    if exact > Decimal("1.1"):
+        return None
+    return float(min(exact, Decimal(1)))
+
+
+@pytest.mark.parametrize("smallest_mb", [15360.0, 16384.0, 24576.0, 40960.0, 81559.0, 15095.06])
+def test_gpu_fraction_matches_bioengine_over_a_grid(smallest_mb: float) -> None:
+    """Every whole MiB from 1 to 1.2 x the GPU, both boundaries inside: the 0 -> 0.01 step
+    near 0.5% and the 1.0 -> refused step near 1.105. Positive control: applying the grace
+    to the raw ratio (the old rule) disagrees on the requests between 1.1 and 1.105; never
+    going below the 0.01 handle disagrees on the tiny ones."""
+    top = int(smallest_mb * 1.2)
+    mismatches = [
+        mb for mb in range(1, top) if gpu_fraction(mb, smallest_mb) != bioengine_num_gpus(mb, smallest_mb)
+    ]
+    assert mismatches == []
+    zero = [mb for mb in range(1, top) if gpu_fraction(mb, smallest_mb) == 0.0]
+    refused = [mb for mb in range(1, top) if gpu_fraction(mb, smallest_mb) is None]
+    assert zero and max(zero) / smallest_mb < 0.005 <= (max(zero) + 1) / smallest_mb
+    assert refused and (min(refused) - 1) / smallest_mb < 1.105 <= min(refused) / smallest_mb + 1e-9
+
+
+def test_a_tiny_request_is_booked_with_no_gpu_and_said_so() -> None:
+    result = answer(fraction_status(), gpu_memory_mb=50)
+    assert result.shape == {"GPU": 0.0} and result.fits
+    assert result.hazard is not None and "runs with no GPU" in result.hazard
+    assert f"Hazard: {result.hazard}" in fit_lines(result)
 
 
 def test_up_to_ten_percent_over_is_one_gpu() -> None:
@@ -95,9 +133,11 @@ def test_up_to_ten_percent_over_is_one_gpu() -> None:
     assert by_node(result)[A100].placed == 1 and result.fits
 
 
-def test_more_than_ten_percent_over_is_refused() -> None:
-    result = answer(fraction_status(), gpu_memory_mb=16897)
-    assert result.refused == "16897 MB is more than 10% over the smallest GPU (15360 MB, NVML on 10.0.0.5)"
+def test_a_rounded_fraction_over_one_point_one_is_refused() -> None:
+    result = answer(fraction_status(), gpu_memory_mb=16973)
+    assert result.refused == (
+        "16973 MiB is 1.11 of the smallest GPU (15360 MiB, NVML on 10.0.0.5), over the 1.1 BioEngine allows"
+    )
     assert (result.fits, fit.exit_code(result), result.nodes) == (False, 1, [])
     assert fit_lines(result)[1] == f"Fits: no, refused: {result.refused}"
 

@@ -77,7 +77,7 @@ def test_prom_textfile(live_cluster: LiveCluster, rayscope_env: dict[str, str], 
     assert done.returncode == 0, done.stderr
     text = target.read_text()
     head = live_cluster.node_id("head")
-    assert f'rayscope_vram_booked_megabytes{{node_id="{head}",node_ip="127.0.0.1"}} 20480' in text
+    assert f'rayscope_vram_booked_bytes{{node_id="{head}",node_ip="127.0.0.1"}} {20480 * 1024**2}' in text
     assert f'rayscope_gpus_booked{{node_id="{head}",node_ip="127.0.0.1"}} 0.04' in text
     assert 'rayscope_source_up{source="gcs"} 1' in text
     assert oct(target.stat().st_mode & 0o777) == oct(0o666 & ~_umask())  # readable by node_exporter

@@ -120,7 +120,7 @@ def test_refused_and_bad_usage(live_cluster: LiveCluster, rayscope_env: dict[str
         rayscope_env,
         live_cluster,
         "--gpu-memory-mb",
-        "18100",
+        "18200",  # 1.1108 of the GPU rounds to 1.11: over BioEngine's 1.1 (18100 rounds to 1.1, booked)
         "--sizing",
         "fraction",
         "--gpu-total-mb",
@@ -128,7 +128,8 @@ def test_refused_and_bad_usage(live_cluster: LiveCluster, rayscope_env: dict[str
     )
     assert code == 1
     assert (
-        "Fits: no, refused: 18100 MB is more than 10% over the smallest GPU (16384 MB, --gpu-total-mb)" in out
+        "Fits: no, refused: 18200 MiB is 1.11 of the smallest GPU (16384 MiB, --gpu-total-mb),"
+        " over the 1.1 BioEngine allows" in out
     )
     code, _, err = fit(rayscope_env, live_cluster, "--shape", '{"TPU": 1}')
     assert code == 2 and "unknown resource 'TPU'" in err and "Traceback" not in err

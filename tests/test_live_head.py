@@ -183,7 +183,7 @@ def test_metrics_and_auth(fleet: Fleet) -> None:
     assert code == 200
     text = body.decode()
     head_id = fleet.cluster.node_id("head")
-    assert f'rayscope_vram_booked_megabytes{{node_id="{head_id}",node_ip="127.0.0.1"}} 20480' in text
+    assert f'rayscope_vram_booked_bytes{{node_id="{head_id}",node_ip="127.0.0.1"}} {20480 * 1024**2}' in text
     assert f'rayscope_gpus_booked{{node_id="{head_id}",node_ip="127.0.0.1"}} 0.04' in text
     assert 'rayscope_source_up{source="gcs"} 1' in text
     assert "rayscope_report_age_seconds{" in text

@@ -123,8 +123,44 @@ def test_two_gpus_json_carries_processes_and_attribution(
     mine = next(p for p in diag["processes"] if p["pid"] == sleeper)
     assert mine["name"] == "sleep" and mine["worker_pid"] is None
     sources = {s["name"]: s for s in diag["sources"]}
-    assert sources["nvml"] == {"name": "nvml", "ok": True, "reason": "", "detail": "2 GPU(s), memory info v2"}
+    assert sources["nvml"] == {
+        "name": "nvml",
+        "ok": True,
+        "reason": "",
+        "detail": "2 GPU(s), memory info v2, process list v3",
+    }
     assert sources["procs"]["ok"]
+
+
+@pytest.fixture(scope="module")
+def r470_nvml(tmp_path_factory: pytest.TempPathFactory) -> fake.FakeNvml:
+    """The fake built as an R470 driver's library: no ``_v3`` process lists, no memory v2."""
+    return fake.build(tmp_path_factory.mktemp("fake-nvml-r470"), era="r470")
+
+
+def test_an_r470_driver_lists_the_same_processes_through_v2(
+    fake_nvml_lib: fake.FakeNvml, r470_nvml: fake.FakeNvml, sleeper: int, tmp_path: Path
+) -> None:
+    """The same GPUs and processes under a current and an R470-era library: processes and
+    attribution come out the same; the call version that answered is named (3, then 2).
+    Positive control: calling only pynvml's default (``_v3``) leaves R470's lists empty
+    (``processes`` null, a Function Not Found error on every GPU)."""
+    docs = []
+    for lib in (fake_nvml_lib, r470_nvml):
+        done = run_node(lib, fake.two_gpus(sleeper), tmp_path, "--json")
+        assert done.returncode == 0, done.stderr
+        docs.append(json.loads(done.stdout))
+    current, old = docs
+    for new_gpu, old_gpu in zip(current["gpus"], old["gpus"]):
+        assert old_gpu["processes"] == new_gpu["processes"]
+        assert old_gpu["attribution"] == new_gpu["attribution"]
+        assert "compute_processes" not in old_gpu["errors"]
+    assert [g["process_list_version"] for g in current["gpus"]] == [3, 3]
+    assert [g["process_list_version"] for g in old["gpus"]] == [2, 2]
+    assert [g["memory_info_version"] for g in old["gpus"]] == [1, 1]  # R470 has no memory v2 either
+    assert current["gpus"][0]["processes"]  # not vacuous: the sleeper and a stranger are listed
+    old_nvml = next(s for s in old["sources"] if s["name"] == "nvml")
+    assert old_nvml["detail"] == "2 GPU(s), memory info v1, process list v2"
 
 
 def test_plain_node_keeps_its_one_line_per_gpu(
@@ -142,12 +178,13 @@ def test_plain_node_keeps_its_one_line_per_gpu(
 
 
 def test_one_gpu_lost(fake_nvml_lib: fake.FakeNvml, tmp_path: Path) -> None:
-    """The lost GPU degrades its own row only."""
+    """The lost GPU degrades its own row only, flagged unhealthy: fallen off the bus."""
     assert node_gpu_lines(fake_nvml_lib, fake.gpu_lost(), tmp_path) == [
         "GPUs: 2 (driver 550.54.14)",
         "  GPU0 NVIDIA GeForce RTX 3090  booked NA  used 5.8 GB  util 87%",
         "    bus 00000000:01:00.0  temp 61 C  power 245/350 W  memory 5.8/24.0 GB, 0.3 GB reserved (v2)",
-        "  GPU1 NA  booked NA  used NA GB  util NA  (device: GPU is lost)",
+        "  GPU1 NA  booked NA  used NA GB  util NA  unhealthy  (device: GPU is lost)",
+        "    health: fallen off the bus",
         "  all GPUs: booked NA  actors use NA GB  unbooked 0.0 GB",
     ]
 
@@ -227,3 +264,33 @@ def test_in_a_container_host_pids_are_not_mapped(
         "  all GPUs: booked NA  actors use NA GB  unbooked NA GB",
         CONTAINER,
     ]
+
+
+def test_gpu_health_scenarios(fake_nvml_lib: fake.FakeNvml, sleeper: int, tmp_path: Path) -> None:
+    """XID events, ECC, a pending row remap, throttling, a lost GPU: one ``unhealthy`` flag
+    on each such device's line and a ``health:`` line saying why; the healthy GPU has none.
+    A field NVML does not support is absent (``null``), a supported 0 is 0. Positive
+    control: reading ECC as 0 when unsupported fails the GPU2 assertions."""
+    lines = node_gpu_lines(fake_nvml_lib, fake.four_gpus_health(sleeper), tmp_path)
+    assert lines[1] == "  GPU0 NVIDIA A100-SXM4-40GB  booked NA  used 2.0 GB  util 87%"
+    assert lines[2].startswith("    bus 00000000:17:00.0") and not lines[3].startswith("    health:")
+    gpu1 = lines.index("  GPU1 NVIDIA A100-SXM4-40GB  booked NA  used 2.0 GB  util 87%  unhealthy")
+    assert lines[gpu1 + 2] == (
+        "    health: XID 79 (2 since start); 3 uncorrected ECC errors; row remap pending (reset the GPU)"
+    )
+    gpu2 = lines.index("  GPU2 NVIDIA A100-SXM4-40GB  booked NA  used 2.0 GB  util 87%  unhealthy")
+    assert lines[gpu2 + 2] == "    health: throttled: hw_slowdown, hw_thermal"
+    assert "  GPU3 NA  booked NA  used NA GB  util NA  unhealthy  (device: GPU is lost)" in lines
+    assert "    health: fallen off the bus" in lines
+
+    done = run_node(fake_nvml_lib, fake.four_gpus_health(sleeper), tmp_path, "--json")
+    health = [g["health"] for g in json.loads(done.stdout)["gpus"]]
+    assert health[0]["ecc_uncorrected_volatile"] == 0 and health[0]["xid_errors"] == 0
+    assert (health[1]["xid_errors"], health[1]["last_xid"], health[1]["remapped_rows_pending"]) == (
+        2,
+        79,
+        True,
+    )
+    assert health[2]["ecc_uncorrected_volatile"] is None and health[2]["retired_pages_pending"] is None
+    assert health[2]["clock_throttle_reasons"] == 0x48
+    assert health[3]["lost"] is True

@@ -104,3 +104,14 @@ def test_json_numbers_stay_numbers() -> None:
     for node in doc["nodes"].values():
         assert node["total_gpu_memory"] is None or isinstance(node["total_gpu_memory"], int)
     assert doc["nodes"][CPU]["slurm_job_id"] == "8812"
+
+
+@pytest.mark.parametrize(
+    ("used", "expected"),
+    [(0.5, "CPU: 0.50/16"), (2.0, "CPU: 2/16"), (2.00001, "CPU: 2/16"), (0.25, "CPU: 0.25/16")],
+)
+def test_cpus_booked_in_fractions_do_not_show_as_zero(used: float, expected: str) -> None:
+    """Half a CPU booked is ``0.50``, not ``0`` (the old ``.0f``); whole CPUs keep the seed's
+    format, within Ray's 1e-4 fixed point."""
+    node = msgspec.structs.replace(seed_status().nodes[CPU], used_cpu=used)
+    assert node_line(node) == f"10.0.0.7 [worker] {expected}"

@@ -6,6 +6,9 @@ from agent.model import FitResult, NodeFit
 from agent.render.fmt import encode, gib, number, size
 from agent.validate import printable_lines
 
+UNBOUNDED = 10**9
+"""``agent.fit``'s capacity for a shape that asks for nothing a node could run out of."""
+
 FIT_SIZING_WORDS = {
     "vram_mb": "VRAM_MB booking",
     "fraction": "GPU fraction",
@@ -39,12 +42,16 @@ def fit_node_label(fit: NodeFit) -> str:
 
 def fit_node_line(fit: NodeFit, shape: dict[str, float]) -> str:
     """``127.0.0.1 [HEAD] G e0e0e0e0: fits 0, gets 0 (VRAM_MB: 4096 MB free, needs 5120 MB)``."""
-    line = f"{fit_node_label(fit)}: fits {fit.capacity}, gets {fit.placed}"
+    fits = "any number" if fit.capacity >= UNBOUNDED else str(fit.capacity)
+    line = f"{fit_node_label(fit)}: fits {fits}, gets {fit.placed}"
     if fit.missing:
         return line + " (" + ", ".join(f"no {name}" for name in fit.missing) + ")"
     if fit.limited_by is None:
         return line
     name = fit.limited_by
+    if name == "GPU per device":
+        free = f"no device has {number(shape['GPU'])} GPU free" if fit.capacity == 0 else "packed per device"
+        return line + f" ({name}: {free})"
     free = resource_amount(name, fit.available.get(name, 0.0))
     if fit.capacity == 0:
         return line + f" ({name}: {free} free, needs {resource_amount(name, shape[name])})"
@@ -89,6 +96,8 @@ def fit_sizing_line(result: FitResult) -> str:
 def fit_lines(result: FitResult) -> list[str]:
     """``rayscope fit``: the shape, the answer, per node how many fit, the driver's view."""
     lines = [fit_sizing_line(result), fit_answer_line(result)]
+    if result.hazard:
+        lines.append(f"Hazard: {result.hazard}")
     if result.nodes:
         lines += ["", "Nodes:"]
     unmeasured: dict[str, int] = {}
@@ -99,7 +108,7 @@ def fit_lines(result: FitResult) -> list[str]:
             lines.append("    " + measured)
         if fit.measured == "unknown":
             unmeasured[fit.measured_reason] = unmeasured.get(fit.measured_reason, 0) + 1
-    notes = []
+    notes = [result.per_device_note] if result.per_device_note else []
     for reason, count in unmeasured.items():
         note = f"Measured memory: NA on {count} node(s) given replicas: {reason}"
         if result.view == "gcs" and "head agent" in reason:

@@ -48,6 +48,13 @@ def source_notes(sources: Sequence[SourceStatus]) -> list[str]:
     return [f"{s.name.upper()}: {s.reason}" for s in sources if not s.ok]
 
 
+def cpus(value: float) -> str:
+    """CPUs booked: ``8`` when whole, ``0.50`` when Ray booked a fraction (the seed's rule for
+    GPU fractions, ``.2f``), so half a CPU never prints as ``0``. Ray's 1e-4 fixed point
+    decides what counts as whole."""
+    return f"{value:.0f}" if abs(value - round(value)) < 5e-5 else f"{value:.2f}"
+
+
 def number(value: float) -> str:
     """``8`` for a whole number, ``0.5`` otherwise (``%g``)."""
     return f"{value:.0f}" if value == int(value) else f"{value:g}"

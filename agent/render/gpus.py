@@ -3,9 +3,16 @@
 from collections.abc import Sequence
 from typing import Optional
 
-from agent.model import ClusterStatus, GpuDevice, GpuUser, NodeAttribution
+from agent.health import health_flags
+from agent.model import ClusterStatus, DeviceFree, GpuDevice, GpuUser, NodeAttribution, NodeStatus
 from agent.render.fmt import gib, has_gpus, visible_nodes
+from agent.units import MIB
 from agent.validate import printable_lines
+
+FULLER_BOOKED = 0.9
+"""A device at least this booked (``GPU`` fraction, or ``VRAM_MB`` of its memory) ..."""
+FULLER_THAN_NODE = 0.25
+"""... and this much above the node's average gets its own line under the node's status."""
 
 FLAG_WORDS = {
     "over_booking": "over booking",
@@ -65,6 +72,7 @@ def gpu_booking_line(gpu: GpuDevice) -> str:
     name = gpu.name or "NA"
     mig = "  MIG on" if gpu.mig_enabled else ""
     flags = _flags_text(gpu.attribution.flags) if gpu.attribution else ""
+    flags += "  unhealthy" if health_flags(gpu) else ""  # one flag; `node --gpus` says why
     used = f"used {gib(gpu.memory_used_bytes)} GB"
     return f"{gpu_label(gpu)} {name}{mig}  {booked_text(gpu)}  {used}  util {util}{flags}{_errors_text(gpu)}"
 
@@ -156,6 +164,8 @@ def gpu_block_lines(
         lines.append(gpu_booking_line(gpu))
         if details and "device" not in gpu.errors:
             lines.append("  " + gpu_details_line(gpu))
+        if details and health_flags(gpu):
+            lines.append("  health: " + "; ".join(health_flags(gpu)))
         for mig in gpu.mig_devices:
             lines.append("  " + gpu_booking_line(mig))
             if details:
@@ -165,6 +175,68 @@ def gpu_block_lines(
         users = gpu.attribution.users if gpu.attribution else []
         lines += ["  " + user_line(u) for u in users]
     return lines + node_attribution_lines(attribution, gpus)
+
+
+def device_label(device: DeviceFree) -> str:
+    """``GPU1 GPU-00000001-...``: NVML's index and UUID; Ray's id and entry when unmatched."""
+    if device.nvml_index is not None:
+        return f"GPU{device.nvml_index} {device.uuid or 'NA'}"
+    return f"Ray GPU {device.gpu_id} ({device.visible_id})"
+
+
+def device_line(device: DeviceFree) -> str:
+    """``GPU1 GPU-00000001-...  booked 0.75 GPU + 30720 MiB VRAM_MB by 2 actors, 0.25 free
+    used 3.0/40.0 GB``: Ray's placement on one device beside NVML's memory."""
+    booked = f"booked {device.booked_gpu:.2f} GPU"
+    if device.booked_vram_mb:
+        booked += f" + {device.booked_vram_mb:.0f} MiB VRAM_MB"
+    booked += f" by {_count(len(device.actors), 'actor')}, {device.free_gpu:.2f} free"
+    used = f"used {gib(device.memory_used_bytes)}/{gib(device.memory_total_bytes)} GB"
+    unmatched = f"  ({device.mapping})" if device.nvml_index is None and device.mapping else ""
+    return f"{device_label(device)}  {booked}  {used}{unmatched}"
+
+
+def _device_vram_share(device: DeviceFree, node: NodeStatus) -> Optional[float]:
+    if node.total_vram_mb <= 0:
+        return None
+    if device.memory_total_bytes:
+        return device.booked_vram_mb / (device.memory_total_bytes / MIB)
+    return device.booked_vram_mb / (node.total_vram_mb / max(node.total_gpu, 1.0))
+
+
+def fuller_devices(node: NodeStatus) -> list[DeviceFree]:
+    """Devices of a multi-GPU node much fuller than the node's sums suggest: at least 90%
+    booked (``GPU``, or ``VRAM_MB`` of the device's memory) and 25 points above the node."""
+    if node.placement is None or node.total_gpu <= 1:
+        return []
+    node_gpu = node.used_gpu / node.total_gpu
+    node_vram = node.used_vram_mb / node.total_vram_mb if node.total_vram_mb > 0 else 0.0
+    fuller = []
+    for device in node.placement.devices:
+        vram = _device_vram_share(device, node)
+        by_gpu = device.booked_gpu >= FULLER_BOOKED and device.booked_gpu - node_gpu >= FULLER_THAN_NODE
+        by_vram = vram is not None and vram >= FULLER_BOOKED and vram - node_vram >= FULLER_THAN_NODE
+        if by_gpu or by_vram:
+            fuller.append(device)
+    return fuller
+
+
+def placement_lines(node: NodeStatus) -> list[str]:
+    """``--gpus``: Ray's placement on every device of a multi-GPU node (on one GPU the node's
+    own numbers are the device's), and what it cannot say."""
+    placement = node.placement
+    if placement is None or node.total_gpu <= 1:
+        return []
+    lines = ["Ray's placement per device (actor table):"]
+    lines += ["  " + device_line(d) for d in placement.devices]
+    if node.total_vram_mb > 0 and node.total_gpu > 1:
+        lines.append(
+            f"VRAM_MB is booked node-wide on {node.total_gpu:.0f} GPUs: Ray binds it to no device;"
+            " per device above by the actors' placement"
+        )
+    if placement.unplaced_gpu > 0:
+        lines.append(f"{placement.unplaced_gpu:.2f} GPU booked by tasks: device not known (booking unknown)")
+    return lines
 
 
 def status_gpu_lines(status: ClusterStatus, include_dead: bool = False) -> list[str]:
@@ -181,4 +253,5 @@ def status_gpu_lines(status: ClusterStatus, include_dead: bool = False) -> list[
             lines.append("  none: NVML found no GPU")
         else:
             lines += ["  " + line for line in gpu_block_lines(node.gpus, node.attribution)]
+        lines += ["  " + line for line in placement_lines(node)]
     return printable_lines(lines)

@@ -1,10 +1,17 @@
-"""``/metrics`` and ``status --format prom``: Prometheus text exposition."""
+"""``/metrics`` and ``status --format prom``: Prometheus text exposition.
+
+Names follow Prometheus base units: memory in bytes. ``VRAM_MB`` is counted by Ray in MiB
+(BioEngine sizes it from ``nvidia-smi`` totals, which are MiB), so it is exposed times 2**20.
+Per-device gauges (from Ray's placement, where the actor table was read) are labelled by
+NVML UUID (``uuid``, empty where Ray's id could not be matched) and Ray's ``gpu_id``.
+"""
 
 from collections.abc import Callable
 from typing import Optional
 
-from agent.model import ClusterStatus, NodeStatus
+from agent.model import ClusterStatus, DeviceFree, GpuDevice, NodeStatus
 from agent.pending import shape_text
+from agent.units import MIB
 from agent.validate import printable
 
 # name, help, value of a node (None = unknown: the sample is left out, never written as 0)
@@ -16,14 +23,14 @@ _NODE_METRICS: tuple[tuple[str, str, Callable[[NodeStatus], Optional[float]]], .
     ),
     ("rayscope_gpus_total", "GPUs the node advertises to Ray.", lambda n: n.total_gpu),
     (
-        "rayscope_vram_booked_megabytes",
-        "GPU memory booked through Ray's VRAM_MB resource.",
-        lambda n: n.used_vram_mb,
+        "rayscope_vram_booked_bytes",
+        "GPU memory booked through Ray's VRAM_MB resource (counted in MiB by Ray), in bytes.",
+        lambda n: n.used_vram_mb * MIB,
     ),
     (
-        "rayscope_vram_total_megabytes",
-        "VRAM_MB the node advertises (0: no VRAM booking).",
-        lambda n: n.total_vram_mb,
+        "rayscope_vram_total_bytes",
+        "VRAM_MB the node advertises (MiB), in bytes (0: no VRAM booking).",
+        lambda n: n.total_vram_mb * MIB,
     ),
     (
         "rayscope_gpu_memory_used_bytes",
@@ -47,8 +54,116 @@ _NODE_METRICS: tuple[tuple[str, str, Callable[[NodeStatus], Optional[float]]], .
 )
 
 
+# name, help, value of one device of Ray's placement
+_DEVICE_METRICS: tuple[tuple[str, str, Callable[[DeviceFree], Optional[float]]], ...] = (
+    (
+        "rayscope_device_gpu_booked",
+        "Ray's GPU resource booked on this device by actors (resource_mapping).",
+        lambda d: d.booked_gpu,
+    ),
+    (
+        "rayscope_device_vram_booked_bytes",
+        "VRAM_MB (MiB) of the actors placed on this device, in bytes: Ray books it node-wide.",
+        lambda d: d.booked_vram_mb * MIB,
+    ),
+)
+
+
+def _flag(value: Optional[bool]) -> Optional[float]:
+    return None if value is None else float(value)
+
+
+# name, help (the DCGM field it matches), value of one GPU NVML reported; None = absent
+_GPU_METRICS: tuple[tuple[str, str, Callable[[GpuDevice], Optional[float]]], ...] = (
+    (
+        "rayscope_gpu_xid_errors",
+        "XID events since the node agent started watching (DCGM_FI_DEV_XID_ERRORS holds the last code).",
+        lambda g: None if g.health is None or g.health.xid_errors is None else float(g.health.xid_errors),
+    ),
+    (
+        "rayscope_gpu_last_xid",
+        "Code of the last XID event since the agent started (DCGM_FI_DEV_XID_ERRORS).",
+        lambda g: None if g.health is None or g.health.last_xid is None else float(g.health.last_xid),
+    ),
+    (
+        "rayscope_gpu_ecc_uncorrected_volatile_errors",
+        "Uncorrected ECC errors since the driver loaded (DCGM_FI_DEV_ECC_DBE_VOL_TOTAL).",
+        lambda g: (
+            None
+            if g.health is None or g.health.ecc_uncorrected_volatile is None
+            else float(g.health.ecc_uncorrected_volatile)
+        ),
+    ),
+    (
+        "rayscope_gpu_retired_pages_pending",
+        "1 when pages wait to be retired at the next reset (DCGM_FI_DEV_RETIRED_PENDING).",
+        lambda g: None if g.health is None else _flag(g.health.retired_pages_pending),
+    ),
+    (
+        "rayscope_gpu_row_remap_pending",
+        "1 when rows wait to be remapped at the next reset (DCGM_FI_DEV_ROW_REMAP_PENDING).",
+        lambda g: None if g.health is None else _flag(g.health.remapped_rows_pending),
+    ),
+    (
+        "rayscope_gpu_row_remap_failure",
+        "1 when a row remapping failed (DCGM_FI_DEV_ROW_REMAP_FAILURE).",
+        lambda g: None if g.health is None else _flag(g.health.row_remap_failure),
+    ),
+    (
+        "rayscope_gpu_clock_throttle_reasons",
+        "NVML clock event reason bits now (DCGM_FI_DEV_CLOCK_THROTTLE_REASONS).",
+        lambda g: (
+            None
+            if g.health is None or g.health.clock_throttle_reasons is None
+            else float(g.health.clock_throttle_reasons)
+        ),
+    ),
+    (
+        "rayscope_gpu_temperature_celsius",
+        "GPU temperature (DCGM_FI_DEV_GPU_TEMP).",
+        lambda g: None if g.temperature_c is None else float(g.temperature_c),
+    ),
+    (
+        "rayscope_gpu_power_usage_watts",
+        "Power draw (DCGM_FI_DEV_POWER_USAGE).",
+        lambda g: None if g.power_draw_mw is None else g.power_draw_mw / 1000,
+    ),
+    (
+        "rayscope_gpu_power_limit_watts",
+        "Enforced power limit (DCGM_FI_DEV_ENFORCED_POWER_LIMIT).",
+        lambda g: None if g.power_limit_mw is None else g.power_limit_mw / 1000,
+    ),
+    (
+        "rayscope_gpu_lost",
+        "1 when the GPU has fallen off the bus (NVML GPU is lost; DCGM reports it as XID 79).",
+        lambda g: None if g.health is None else float(g.health.lost),
+    ),
+)
+
+
+def _gpu_samples(nodes: list[NodeStatus]) -> list[str]:
+    """Per GPU of every fresh NVML report, labelled by node, NVML index and UUID."""
+    lines: list[str] = []
+    for name, help_text, value_of in _GPU_METRICS:
+        samples = []
+        for node in nodes:
+            if node.stale:
+                continue
+            for gpu in node.gpus or []:
+                value = value_of(gpu)
+                if value is None:
+                    continue
+                uuid = _label(gpu.uuid or "")
+                labels = f'node_id="{_label(node.node_id)}",gpu="{gpu.index}",uuid="{uuid}"'
+                samples.append(f"{name}{{{labels}}} {_sample(value)}")
+        if samples:
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", *samples]
+    return lines
+
+
 def _sample(value: float) -> str:
     """Exact: ``25769803776``, not ``2.57698e+10``."""
+    value = float(value)
     return str(int(value)) if value.is_integer() else repr(value)
 
 
@@ -89,6 +204,19 @@ def metrics_text(status: ClusterStatus) -> str:
             if value is not None:
                 labels = f'node_id="{_label(node.node_id)}",node_ip="{_label(node.node_ip or "")}"'
                 lines.append(f"{name}{{{labels}}} {_sample(value)}")
+    lines += _gpu_samples(nodes)
+    for name, help_text, device_value in _DEVICE_METRICS:
+        samples = []
+        for node in nodes:
+            for device in node.placement.devices if node.placement is not None else []:
+                value = device_value(device)
+                if value is None:
+                    continue
+                uuid = _label(device.uuid or "")
+                labels = f'node_id="{_label(node.node_id)}",uuid="{uuid}",gpu_id="{device.gpu_id}"'
+                samples.append(f"{name}{{{labels}}} {_sample(value)}")
+        if samples:
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", *samples]
     lines += pending_metrics(status)
     lines += ["# HELP rayscope_source_up 1 when the source answered.", "# TYPE rayscope_source_up gauge"]
     lines += [f'rayscope_source_up{{source="{_label(s.name)}"}} {int(s.ok)}' for s in status.sources]

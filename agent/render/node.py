@@ -3,7 +3,7 @@
 from typing import Optional
 
 from agent.model import GpuDevice, HostInfo, NodeDiagnostics, NodeStatus, RayletInfo
-from agent.render.fmt import booking, encode, gib, number, size, source_notes
+from agent.render.fmt import booking, cpus, encode, gib, number, size, source_notes
 from agent.render.gpus import gpu_block_lines
 from agent.validate import printable_lines
 
@@ -35,7 +35,7 @@ def raylet_lines(raylet: RayletInfo, node: Optional[NodeStatus]) -> list[str]:
     lines = [f"Ray node {raylet.node_ip} {role} {raylet.node_id}  raylet pid {raylet.pid}"]
     if node is not None:
         gpu = f"{booking(node)}  " if node.total_gpu > 0 else ""
-        lines.append(f"  scheduler: {gpu}CPU: {node.used_cpu:.0f}/{node.total_cpu:.0f}")
+        lines.append(f"  scheduler: {gpu}CPU: {cpus(node.used_cpu)}/{cpus(node.total_cpu)}")
     else:
         lines.append("  scheduler: unknown (GCS not read)")
     lines.append(f"  advertises: {resources_text(raylet.static_resources)}")

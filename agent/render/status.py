@@ -14,7 +14,8 @@ import msgspec
 
 from agent.model import ClusterStatus, NodeStatus, PendingDemand, SourceStatus
 from agent.pending import shape_text
-from agent.render.fmt import booking, encode, gib, has_gpus, source_notes, visible_nodes
+from agent.render.fmt import booking, cpus, encode, gib, has_gpus, source_notes, visible_nodes
+from agent.render.gpus import device_line, fuller_devices
 from agent.rollup import scheduler_failure, scheduler_view_ok
 from agent.validate import printable, printable_lines
 
@@ -43,7 +44,7 @@ def node_markers(node: NodeStatus, view: str, scheduler_ok: bool) -> list[str]:
 def node_line(node: NodeStatus, view: str = "gcs", scheduler_ok: bool = True) -> str:
     """One node, e.g. ``10.0.0.5 [worker] T4 GPU: 0.99/1 VRAM: 5.8/24.0 GB  CPU: 6/8``."""
     words = [node.node_ip or node.hostname or node.node_id[:12], "[HEAD]" if node.head else "[worker]"]
-    cpu = f"CPU: {node.used_cpu:.0f}/{node.total_cpu:.0f}"
+    cpu = f"CPU: {cpus(node.used_cpu)}/{cpus(node.total_cpu)}"
     memory = f"VRAM: {gib(node.used_gpu_memory)}/{gib(node.total_gpu_memory)} GB"
     if not node.in_scheduler:  # an agent's node the scheduler does not know: nothing booked to show
         words.append(memory)
@@ -63,7 +64,7 @@ def node_line(node: NodeStatus, view: str = "gcs", scheduler_ok: bool = True) ->
 def cluster_line(status: ClusterStatus) -> str:
     """``Cluster: 16/32 CPUs, 1.03/2 GPUs, booked: 20480/24576 MB``."""
     c = status.cluster
-    line = f"Cluster: {c.used_cpu:.0f}/{c.total_cpu:.0f} CPUs, {c.used_gpu:.2f}/{c.total_gpu:.0f} GPUs"
+    line = f"Cluster: {cpus(c.used_cpu)}/{cpus(c.total_cpu)} CPUs, {c.used_gpu:.2f}/{c.total_gpu:.0f} GPUs"
     if c.total_vram_mb > 0:
         line += f", booked: {c.used_vram_mb:.0f}/{c.total_vram_mb:.0f} MB"
     return line
@@ -91,7 +92,10 @@ def status_lines(status: ClusterStatus, include_dead: bool = False) -> list[str]
     for title, group in (("GPU nodes:", gpu_nodes), ("CPU-only nodes:", cpu_nodes)):
         if group:
             lines += ["", title]
-            lines += ["  " + node_line(n, status.view, scheduler_ok) for n in group]
+            for n in group:
+                lines.append("  " + node_line(n, status.view, scheduler_ok))
+                # A device much fuller than the node sum: its own line (needs Ray's placement).
+                lines += ["    " + device_line(d) + "  fuller than the node sum" for d in fuller_devices(n)]
     lines += pending_lines(status)
     notes = source_notes(status.sources)
     unmeasured = status.cluster.gpu_nodes - status.cluster.gpu_nodes_measured

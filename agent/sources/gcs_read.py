@@ -10,7 +10,10 @@ quirks live here and in ``gcs.py`` only.
 Output, per node: ``node_id`` (hex), ``node_ip``, ``hostname``, ``is_head``, ``alive``,
 ``total``, ``available`` (``null`` when the GCS holds none, e.g. for a dead node), ``labels``.
 Per live actor: ``actor_id``, ``node_id``, ``pid``, ``name``, ``class_name``, ``state``,
-``job_id`` (hex), ``required`` (resources it booked), ``gpu_ids`` (the GPU ids Ray gave it).
+``job_id`` (hex), ``required`` (resources it booked), ``gpu_ids`` (the GPU ids Ray gave it),
+``gpu_shares`` (``[[gpu_id, quantity], ...]``: how much of each of those GPUs it holds, from
+the actor table's ``resource_mapping``; Ray gives a fraction on one device, whole GPUs as 1.0
+each).
 """
 
 import importlib
@@ -114,9 +117,11 @@ def read_actors(client: Any, timeout_s: float) -> list[dict[str, Any]]:
     actors = []
     for info in _actor_table(client, timeout_s):
         node_id = info.node_id or info.address.node_id
-        gpu_ids = sorted(
-            {int(r.index) for m in info.resource_mapping if m.name == "GPU" for r in m.resource_ids}
-        )
+        shares: dict[int, float] = {}
+        for entry in info.resource_mapping:
+            if entry.name == "GPU":
+                for r in entry.resource_ids:
+                    shares[int(r.index)] = shares.get(int(r.index), 0.0) + float(r.quantity)
         actors.append(
             {
                 "actor_id": info.actor_id.hex(),
@@ -127,7 +132,8 @@ def read_actors(client: Any, timeout_s: float) -> list[dict[str, Any]]:
                 "state": states.Name(info.state),
                 "job_id": info.job_id.hex(),
                 "required": _resources(info.required_resources),
-                "gpu_ids": gpu_ids,
+                "gpu_ids": sorted(shares),
+                "gpu_shares": [[gpu_id, round(shares[gpu_id], 4)] for gpu_id in sorted(shares)],
             }
         )
     return actors

@@ -13,12 +13,13 @@ used_memory`` (graphics processes too). MIG instances are read as devices of the
 
 import atexit
 import contextlib
+import ctypes
 import threading
 from typing import Any, Callable, Optional, TypeVar
 
 import pynvml
 
-from agent.model import GpuDevice, GpuProcess, SourceStatus
+from agent.model import GpuDevice, GpuHealth, GpuProcess, SourceStatus
 
 T = TypeVar("T")
 
@@ -155,25 +156,49 @@ def _instance_id(value: Any) -> Optional[int]:
     return int(value)
 
 
-def _processes(handle: Any, errors: dict[str, str]) -> Optional[list[GpuProcess]]:
-    """Compute and graphics processes; ``None`` only when neither list could be read.
+PROCESS_LIST_VERSIONS = (3, 2)
+"""The process-list calls pynvml offers, newest first. ``_v3`` needs a driver >= 510.39;
+R450/R470 drivers export only ``_v2`` (same struct), and nvidia-ml-py 13's unversioned call
+is ``_v3``: without the fallback every GPU's process list there comes back empty."""
+
+
+def _process_list(
+    handle: Any, kind: str, errors: dict[str, str]
+) -> tuple[Optional[list[Any]], Optional[int]]:
+    """One NVML process list (``Compute`` or ``Graphics``) through the newest call version
+    this driver exports: (entries, version that answered); ``(None, None)`` on failure."""
+    field = f"{kind.lower()}_processes"
+    for version in PROCESS_LIST_VERSIONS:
+        call = getattr(pynvml, f"nvmlDeviceGet{kind}RunningProcesses_v{version}", None)
+        if call is None:  # this pynvml predates the version
+            continue
+        try:
+            return list(call(handle)), version
+        except pynvml.NVMLError as err:
+            if err.value == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+                continue  # an older driver: try the previous call version
+            errors[field] = _text(err)
+            return None, None
+        except _LIBRARY_TOO_OLD:
+            continue
+    errors[field] = "Function Not Found (no process-list call version this driver exports)"
+    return None, None
+
+
+def _processes(handle: Any, errors: dict[str, str]) -> tuple[Optional[list[GpuProcess]], Optional[int]]:
+    """Compute and graphics processes, and the call version that answered; ``None`` only
+    when neither list could be read.
 
     Graphics lists are Not Supported on many datacenter GPUs: that is quiet, not an error.
     """
-    compute = _field(
-        errors, "compute_processes", lambda: list(pynvml.nvmlDeviceGetComputeRunningProcesses(handle))
-    )
+    compute, version = _process_list(handle, "Compute", errors)
     graphics_errors: dict[str, str] = {}
-    graphics = _field(
-        graphics_errors,
-        "graphics_processes",
-        lambda: list(pynvml.nvmlDeviceGetGraphicsRunningProcesses(handle)),
-    )
+    graphics, graphics_version = _process_list(handle, "Graphics", graphics_errors)
     if graphics is None and graphics_errors["graphics_processes"] != "Not Supported":
         errors.update(graphics_errors)
     if compute is None and graphics is None:
-        return None
-    return merge_processes(compute or [], graphics or [])
+        return None, None
+    return merge_processes(compute or [], graphics or []), version or graphics_version
 
 
 def _shared_fields(handle: Any, errors: dict[str, str]) -> dict[str, Any]:
@@ -196,6 +221,7 @@ def _read_mig_device(parent_index: int, mig_index: int, handle: Any) -> GpuDevic
     """One MIG instance as a device of its own (memory, utilization and processes are its own;
     temperature and power are the physical GPU's and are read there)."""
     errors: dict[str, str] = {}
+    processes, version = _processes(handle, errors)
     return GpuDevice(
         index=mig_index,
         parent_index=parent_index,
@@ -206,7 +232,8 @@ def _read_mig_device(parent_index: int, mig_index: int, handle: Any) -> GpuDevic
         compute_instance_id=_field(
             errors, "compute_instance_id", lambda: int(pynvml.nvmlDeviceGetComputeInstanceId(handle))
         ),
-        processes=_processes(handle, errors),
+        processes=processes,
+        process_list_version=version,
         errors=errors,
     )
 
@@ -226,14 +253,128 @@ def _mig_devices(index: int, handle: Any, errors: dict[str, str]) -> list[GpuDev
     return devices
 
 
+_QUIET = {
+    pynvml.NVML_ERROR_NOT_SUPPORTED,
+    pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+    pynvml.NVML_ERROR_NO_PERMISSION,
+}
+
+
+class _Lost(Exception):
+    """A health read answered GPU is lost."""
+
+
+def _quiet(read: Callable[[], T]) -> Optional[T]:
+    """A health field: its value, or ``None`` when unsupported (most consumer GPUs have no
+    ECC or row remapping: absent, not an error on every row); GPU lost raises :class:`_Lost`."""
+    try:
+        return read()
+    except pynvml.NVMLError as err:
+        if err.value == pynvml.NVML_ERROR_GPU_IS_LOST:
+            raise _Lost from None
+        return None  # not supported here, or not permitted: absent
+    except _LIBRARY_TOO_OLD:
+        return None
+
+
+def _address(handle: Any) -> Optional[int]:
+    return ctypes.cast(handle, ctypes.c_void_p).value
+
+
+# XID events, watched from the first read on (one event set per process): NVML delivers each
+# event once, so the counts are "since this agent started watching".
+_event_set: Any = None
+_watched: dict[Optional[int], int] = {}  # handle address -> GPU index
+_xids: dict[int, list[int]] = {}  # GPU index -> XID codes seen
+
+
+def _watch_xids(index: int, handle: Any) -> bool:
+    """Register the GPU for XID events once; whether its events are being watched."""
+    global _event_set
+    address = _address(handle)
+    if address in _watched:
+        return True
+    try:
+        if _event_set is None:
+            _event_set = pynvml.nvmlEventSetCreate()
+        pynvml.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, _event_set)
+    except (pynvml.NVMLError, _LIBRARY_TOO_OLD):
+        return False
+    _watched[address] = index
+    _xids.setdefault(index, [])
+    return True
+
+
+def _drain_xids() -> None:
+    """Every XID event waiting, without blocking (timeout 0)."""
+    if _event_set is None:
+        return
+    for _ in range(10_000):  # bounded: a storm of events never stalls a read
+        try:
+            data = pynvml.nvmlEventSetWait_v2(_event_set, 0)
+        except (pynvml.NVMLError, _LIBRARY_TOO_OLD):
+            return  # NVML_ERROR_TIMEOUT: nothing more waiting
+        index = _watched.get(_address(data.device))
+        if index is not None and data.eventType & pynvml.nvmlEventTypeXidCriticalError:
+            _xids[index].append(int(data.eventData))
+
+
+def _throttle_reasons(handle: Any) -> Optional[int]:
+    """Clock event reasons, newest call first (``...ThrottleReasons`` on older drivers)."""
+    for name in ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"):
+        call: Optional[Callable[[Any], Any]] = getattr(pynvml, name, None)
+        if call is None:
+            continue
+
+        def read(call: Callable[[Any], Any] = call) -> int:
+            return int(call(handle))
+
+        value = _quiet(read)
+        if value is not None:
+            return value
+    return None
+
+
+def read_health(index: int, handle: Any) -> GpuHealth:
+    """XID events, ECC, pending retirements and remaps, throttling; lost when NVML says so."""
+    try:
+        watching = _watch_xids(index, handle)
+        _drain_xids()
+        ecc = _quiet(
+            lambda: int(
+                pynvml.nvmlDeviceGetTotalEccErrors(
+                    handle, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC
+                )
+            )
+        )
+        retired = _quiet(lambda: bool(pynvml.nvmlDeviceGetRetiredPagesPendingStatus(handle)))
+        remapped = _quiet(lambda: pynvml.nvmlDeviceGetRemappedRows(handle))
+        throttle = _throttle_reasons(handle)
+    except _Lost:
+        return GpuHealth(lost=True)
+    xids = _xids.get(index, []) if watching else None
+    return GpuHealth(
+        xid_errors=None if xids is None else len(xids),
+        last_xid=xids[-1] if xids else None,
+        ecc_uncorrected_volatile=ecc,
+        retired_pages_pending=retired,
+        remapped_rows_pending=None if remapped is None else bool(remapped[2]),
+        row_remap_failure=None if remapped is None else bool(remapped[3]),
+        clock_throttle_reasons=throttle,
+    )
+
+
 def read_device(index: int) -> GpuDevice:
     """One GPU; a GPU NVML cannot reach is a row with only its index and the reason."""
     errors: dict[str, str] = {}
     try:
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
     except pynvml.NVMLError as err:
-        return GpuDevice(index=index, errors={"device": _text(err)})
+        lost = GpuHealth(lost=True) if err.value == pynvml.NVML_ERROR_GPU_IS_LOST else None
+        return GpuDevice(index=index, errors={"device": _text(err)}, health=lost)
     mig = _mig_mode(handle, errors)
+    # On a MIG GPU the processes are listed on its instances, not twice.
+    processes, version = (None, None) if mig else _processes(handle, errors)
     return GpuDevice(
         index=index,
         **_shared_fields(handle, errors),
@@ -249,8 +390,9 @@ def read_device(index: int) -> GpuDevice:
         ),
         mig_enabled=mig,
         mig_devices=_mig_devices(index, handle, errors) if mig else [],
-        # On a MIG GPU the processes are listed on its instances, not twice.
-        processes=None if mig else _processes(handle, errors),
+        processes=processes,
+        process_list_version=version,
+        health=read_health(index, handle),
         errors=errors,
     )
 
@@ -268,4 +410,7 @@ def read_gpus() -> tuple[Optional[str], Optional[list[GpuDevice]], SourceStatus]
     gpus = [read_device(i) for i in range(count)]
     versions = sorted({g.memory_info_version for g in gpus if g.memory_info_version})
     detail = f"{count} GPU(s)" + (f", memory info v{'/v'.join(map(str, versions))}" if versions else "")
+    leaves = [d for g in gpus for d in (g.mig_devices or [g])]
+    lists = sorted({d.process_list_version for d in leaves if d.process_list_version})
+    detail += f", process list v{'/v'.join(map(str, lists))}" if lists else ""
     return driver, gpus, SourceStatus(name="nvml", ok=True, detail=detail)

@@ -86,6 +86,21 @@ def parse_raylet_cmdline(argv: Sequence[str], pid: int = 0) -> Optional[RayletIn
     )
 
 
+CUDA_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
+
+
+def read_gpu_environ(proc: psutil.Process, info: RayletInfo) -> None:
+    """The raylet's ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER`` (``/proc/PID/environ``,
+    readable by root and the raylet's own user): Ray's GPU id *i* is entry *i* of the first."""
+    try:
+        environ = proc.environ()
+    except (psutil.Error, OSError):  # another user's raylet: the mapping stays unknown
+        return
+    info.cuda_visible_devices = environ.get(CUDA_ENV[0])
+    info.cuda_device_order = environ.get(CUDA_ENV[1])
+    info.environ_read = True
+
+
 def find_raylets() -> tuple[list[RayletInfo], SourceStatus]:
     """Every raylet process on this host, head first then by node id."""
     raylets: list[RayletInfo] = []
@@ -98,6 +113,7 @@ def find_raylets() -> tuple[list[RayletInfo], SourceStatus]:
             info = parse_raylet_cmdline(proc.cmdline(), proc.pid)
             if info is not None:
                 info.started_at = proc.create_time()
+                read_gpu_environ(proc, info)
             if info is not None and info.python_executable:  # SECURITY.md rule 1
                 refusal = trust.raylet_python_refusal(proc.pid, proc.uids(), info.python_executable)
                 if refusal:

@@ -29,8 +29,14 @@ class FakeNvml:
         return {**base, "LD_LIBRARY_PATH": str(self.lib_dir), SCENARIO_ENV: str(scenario)}
 
 
-def build(lib_dir: Path) -> FakeNvml:
-    """Compile ``fake_nvml.c`` into ``lib_dir/libnvidia-ml.so.1`` (warnings are errors)."""
+ERAS = {"current": [], "r470": ["-DDRIVER_R470"]}
+"""Driver eras the fake is built for, with the symbols each era's library exports (see the
+comment at the top of ``fake_nvml.c``)."""
+
+
+def build(lib_dir: Path, era: str = "current") -> FakeNvml:
+    """Compile ``fake_nvml.c`` into ``lib_dir/libnvidia-ml.so.1`` as a driver of ``era``
+    exports it (warnings are errors)."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         raise RuntimeError("no C compiler (cc) on PATH: the fake NVML library cannot be built")
@@ -43,6 +49,7 @@ def build(lib_dir: Path) -> FakeNvml:
             "-Wall",
             "-Wextra",
             "-Werror",
+            *ERAS[era],
             "-o",
             str(lib_dir / LIBRARY),
             str(SOURCE),
@@ -160,3 +167,21 @@ def mig(sleeper_pid: int) -> str:
 def mismatch() -> str:
     """The library updated, the kernel module not reloaded (NVML_ERROR_LIB_RM_VERSION_MISMATCH)."""
     return "init 18\n"
+
+
+A100 = "NVIDIA A100-SXM4-40GB"
+
+
+def four_gpus_health(sleeper_pid: int) -> str:
+    """Four A100s with UUIDs and PCI ids: GPU0 healthy (ECC and row remapping read, all 0);
+    GPU1 with two XID events (79 last), 3 uncorrected ECC errors and a row remap pending;
+    GPU2 clock-throttled (HW slowdown + HW thermal, 0x48) with no ECC support; GPU3 fallen
+    off the bus."""
+    lines = HEADER + "count 4\n"
+    for i in range(3):
+        lines += gpu(i, A100, pci=f"00000000:{0x17 + 0x10 * i:02X}:00.0", total_gib=40, used_gib=2.0)
+    lines += "gpu0.ecc_uncorrected 0\ngpu0.remapped 0 0 0 0\ngpu0.retired_pending 0\ngpu0.throttle 0x1\n"
+    lines += process("gpu0", sleeper_pid, 1.0)
+    lines += "gpu1.ecc_uncorrected 3\ngpu1.remapped 0 3 1 0\ngpu1.xid 48\ngpu1.xid 79\ngpu1.throttle 0x0\n"
+    lines += "gpu2.throttle 0x48\n"
+    return lines + "gpu3.error.handle 15\n"

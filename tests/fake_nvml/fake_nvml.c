@@ -17,6 +17,18 @@
  *   <device>.error.FIELD CODE       FIELD answers CODE: handle, name, uuid, pci, memory,
  *                                   memory_v2, util, temperature, power, power_limit, mig,
  *                                   compute, graphics
+ *
+ * Health (absent key = Not Supported):
+ *   gpuI.ecc_uncorrected N          volatile uncorrected ECC errors
+ *   gpuI.retired_pending 0|1        retired pages pending
+ *   gpuI.remapped CORR UNC PENDING FAILURE   row remapping
+ *   gpuI.throttle MASK              current clock event (throttle) reasons, e.g. 0x48
+ *   gpuI.xid CODE                   one line per XID event, delivered once by nvmlEventSetWait_v2
+ *
+ * Driver eras (one build each, tests/fake_nvml/__init__.py): the default build exports what a
+ * current driver (>= 510.39) does; -DDRIVER_R470 builds an R450/R470 library: no _v3 process
+ * lists and no nvmlDeviceGetMemoryInfo_v2 (both absent, as on those drivers), the _v2 process
+ * lists present. The symbol set is the era's, so a binding that only calls _v3 finds nothing.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -208,6 +220,7 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m) {
     return OK;
 }
 
+#ifndef DRIVER_R470
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m) {
     if (m->version != MEMORY_V2) return ARGUMENT_VERSION_MISMATCH;
     unsigned long long v[3];
@@ -220,6 +233,7 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m) {
     m->free = v[0] - v[1] - v[2];
     return OK;
 }
+#endif
 
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u) {
     nvmlReturn_t err = device_error(d, "util");
@@ -301,10 +315,123 @@ static nvmlReturn_t processes(nvmlDevice_t d, const char *kind, unsigned int *co
     return OK;
 }
 
+#ifndef DRIVER_R470
 nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *count, nvmlProcessInfo_t *infos) {
     return processes(d, "compute", count, infos);
 }
 
 nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t d, unsigned int *count, nvmlProcessInfo_t *infos) {
     return processes(d, "graphics", count, infos);
+}
+#endif
+
+/* R450 onwards: the same struct layout as _v3 (pid, memory, GPU and compute instance). */
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t d, unsigned int *count, nvmlProcessInfo_t *infos) {
+    return processes(d, "compute", count, infos);
+}
+
+nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t d, unsigned int *count, nvmlProcessInfo_t *infos) {
+    return processes(d, "graphics", count, infos);
+}
+
+/* Health. */
+nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t d, int errorType, int counterType, unsigned long long *count) {
+    if (errorType != 1 || counterType != 0) return NOT_SUPPORTED; /* only uncorrected, volatile */
+    nvmlReturn_t err = device_error(d, "ecc");
+    if (err) return err;
+    const char *v = device_value(d, "ecc_uncorrected");
+    if (!v) return NOT_SUPPORTED;
+    *count = strtoull(v, NULL, 10);
+    return OK;
+}
+
+nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t d, int *pending) {
+    unsigned int v = 0;
+    nvmlReturn_t err = uint_field(d, "retired_pending", &v);
+    if (!err) *pending = (int)v;
+    return err;
+}
+
+nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t d, unsigned int *corr, unsigned int *unc, unsigned int *pending,
+                                       unsigned int *failure) {
+    nvmlReturn_t err = device_error(d, "remapped");
+    if (err) return err;
+    const char *v = device_value(d, "remapped");
+    if (!v || sscanf(v, "%u %u %u %u", corr, unc, pending, failure) != 4) return NOT_SUPPORTED;
+    return OK;
+}
+
+static nvmlReturn_t clock_reasons(nvmlDevice_t d, unsigned long long *reasons) {
+    nvmlReturn_t err = device_error(d, "throttle");
+    if (err) return err;
+    const char *v = device_value(d, "throttle");
+    if (!v) return NOT_SUPPORTED;
+    *reasons = strtoull(v, NULL, 0);
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t d, unsigned long long *r) { return clock_reasons(d, r); }
+nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t d, unsigned long long *r) { return clock_reasons(d, r); }
+
+/* XID events: each scenario `gpuI.xid CODE` line is delivered once, to a set the GPU registered with. */
+#define XID_EVENT 0x8ull
+#define TIMEOUT 10
+struct nvmlEventSet_st {
+    int delivered[MAX_GPUS];
+};
+typedef struct nvmlEventSet_st *nvmlEventSet_t;
+typedef struct {
+    nvmlDevice_t device;
+    unsigned long long eventType, eventData;
+    unsigned int gpuInstanceId, computeInstanceId;
+} nvmlEventData_t;
+static struct nvmlEventSet_st event_set;
+static unsigned long long registered[MAX_GPUS];
+
+nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
+    memset(&event_set, 0, sizeof event_set);
+    *set = &event_set;
+    return OK;
+}
+
+nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t d, unsigned long long *types) {
+    nvmlReturn_t err = device_error(d, "events");
+    if (err) return err;
+    *types = XID_EVENT;
+    return OK;
+}
+
+nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t d, unsigned long long types, nvmlEventSet_t set) {
+    (void)set;
+    nvmlReturn_t err = device_error(d, "events");
+    if (err) return err;
+    if (d->slot >= MAX_GPUS) return NOT_SUPPORTED;
+    registered[d->slot] |= types;
+    return OK;
+}
+
+nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
+    (void)timeoutms;
+    for (int g = 0; g < MAX_GPUS; g++) {
+        if (!(registered[g] & XID_EVENT)) continue;
+        char key[32];
+        snprintf(key, sizeof key, "gpu%d.xid", g);
+        int seen = 0;
+        for (int i = 0; i < entries; i++) {
+            if (strcmp(keys[i], key)) continue;
+            if (seen++ < set->delivered[g]) continue;
+            set->delivered[g]++;
+            memset(data, 0, sizeof *data);
+            data->device = &devices[g];
+            data->eventType = XID_EVENT;
+            data->eventData = strtoull(values[i], NULL, 10);
+            data->gpuInstanceId = data->computeInstanceId = 0xFFFFFFFFu;
+            return OK;
+        }
+    }
+    return TIMEOUT;
+}
+
+nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
+    (void)set;
+    return OK;
 }

@@ -25,7 +25,7 @@ from agent.render.fit import fit_json, fit_lines
 from agent.render.gpus import status_gpu_lines
 from agent.render.metrics import metrics_text
 from agent.render.node import node_json, node_lines
-from agent.render.status import completeness_note, source_details, status_json, status_lines, status_ndjson
+from agent.render.status import source_details, status_json, status_lines, status_ndjson
 
 app = typer.Typer(
     name="rayscope",
@@ -311,7 +311,8 @@ def status(
     NVML with the scheduler's view. Without, it reads the scheduler's view of every node
     from the GCS (no ray.init, no job) and NVML on this host only. The JSON's "view" says
     which. Exit codes: 0 = complete; 1 = partial (the report of a node whose agent was
-    reporting is stale, or the scheduler's view is missing while agents report); 2 = no
+    reporting is stale, or the scheduler's view is older than 3 intervals, or missing
+    while agents report); 2 = no
     data (head or GCS unreachable, no address) or bad usage; 3 = --output/--append FILE
     could not be written. Nodes that run no agent are not partial data.
     """
@@ -335,8 +336,7 @@ def status(
         raise typer.Exit(code)
     with _one_line_errors():
         result = _read_cluster(head, token_file, gcs, timeout, gpus)
-        code = completeness.status_exit_code(result)
-        note = completeness_note(result)
+        code, note = completeness.assess(result)
         if code == EXIT_NO_DATA:  # never an empty document over a good one
             raise AgentError(note or "no data", code)
         text = _render_status(result, fmt, all_nodes, gpus)

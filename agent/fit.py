@@ -30,6 +30,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Optional
 
+from agent.completeness import SchedulerView, scheduler_view
 from agent.errors import AgentError
 from agent.model import ClusterStatus, FitRequest, FitResult, GpuFit, NodeFit, NodeStatus
 from agent.units import MIB
@@ -305,10 +306,6 @@ def request_sizing(status: ClusterStatus, request: FitRequest) -> Sizing:
     return sizing
 
 
-def scheduler_view_ok(status: ClusterStatus) -> bool:
-    return any(s.name == "gcs" and s.ok for s in status.sources)
-
-
 def fit(status: ClusterStatus, request: FitRequest) -> FitResult:
     """The answer to "will R more replicas fit?", by booking and by measured memory.
 
@@ -317,10 +314,16 @@ def fit(status: ClusterStatus, request: FitRequest) -> FitResult:
     """
     if request.replicas < 1:
         raise AgentError("--replicas must be at least 1", EXIT_COULD_NOT_TELL)
-    if not scheduler_view_ok(status):
+    view = scheduler_view(status)
+    if view is not SchedulerView.FRESH:
         reasons = [s.reason for s in status.sources if s.name == "gcs" and not s.ok]
         why = f" ({reasons[0]})" if reasons else ""
-        raise AgentError(f"could not tell: no scheduler view of the cluster{why}", EXIT_COULD_NOT_TELL)
+        what = (
+            "no scheduler view"
+            if view is SchedulerView.NONE
+            else (f"only a {status.scheduler_age_s or 0:.0f}s old scheduler view")
+        )
+        raise AgentError(f"could not tell: {what} of the cluster{why}", EXIT_COULD_NOT_TELL)
     nodes = schedulable_nodes(status)
     if not nodes:
         raise AgentError("could not tell: the scheduler knows no alive node", EXIT_COULD_NOT_TELL)

@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable, Optional, TypeVar
 
@@ -183,15 +184,14 @@ class GcsReader:
         if not ray_importable():
             raise GcsUnavailable(f"ray is not importable by this Python ({sys.executable})")
         try:
+            deadline = time.monotonic() + self.timeout_s  # one for the check, connect and read
             if self._client is None:
                 check_port(self.address, self.timeout_s)
-                self._client = _with_deadline(
-                    lambda: gcs_read.connect(self.address), self.timeout_s, self._busy
-                )
+                left = remaining_s(deadline, self.address, self.timeout_s)
+                self._client = _with_deadline(lambda: gcs_read.connect(self.address), left, self._busy)
             client = self._client
-            return _with_deadline(
-                lambda: gcs_read.read_nodes(client, self.timeout_s), self.timeout_s, self._busy
-            )
+            left = remaining_s(deadline, self.address, self.timeout_s)
+            return _with_deadline(lambda: gcs_read.read_nodes(client, left), left, self._busy)
         except GcsUnavailable:
             raise
         except Exception as err:
@@ -231,15 +231,27 @@ def _to_nodes(raw: object, address: str, detail: str) -> tuple[list[RayNode], So
     return nodes, SourceStatus(name="gcs", ok=True, detail=detail)
 
 
+def remaining_s(deadline: float, address: str, timeout_s: float) -> float:
+    """Seconds left before ``deadline`` (monotonic clock): one deadline for the port check
+    and what follows it, never one each; :class:`GcsUnavailable` when none is left."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise GcsUnavailable(f"GCS unreachable at {address} (timeout {timeout_s:g} s)")
+    return left
+
+
 def _run_child(address: str, timeout_s: float, python: str, *extra: str) -> dict[str, Any]:
-    """``gcs_read`` as a script under ``python`` with a deadline: its whole JSON answer."""
+    """``gcs_read`` as a script under ``python``, the port check and the child under one
+    deadline of ``timeout_s``: its whole JSON answer."""
+    deadline = time.monotonic() + timeout_s
     check_port(address, timeout_s)
+    left = remaining_s(deadline, address, timeout_s)
     source = gcs_read.__loader__.get_source(gcs_read.__name__)  # type: ignore[union-attr]
     try:
         done = subprocess.run(
-            [python, "-c", source, address, str(timeout_s), *extra],
+            [python, "-c", source, address, f"{left:.3f}", *extra],
             capture_output=True,
-            timeout=timeout_s,
+            timeout=left,
             text=True,
             check=False,
         )

@@ -115,9 +115,7 @@ class RayHead:
 
     def wait_exit(self, timeout_s: float = 90.0) -> int:
         """``ray start --block`` ends when one of its processes died (after killing the rest)."""
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            pass
         self.stop()  # whatever it left behind (and its log)
         return int(self.process.returncode)

@@ -233,7 +233,7 @@ def test_a_hung_nvml_call_is_a_timed_out_source_and_the_loop_goes_on(
     node_id = "6a" * 28
     agent = nvml_agent(fake_nvml_lib, one_gpu() + "hang 60\n", tmp_path, head_daemon, wire_token, node_id)
     try:
-        node, _ = poll("a first report", lambda: node_json(head_daemon, node_id), 60.0)
+        _node, _ = poll("a first report", lambda: node_json(head_daemon, node_id), 60.0)
         timed_out = poll(
             "a timed-out NVML source",
             lambda: (

@@ -225,7 +225,7 @@ def test_a_hung_nvml_call_is_a_timed_out_source_and_the_loop_goes_on(
     fake_nvml_lib: fake.FakeNvml,
 ) -> None:
     """Positive control: call ``nvml.read_gpus`` directly in ``collect.local_report`` and the
-    agent stops reporting for 60 s: its report goes stale."""
+    agent sends nothing for the first 60 s (the first report never arrives in time)."""
     fault.expect(
         "NVML call hangs (nvmlDeviceGetCount sleeps 60 s)",
         "the NVML source reports a timeout; reports keep arriving every interval (never stale)",

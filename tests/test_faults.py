@@ -241,3 +241,35 @@ def test_the_port_check_and_the_child_share_one_deadline(monkeypatch: pytest.Mon
     with pytest.raises(gcs.GcsUnavailable, match=r"timeout 0\.5 s"):
         gcs._run_child("127.0.0.1:1", 0.5, "python3")
     assert seen["timeout"] <= 0.21
+
+
+class BrokenState(HeadState):
+    """A head state whose rollup raises (a bug in one answer)."""
+
+    def status(self, now: float, gpus: bool = False) -> ClusterStatus:
+        raise KeyError("host:login-a")
+
+
+def test_a_bug_in_one_answer_is_an_http_500_and_the_head_keeps_serving() -> None:
+    """Before: the handler thread died and the client read "remote end closed connection"
+    (``status --head --gpus`` exit 2); now the client gets a status line and a reason."""
+    import http.client
+    from http.server import ThreadingHTTPServer
+
+    from agent.head import _StatusHandler
+
+    state = BrokenState(interval_s=1.0, gcs_address=None)
+    handler = type("Handler", (_StatusHandler,), {"state": state, "token": b""})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        for path in ("/v1/status?gpus=1", "/healthz"):
+            connection = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=10)
+            connection.request("GET", path)
+            response = connection.getresponse()
+            assert response.status == (500 if path.startswith("/v1") else 200)
+            response.read()
+            connection.close()
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -114,8 +114,16 @@ def test_gcs_killed_then_restarted_on_the_same_port(
         fault.observe(f"exit 1 {waited:.1f} s after the kill: {done.stderr.strip()}")
 
         assert ray.wait_exit() != 0  # ray start --block ends when its GCS died
-        ray = RayHead(port, env, tmp_path / "ray2.log")
-        ray.pid_of("raylet")
+        for attempt in range(3):  # the port may take a moment to be free for a new GCS
+            ray = RayHead(port, env, tmp_path / f"ray2-{attempt}.log")
+            try:
+                ray.pid_of("raylet")
+                break
+            except RuntimeError:
+                ray.stop()
+                time.sleep(2.0)
+        else:
+            raise AssertionError(f"no new Ray head on port {port} after 3 tries (see ray2-*.log)")
 
         def healed() -> Optional["subprocess.CompletedProcess[str]"]:
             done = status_head(h, wire_token, "--json")
@@ -123,7 +131,10 @@ def test_gcs_killed_then_restarted_on_the_same_port(
                 return None
             return done if json.loads(done.stdout)["scheduler_age_s"] < 3 * INTERVAL_S else None
 
-        done, waited = poll("the view healed after the restart", healed, 120.0)
+        try:
+            done, waited = poll("the view healed after the restart", healed, 180.0)
+        except AssertionError as err:  # say what the head saw
+            raise AssertionError(f"{err}\nhead log:\n{head.log_text()[-3000:]}") from None
         document = json.loads(done.stdout)
         assert not document["scheduler_stale"] and document["cluster"]["nodes_alive"] == 1
         fault.observe(f"healed {waited:.1f} s after the new head's raylet ran: exit 0, view fresh")

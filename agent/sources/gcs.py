@@ -110,14 +110,22 @@ def _no_ray_reason() -> str:
     )
 
 
+MAX_BLOCKED_CALLS = 3
+"""GCS calls left blocking past their deadline before the reader stops trying (each holds a
+daemon thread until Ray's client returns)."""
+
+
 def _with_deadline(fn: Callable[[], T], timeout_s: float, busy: list[threading.Thread]) -> T:
     """Run ``fn`` in a daemon thread; ``TimeoutError`` if it has not returned in time.
 
-    A thread that overran is remembered in ``busy``: no second one is started while it
-    still blocks (a long-running head agent must not pile threads onto a hung GCS).
+    Threads that overran are remembered in ``busy``: at most ``MAX_BLOCKED_CALLS`` are left
+    blocking (a long-running head agent must not pile threads onto a hung GCS), but one
+    stuck call on a client that was given up does not stop a fresh client from reaching a
+    GCS that came back (a call to a killed GCS was seen to block for minutes).
     """
-    if busy and busy[0].is_alive():
-        raise TimeoutError("previous GCS call still blocked")
+    busy[:] = [t for t in busy if t.is_alive()]
+    if len(busy) >= MAX_BLOCKED_CALLS:
+        raise TimeoutError(f"{len(busy)} earlier GCS calls still blocked")
     box: list[Any] = []
 
     def run() -> None:
@@ -127,7 +135,7 @@ def _with_deadline(fn: Callable[[], T], timeout_s: float, busy: list[threading.T
             box.append((False, err))
 
     thread = threading.Thread(target=run, name="rayscope-gcs", daemon=True)
-    busy[:] = [thread]
+    busy.append(thread)
     thread.start()
     thread.join(timeout_s)
     if not box:

@@ -5,6 +5,7 @@ shows one). Exit codes: 0 = answered, 1 = failed, 2 = no data (the cluster could
 read) or bad usage.
 """
 
+import inspect
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -26,13 +27,14 @@ from agent.render.gpus import status_gpu_lines
 from agent.render.metrics import metrics_text
 from agent.render.node import node_json, node_lines
 from agent.render.status import source_details, status_json, status_lines, status_ndjson
+from agent.validate import printable
 
 app = typer.Typer(
     name="rayscope",
     help=(
         "Booked vs measured GPU state of a Ray cluster. Shows, per node and for the"
         " cluster, the three GPU numbers that differ: device handles (Ray's GPU"
-        " fraction), booked VRAM (the VRAM_MB resource, MB) and measured VRAM (NVML)."
+        " fraction), booked VRAM (the VRAM_MB resource, in MiB) and measured VRAM (NVML)."
     ),
     add_completion=False,
     no_args_is_help=True,
@@ -72,7 +74,7 @@ def _one_line_errors() -> Iterator[None]:
             import traceback
 
             traceback.print_exc()
-        typer.echo(f"rayscope: {err}", err=True)
+        typer.echo(f"rayscope: {printable(str(err))}", err=True)
         raise typer.Exit(err.exit_code) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
@@ -81,7 +83,8 @@ def _one_line_errors() -> Iterator[None]:
             import traceback
 
             traceback.print_exc()
-        typer.echo(f"rayscope: internal error: {type(err).__name__}: {err} (--verbose shows where)", err=True)
+        reason = printable(f"{type(err).__name__}: {err}")
+        typer.echo(f"rayscope: internal error: {reason} (--verbose shows where)", err=True)
         raise typer.Exit(1) from None
 
 
@@ -154,10 +157,10 @@ def _endpoint(default_port: int) -> Callable[[str], str]:
 def _token(path: Optional[str]) -> bytes:
     if path is None:
         return b""
-    from agent import wire  # hashlib and hmac: only worth importing when a token is used
+    from agent import tokens
 
     try:
-        return wire.read_token(path)
+        return tokens.read_token_file(path)
     except ValueError as err:
         raise AgentError(str(err), EXIT_NO_DATA) from None
 
@@ -305,15 +308,18 @@ def status(
         ),
     ] = None,
 ) -> None:
-    """Cluster status: per node and summed, GPU fraction booked, VRAM_MB booked, NVML memory.
+    """Cluster status: GPU and VRAM_MB booked, VRAM measured, per node.
 
-    With --head (or $RAYSCOPE_HEAD) it asks a head agent, which merges every node agent's
-    NVML with the scheduler's view. Without, it reads the scheduler's view of every node
-    from the GCS (no ray.init, no job) and NVML on this host only. The JSON's "view" says
-    which. Exit codes: 0 = complete; 1 = partial (the report of a node whose agent was
-    reporting is stale, or the scheduler's view is older than 3 intervals, or missing
-    while agents report); 2 = no
-    data (head or GCS unreachable, no address) or bad usage; 3 = --output/--append FILE
+    Per node and summed for the cluster: the GPU fraction booked, the VRAM_MB booked and
+    the GPU memory NVML measures. With --head (or $RAYSCOPE_HEAD) it asks a head agent,
+    which merges every node agent's NVML with the scheduler's view. Without, it reads the
+    scheduler's view of every node from the GCS (no ray.init, no job) and NVML on this
+    host only. The JSON's "view" says which.
+
+    Exit 0: complete. Exit 1: partial (the report of a node whose agent was reporting is
+    stale, or the scheduler's view is older than 3 intervals, or missing while agents
+    report). Exit 2: no data (head
+    or GCS unreachable, no address) or bad usage. Exit 3: the --output or --append FILE
     could not be written. Nodes that run no agent are not partial data.
     """
     fmt = _status_format(json_out, format_)
@@ -449,13 +455,15 @@ def fit(
     token_file: TokenFileOption = None,
     timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
 ) -> None:
-    """Will another app fit? Books R replicas the way BioEngine's AppBuilder sizes them
-    (VRAM_MB: GPU 0.01 + VRAM_MB = MB; else GPU = MB / smallest GPU, up to 10% over clamped
-    to 1, more refused), places them greedily on what each node has free, and checks NVML's
-    free memory on the chosen GPUs where it is measured.
+    """Will another app fit? Places R replicas as Ray would book them.
 
-    Exit codes: 0 = fits; 1 = does not fit (by booking, by measured memory, or refused);
-    2 = could not tell (cluster unreadable, a GPU size unknown) or bad usage.
+    Sizes each replica the way BioEngine's AppBuilder does: where a node advertises
+    VRAM_MB, GPU 0.01 plus VRAM_MB = MB; else GPU = MB / smallest GPU, clamped to 1 when up
+    to 10% over, refused when more. Places the replicas greedily on what each node has
+    free, then checks NVML's free memory on the chosen GPUs where it is measured.
+
+    Exit 0: fits. Exit 1: does not fit (by booking, by measured memory, or refused).
+    Exit 2: could not tell (cluster unreadable, a GPU size unknown) or bad usage.
     """
     if (gpu_memory_mb is None) == (shape is None):
         raise click.UsageError("give one of --gpu-memory-mb MB or --shape JSON")
@@ -491,9 +499,12 @@ def node(
     timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
     gpus: GpusOption = False,
 ) -> None:
-    """This node's diagnostics: raylet identity and booking, GPUs (NVML), host, and which
-    sources answered. Runs on any node, with or without Ray importable; exit code 0 unless
-    rayscope itself fails."""
+    """This node's diagnostics: raylet, booking, GPUs, host, sources.
+
+    Shows the raylet's identity and what the scheduler booked on it, the GPUs as NVML sees
+    them, the host, and which sources answered. Runs on any node, with or without Ray
+    importable. Exit code 0 unless rayscope itself fails.
+    """
     with _one_line_errors():
         from agent import collect
 
@@ -523,10 +534,25 @@ def head_agent(
     interval: IntervalOption = 5.0,
     token_file: TokenFileOption = None,
     timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
+    read_token_file: Annotated[
+        Optional[str],
+        typer.Option(
+            "--read-token-file",
+            metavar="FILE",
+            envvar="RAYSCOPE_READ_TOKEN_FILE",
+            help=(
+                "A read-only token: GET /v1/status and /metrics only (dashboards, status --head),"
+                " never accepted for reports. Must differ from --token-file."
+            ),
+        ),
+    ] = None,
 ) -> None:
-    """The head agent: takes node agents' reports, reads the scheduler once per interval,
-    serves the merged rollup over HTTP. A report older than 3 intervals is stale. Listening
-    beyond loopback requires --token-file. Stops cleanly on SIGTERM."""
+    """The head agent: merges node reports with the scheduler's view.
+
+    Takes the node agents' reports, reads the scheduler once per interval and serves the
+    merged rollup over HTTP. A report older than 3 intervals is stale. Listening beyond
+    loopback requires --token-file. Stops cleanly on SIGTERM.
+    """
     import asyncio
 
     from agent import collect
@@ -534,10 +560,12 @@ def head_agent(
 
     with _one_line_errors():
         _daemon_logging()
-        token = _token(token_file)
+        token, read_token = _token(token_file), _token(read_token_file)
         address = collect.resolve_gcs_here(gcs)
         try:
-            server = Head(split_address(listen), split_address(http), address, interval, token, timeout)
+            server = Head(
+                split_address(listen), split_address(http), address, interval, token, timeout, read_token
+            )
             asyncio.run(server.serve())
         except ValueError as err:
             raise AgentError(str(err), EXIT_NO_DATA) from None
@@ -565,9 +593,12 @@ def push(
         ),
     ] = None,
 ) -> None:
-    """The node agent: every interval (with jitter) sends this node's raylet, NVML and host
-    facts to the head agent over one persistent connection; reconnects with backoff; never
-    queues old reports; stops cleanly on SIGTERM."""
+    """The node agent: sends this node's facts to the head agent.
+
+    Every interval (with jitter) it sends this node's raylet, NVML and host facts over one
+    persistent connection. It reconnects with backoff, never queues old reports, and stops
+    cleanly on SIGTERM.
+    """
     from agent.push import Pusher
 
     with _one_line_errors():
@@ -591,6 +622,17 @@ def optional_watch_value(argv: Sequence[str]) -> list[str]:
             except ValueError:
                 out.append(f"{WATCH_DEFAULT_S:g}")
     return out
+
+
+def reflow(doc: str) -> str:
+    """A docstring as help text: paragraphs kept, the source's line breaks inside them
+    dropped, so the terminal wraps each paragraph once, at its own width."""
+    return "\n\n".join(" ".join(p.split()) for p in inspect.cleandoc(doc).split("\n\n"))
+
+
+for _command in app.registered_commands:
+    if _command.callback is not None and _command.callback.__doc__:
+        _command.help = reflow(_command.callback.__doc__)
 
 
 def main() -> None:

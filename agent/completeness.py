@@ -20,6 +20,8 @@ from typing import NamedTuple, Optional
 
 from agent.errors import EXIT_FAILED, EXIT_NO_DATA
 from agent.model import ClusterStatus, NodeStatus
+from agent.rollup import schedulable_nodes, scheduler_failure, scheduler_view_ok
+from agent.validate import printable
 
 EXIT_COMPLETE = 0
 EXIT_PARTIAL = EXIT_FAILED
@@ -45,26 +47,21 @@ class Completeness(NamedTuple):
 def scheduler_view(status: ClusterStatus) -> SchedulerView:
     """Fresh, old or none. A head older than this field (no ``scheduler_age_s``) that says
     the GCS answered has a fresh view; one that says it did not has none."""
-    gcs_ok = any(s.name == "gcs" and s.ok for s in status.sources)
     if status.scheduler_age_s is None:
-        return SchedulerView.FRESH if gcs_ok else SchedulerView.NONE
+        return SchedulerView.FRESH if scheduler_view_ok(status) else SchedulerView.NONE
     return SchedulerView.OLD if status.scheduler_stale else SchedulerView.FRESH
 
 
 def stale_nodes(status: ClusterStatus) -> list[NodeStatus]:
     """Alive scheduler nodes whose agent was reporting and stopped (a stale report is kept,
-    marked)."""
-    return [n for n in status.nodes.values() if n.in_scheduler and n.alive and n.stale]
+    marked). A stale report for a node the scheduler does not know is a node that is gone,
+    not missing data: the head agent forgets it after a while."""
+    return [n for n in schedulable_nodes(status) if n.stale]
 
 
 def reporting_nodes(status: ClusterStatus) -> list[NodeStatus]:
     """Nodes with an agent's (or this host's own) measurement attached."""
     return [n for n in status.nodes.values() if n.agent != "none"]
-
-
-def _gcs_reason(status: ClusterStatus) -> str:
-    reasons = [s.reason for s in status.sources if s.name == "gcs" and not s.ok and s.reason]
-    return f" ({reasons[0]})" if reasons else ""
 
 
 def node_name(node: NodeStatus) -> str:
@@ -74,11 +71,10 @@ def node_name(node: NodeStatus) -> str:
 def assess(status: ClusterStatus) -> Completeness:
     """The exit code and its reason, from the one rule in the module docstring."""
     view = scheduler_view(status)
-    why = _gcs_reason(status)
+    why = scheduler_failure(status)
     if not status.nodes or (view is SchedulerView.NONE and not reporting_nodes(status)):
-        return Completeness(
-            EXIT_NO_DATA, f"no data: no node in the scheduler's view{why} and no agent report"
-        )
+        note = printable(f"no data: no node in the scheduler's view{why} and no agent report")
+        return Completeness(EXIT_NO_DATA, note)
     reasons = []
     if view is SchedulerView.NONE:
         reasons.append(f"no scheduler view{why}: only the agents' reports are shown")
@@ -92,7 +88,7 @@ def assess(status: ClusterStatus) -> Completeness:
         names = ", ".join(f"{node_name(n)} ({n.report_age_s or 0:.0f}s)" for n in stale)
         reasons.append(f"stale report from {len(stale)} node(s): {names}")
     if reasons:
-        return Completeness(EXIT_PARTIAL, "partial: " + "; ".join(reasons))
+        return Completeness(EXIT_PARTIAL, printable("partial: " + "; ".join(reasons)))
     return Completeness(EXIT_COMPLETE, None)
 
 

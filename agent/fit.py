@@ -33,6 +33,7 @@ from typing import NamedTuple, Optional
 from agent.completeness import SchedulerView, scheduler_view
 from agent.errors import AgentError
 from agent.model import ClusterStatus, FitRequest, FitResult, GpuFit, NodeFit, NodeStatus
+from agent.rollup import SCHEDULER_STEMS, schedulable_nodes, scheduler_failure
 from agent.units import MIB
 
 EXIT_FITS = 0
@@ -47,15 +48,6 @@ OVERSHOOT = 1.10
 RESOURCE_UNIT = 10_000
 """Ray books resources in fixed point with 1e-4 resolution."""
 ACCELERATOR_PREFIX = "accelerator_type:"
-
-# Ray resource name -> the NodeStatus stem (total_<stem> / used_<stem>) that carries it.
-SCHEDULER_STEMS: dict[str, str] = {
-    "CPU": "cpu",
-    "GPU": "gpu",
-    "VRAM_MB": "vram_mb",
-    "memory": "memory",
-    "object_store_memory": "object_store_memory",
-}
 
 
 def validate_shape(shape: Mapping[str, object]) -> dict[str, float]:
@@ -76,11 +68,6 @@ def validate_shape(shape: Mapping[str, object]) -> dict[str, float]:
     if not any(amount > 0 for amount in clean.values()):
         raise ValueError("the shape requests nothing: every replica would fit anywhere")
     return clean
-
-
-def schedulable_nodes(status: ClusterStatus) -> list[NodeStatus]:
-    """Alive nodes the scheduler knows, in display order: the only places Ray can book."""
-    return [n for n in status.nodes.values() if n.alive and n.in_scheduler]
 
 
 def advertises_vram(status: ClusterStatus) -> bool:
@@ -316,8 +303,7 @@ def fit(status: ClusterStatus, request: FitRequest) -> FitResult:
         raise AgentError("--replicas must be at least 1", EXIT_COULD_NOT_TELL)
     view = scheduler_view(status)
     if view is not SchedulerView.FRESH:
-        reasons = [s.reason for s in status.sources if s.name == "gcs" and not s.ok]
-        why = f" ({reasons[0]})" if reasons else ""
+        why = scheduler_failure(status)
         what = (
             "no scheduler view"
             if view is SchedulerView.NONE

@@ -26,7 +26,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import msgspec
 
-from agent import wire
+from agent import validate, wire
 from agent.addresses import DEFAULT_TIMEOUT_S
 from agent.attribution import attribute_cluster
 from agent.model import (
@@ -43,6 +43,7 @@ from agent.render.metrics import metrics_text
 from agent.render.status import status_json
 from agent.rollup import STALE_INTERVALS, merge, scheduler_nodes
 from agent.sources import gcs
+from agent.validate import ReportError as ReportError  # noqa: PLC0414 (re-exported: the head raises it)
 
 log = logging.getLogger("rayscope.head")
 
@@ -52,10 +53,6 @@ FORGET_INTERVALS = 20
 """A report for a node the scheduler does not know is dropped once this many intervals old."""
 FRAME_BODY_TIMEOUT_S = 30.0
 """A peer that started a frame must finish it in this time (slowloris guard)."""
-
-
-class ReportError(Exception):
-    """A frame that authenticated but does not hold a report this head accepts."""
 
 
 class HeadState:
@@ -80,12 +77,15 @@ class HeadState:
         """Decode one report (typed) and keep it as its node's latest."""
         try:
             report = self._decoder.decode(payload)
-        except msgspec.DecodeError as err:  # ValidationError included
+        except (msgspec.DecodeError, RecursionError) as err:  # ValidationError included; nesting
             raise ReportError(f"malformed report: {err}") from None
         if report.schema > SCHEMA_VERSION:
             raise ReportError(f"report schema {report.schema} is newer than this head's {SCHEMA_VERSION}")
+        validate.check_report(report)  # bounds, numbers, strings (SECURITY.md rule 4)
         key = report.node_id or f"host:{report.host.hostname if report.host else '?'}"
         with self._lock:
+            evicted = validate.make_room(self._reports, self._base, key)
+            self._reports.pop(evicted or key, None)
             self._reports[key] = ReceivedReport(report=report, received_at=received_at)
             self.reports_received += 1
         return report
@@ -94,9 +94,11 @@ class HeadState:
         with self._lock:
             self.frames_rejected += 1
 
-    def health(self, now: float) -> dict[str, Any]:
+    def health(self, now: Optional[float] = None) -> dict[str, Any]:
         """Cheap figures for ``/healthz``: is the head taking reports at all, and is its
-        scheduler view being refreshed (the GCS poller's state and the view's age)?"""
+        scheduler view being refreshed (the GCS poller's state and the view's age)?
+        ``now``: the head's clock (default: read it)."""
+        now = time.time() if now is None else now
         with self._lock:
             read_at = self._view_read_at
             counters: dict[str, Any] = {
@@ -241,11 +243,12 @@ class ReportProtocol(asyncio.Protocol):
 
 
 class _StatusHandler(BaseHTTPRequestHandler):
-    """``/v1/status``, ``/metrics``, ``/healthz``; bearer token required when the head has one
-    (``/healthz`` excepted: it says only whether reports arrive)."""
+    """``/v1/status``, ``/metrics``, ``/healthz``; a bearer token required when the head has one
+    (``/healthz`` excepted: it says only whether reports arrive). ``read_tokens``: the agents'
+    write token and the read-only token (``--read-token-file``), either reads."""
 
     state: HeadState
-    token: bytes
+    read_tokens: tuple[bytes, ...]
     timeout = 10  # seconds a client may take to send its request
     server_version = "rayscope-head"
 
@@ -264,7 +267,7 @@ class _StatusHandler(BaseHTTPRequestHandler):
             return self._send(200, "application/json", msgspec.json.encode({"ok": ok, **health}))
         if url.path not in ("/v1/status", "/metrics"):
             return self._send(404, TEXT, b"not found: try /v1/status, /metrics, /healthz\n")
-        if self.token and not self._authorized():
+        if self.read_tokens and not self._authorized():
             return self._send(401, TEXT, b"bearer token required\n")
         query = parse_qs(url.query)
         gpus = query.get("gpus", ["0"])[0] in ("1", "true", "yes")
@@ -276,8 +279,12 @@ class _StatusHandler(BaseHTTPRequestHandler):
         return self._send(200, "application/json", document.encode())
 
     def _authorized(self) -> bool:
-        offered = self.headers.get("Authorization", "")
-        return hmac.compare_digest(offered.encode(), b"Bearer " + self.token)
+        """``Bearer TOKEN``, the scheme in any case (RFC 9110); every token compared in
+        constant time. The header arrives latin-1 decoded: encoded back, byte for byte."""
+        scheme, _, offered = self.headers.get("Authorization", "").strip().partition(" ")
+        offered_bytes = offered.strip().encode("latin-1", "replace")
+        matches = [hmac.compare_digest(offered_bytes, token) for token in self.read_tokens]
+        return scheme.lower() == "bearer" and any(matches)
 
     def _send(self, code: int, content_type: str, body: bytes) -> None:
         self.send_response(code)
@@ -433,6 +440,7 @@ class Head:
         interval_s: float,
         token: bytes,
         gcs_timeout_s: float = DEFAULT_TIMEOUT_S,
+        read_token: bytes = b"",
     ) -> None:
         for host, _ in (listen, http):
             if not token and not is_loopback(host):
@@ -440,14 +448,17 @@ class Head:
                     f"refusing to listen on {host} without a token: anyone who reaches it could"
                     " send reports or read the cluster; pass --token-file (the same file on every agent)"
                 )
-        self.listen, self.http, self.token = listen, http, token
+        if read_token and (not token or hmac.compare_digest(read_token, token)):
+            raise ValueError("the read-only token must differ from the agents' token (--token-file)")
+        self.listen, self.http, self.token, self.read_token = listen, http, token, read_token
         self.state = HeadState(interval_s, gcs_address)
         self._reader = gcs.GcsReader(gcs_address, gcs_timeout_s) if gcs_address else None
         self._stop = threading.Event()
         self._httpd: Optional[ThreadingHTTPServer] = None
 
     def _start_http(self) -> None:
-        handler = type("Handler", (_StatusHandler,), {"state": self.state, "token": self.token})
+        read_tokens = tuple(t for t in (self.token, self.read_token) if t)
+        handler = type("Handler", (_StatusHandler,), {"state": self.state, "read_tokens": read_tokens})
         self._httpd = ThreadingHTTPServer(self.http, handler)
         self._httpd.daemon_threads = True
         threading.Thread(target=self._httpd.serve_forever, name="rayscope-http", daemon=True).start()

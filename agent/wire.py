@@ -13,7 +13,6 @@ gigabytes.
 import hashlib
 import hmac
 import struct
-from typing import Optional
 
 LENGTH = struct.Struct(">I")
 TAG_BYTES = hashlib.sha256().digest_size
@@ -23,20 +22,6 @@ MAX_FRAME_BYTES = 1 << 20
 
 class FrameError(Exception):
     """A frame that must be dropped, with the connection it came on; ``str()`` says why."""
-
-
-def read_token(path: Optional[str]) -> bytes:
-    """The shared token from a file (whitespace stripped); ``b""`` when no file is given."""
-    if path is None:
-        return b""
-    try:
-        with open(path, "rb") as f:
-            token = f.read().strip()
-    except OSError as err:
-        raise ValueError(f"cannot read token file {path}: {err.strerror}") from None
-    if not token:
-        raise ValueError(f"token file {path} is empty")
-    return token
 
 
 def tag(payload: bytes, token: bytes) -> bytes:

@@ -171,6 +171,7 @@ def bench_ingest_tcp(reports: list[NodeReport], logs: Path) -> float:
     env = base_env(RAY_AUTH_MODE="disabled")
     token_file = logs / "token"
     token_file.write_bytes(TOKEN)
+    token_file.chmod(0o600)
     extra = ["--gcs", "127.0.0.1:9", "--interval", "5"]  # no GCS: ingest alone is measured
     head = HeadDaemon(env, logs / "head-tcp.log", extra, token_file)
     psutil.Process(head.process.pid).cpu_affinity([0])
@@ -223,6 +224,7 @@ def bench_live(cluster: LiveCluster, logs: Path, runs: int) -> dict[str, float]:
     env = base_env(RAY_AUTH_MODE="disabled", RAY_TMPDIR=str(cluster.root))
     token_file = logs / "token"
     token_file.write_bytes(TOKEN)
+    token_file.chmod(0o600)
     interval = 1.0
     head = HeadDaemon(env, logs / "head.log", ["--gcs", cluster.gcs_address, "--interval", "5"], token_file)
     agents = [

@@ -21,7 +21,7 @@ from agent.model import (
 )
 from agent.render.gpus import gpu_block_lines, status_gpu_lines
 from agent.render.status import status_json, status_lines
-from agent.rollup import rollup
+from agent.rollup import merge, scheduler_nodes
 from tests.golden import check_golden
 from tests.scenarios import EUROPA, NOW, SEED_REPORTS, SEED_VIEWS, T4
 
@@ -298,7 +298,9 @@ def seed_with_gpus() -> tuple[ClusterStatus, str]:
         processes=[*EUROPA_PROCESSES, outsider(7000, "jupyter-lab")],
     )
     reports = {**SEED_REPORTS, NODE: ReceivedReport(report=europa, received_at=NOW - 2)}
-    status = rollup(SEED_VIEWS, reports, now=NOW, stale_after_s=15.0, view="head", sources=SEED_SOURCES)
+    status = merge(
+        scheduler_nodes(SEED_VIEWS), reports, now=NOW, stale_after_s=15.0, view="head", sources=SEED_SOURCES
+    )
     denbi = actor("d00d" + "0" * 28, 900, name="denbi-app", gpu=0.99, node_id=T4)
     attributed = attribute_cluster(status, {n: r.report for n, r in reports.items()}, [*EUROPA_ACTORS, denbi])
     lines = status_lines(attributed) + status_gpu_lines(attributed)

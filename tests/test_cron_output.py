@@ -92,9 +92,10 @@ def test_nothing_at_all_is_no_data() -> None:
 def test_help_documents_the_exit_codes() -> None:
     env = base_env(COLUMNS="200")
     status = " ".join(run_rayscope("status", "--help", env=env).stdout.split())
-    assert "0 = complete; 1 = partial" in status and "2 = no data" in status
+    assert all(code in status for code in ("Exit 0: complete", "Exit 1: partial", "Exit 2: no data"))
+    assert "Exit 3: the --output or --append FILE could not be written" in status
     fit = " ".join(run_rayscope("fit", "--help", env=env).stdout.split())
-    assert "0 = fits; 1 = does not fit" in fit and "2 = could not tell" in fit
+    assert all(code in fit for code in ("Exit 0: fits", "Exit 1: does not fit", "Exit 2: could not tell"))
 
 
 # --- node_exporter textfile format ---------------------------------------------------------

@@ -17,7 +17,7 @@ from agent.head import HeadState, PollerGuard
 from agent.model import ClusterStatus, GpuDevice, HostInfo, NodeReport, RayNode, ReceivedReport, SourceStatus
 from agent.render.metrics import metrics_text
 from agent.render.status import status_lines
-from agent.rollup import merge, rollup, scheduler_nodes
+from agent.rollup import merge, scheduler_nodes
 from agent.sources import gcs
 from tests.scenarios import CPU, NOW, SEED_REPORTS, SEED_VIEWS, T4, UNKNOWN, gpu, mixed_status, report
 
@@ -27,8 +27,8 @@ GCS_DOWN = SourceStatus(name="gcs", ok=False, reason="GCS unreachable at 127.0.0
 def old_view_status(read_s_ago: float) -> ClusterStatus:
     """The head's answer when its last good GCS read was ``read_s_ago`` seconds ago (interval
     5 s: stale past 15 s) and the latest read failed."""
-    return rollup(
-        SEED_VIEWS,
+    return merge(
+        scheduler_nodes(SEED_VIEWS),
         SEED_REPORTS,
         now=NOW,
         stale_after_s=15.0,
@@ -73,7 +73,9 @@ def test_a_view_younger_than_three_intervals_is_complete() -> None:
 
 def test_no_view_at_all_says_only_agents_are_shown() -> None:
     """Never read: the message that used to be printed for an old view is true here."""
-    status = rollup([], SEED_REPORTS, now=NOW, stale_after_s=15.0, view="head", sources=[GCS_DOWN])
+    status = merge(
+        scheduler_nodes([]), SEED_REPORTS, now=NOW, stale_after_s=15.0, view="head", sources=[GCS_DOWN]
+    )
     assert status.scheduler_age_s is None
     code, note = completeness.assess(status)
     assert code == 1 and note is not None and note.endswith("only the agents' reports are shown")
@@ -101,8 +103,8 @@ def test_the_note_is_set_exactly_when_the_code_is_not_zero(
         reports[T4] = report(T4, [gpu(0, 1.0, "Tesla T4")], "10.0.0.5", age_s=42.0)
     sources = [GCS_DOWN if read_s_ago != 1.0 else SourceStatus(name="gcs", ok=True)]
     read_at = None if read_s_ago is None else NOW - read_s_ago
-    status = rollup(
-        SEED_VIEWS if read_at else [], reports, now=NOW, stale_after_s=15.0, view="head",
+    status = merge(
+        scheduler_nodes(SEED_VIEWS) if read_at else {}, reports, now=NOW, stale_after_s=15.0, view="head",
         sources=sources, scheduler_read_at=read_at,
     )  # fmt: skip
     code, note = completeness.assess(status)
@@ -154,10 +156,12 @@ def test_a_lost_gpu_makes_its_nodes_total_unknown_not_smaller() -> None:
 
 def test_a_cpu_node_nobody_measured_is_null_not_zero() -> None:
     """The scheduler gives the node no GPU and no agent reports it: unknown, not 0 bytes."""
-    status = rollup(SEED_VIEWS, {}, now=NOW, stale_after_s=15.0, view="head", sources=[])
+    status = merge(scheduler_nodes(SEED_VIEWS), {}, now=NOW, stale_after_s=15.0, view="head", sources=[])
     assert status.nodes[CPU].total_gpu_memory is None
     assert status.nodes[CPU].used_gpu_memory is None
-    measured = rollup(SEED_VIEWS, {CPU: SEED_REPORTS[CPU]}, now=NOW, stale_after_s=15.0, view="head")
+    measured = merge(
+        scheduler_nodes(SEED_VIEWS), {CPU: SEED_REPORTS[CPU]}, now=NOW, stale_after_s=15.0, view="head"
+    )
     assert measured.nodes[CPU].total_gpu_memory == 0  # NVML answered: no GPU there
 
 
@@ -259,7 +263,7 @@ def test_a_bug_in_one_answer_is_an_http_500_and_the_head_keeps_serving() -> None
     from agent.head import _StatusHandler
 
     state = BrokenState(interval_s=1.0, gcs_address=None)
-    handler = type("Handler", (_StatusHandler,), {"state": state, "token": b""})
+    handler = type("Handler", (_StatusHandler,), {"state": state, "read_tokens": ()})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:

@@ -154,6 +154,7 @@ def test_agents_reconnect_to_a_restarted_head_by_themselves(fleet: Fleet) -> Non
 def test_wrong_token_is_rejected_and_the_head_keeps_serving(fleet: Fleet, tmp_path: Path) -> None:
     wrong = tmp_path / "wrong"
     wrong.write_text("not the shared secret")
+    wrong.chmod(0o600)
     impostor = fleet.start_agent("impostor", token_file=wrong, node_id="baad" * 14)
     try:
         eventually(lambda: "bad MAC" in fleet.head.log_text(), what="the head logs the bad MAC")
@@ -227,9 +228,9 @@ def test_agent_started_before_its_head_connects_when_it_comes_up(
                 return bool(json.loads(body)["nodes"][live_cluster.node_id("cpu")]["agent"] == "reporting")
 
             eventually(reporting, timeout_s=20, what="the early agent reporting")
+            log = agent.log_text()  # before the head stops: losing it again is a new state change
         finally:
             head.stop()
-        log = agent.log_text()
         assert log.count("unreachable") == 1  # one line per state change, not one per retry
         assert "connected to head" in log
     finally:

@@ -1,4 +1,4 @@
-"""Rendering: DESIGN.md's exact status lines, golden outputs, and each marker's reason."""
+"""Rendering: the exact status lines of docs/architecture.md, golden outputs, and each marker's reason."""
 
 import json
 

@@ -43,11 +43,6 @@ def booking(node: NodeStatus) -> str:
     return text
 
 
-def source_ok(sources: Sequence[SourceStatus], name: str) -> bool:
-    """Whether the source ``name`` answered."""
-    return any(s.name == name and s.ok for s in sources)
-
-
 def source_notes(sources: Sequence[SourceStatus]) -> list[str]:
     """``NVML: NVML library not found ...`` for every source that did not answer."""
     return [f"{s.name.upper()}: {s.reason}" for s in sources if not s.ok]

@@ -4,6 +4,7 @@ from collections.abc import Callable
 from typing import Optional
 
 from agent.model import ClusterStatus, NodeStatus
+from agent.validate import printable
 
 # name, help, value of a node (None = unknown: the sample is left out, never written as 0)
 _NODE_METRICS: tuple[tuple[str, str, Callable[[NodeStatus], Optional[float]]], ...] = (
@@ -51,7 +52,7 @@ def _sample(value: float) -> str:
 
 
 def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return printable(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def metrics_text(status: ClusterStatus) -> str:

@@ -15,6 +15,7 @@ import msgspec
 from agent.completeness import SchedulerView, scheduler_view
 from agent.model import ClusterStatus, NodeStatus, SourceStatus
 from agent.render.fmt import booking, encode, gib, has_gpus, source_notes, visible_nodes
+from agent.validate import printable_lines
 
 
 def node_markers(
@@ -78,7 +79,7 @@ def source_details(sources: Sequence[SourceStatus]) -> list[str]:
         line += f", {s.detail}" if s.detail else ""
         line += f" ({s.reason})" if s.reason else ""
         lines.append(line)
-    return lines
+    return printable_lines(lines)
 
 
 def status_lines(status: ClusterStatus, include_dead: bool = False) -> list[str]:
@@ -109,7 +110,7 @@ def status_lines(status: ClusterStatus, include_dead: bool = False) -> list[str]
         )
     if notes:
         lines += ["", *notes]
-    return lines
+    return printable_lines(lines)
 
 
 def status_json(status: ClusterStatus, include_dead: bool = False, indent: int = 2) -> str:

@@ -27,7 +27,7 @@ import msgspec
 
 from agent.addresses import DEFAULT_TIMEOUT_S, GCS_ADDRESS_ENV, split_address
 from agent.model import ActorBooking, RayletInfo, RayNode, SourceStatus
-from agent.sources import gcs_read
+from agent.sources import gcs_read, trust
 
 T = TypeVar("T")
 
@@ -255,9 +255,13 @@ def _run_child(address: str, timeout_s: float, python: str, *extra: str) -> dict
     check_port(address, timeout_s)
     left = remaining_s(deadline, address, timeout_s)
     source = gcs_read.__loader__.get_source(gcs_read.__name__)  # type: ignore[union-attr]
+    if python == sys.executable:  # -I drops PYTHONPATH and the user site: keep where ray is
+        source = trust.with_import_path(source, trust.parent_import_path("ray"))
     try:
-        done = subprocess.run(
-            [python, "-c", source, address, f"{left:.3f}", *extra],
+        done = subprocess.run(  # isolated (SECURITY.md rule 1): -I, cwd /, Ray's variables only
+            [python, "-I", "-c", source, address, f"{left:.3f}", *extra],
+            cwd="/",
+            env=trust.child_env(os.environ),
             capture_output=True,
             timeout=left,
             text=True,

@@ -68,8 +68,8 @@ def soak_section(path: Path) -> list[str]:
         "",
         "| Figure | Value |",
         "| --- | --- |",
-        f"| agents that sent / frames sent / send errors | {s['agents_that_sent']} / {s['frames_sent']}"
-        f" / {s['send_errors']} |",
+        f"| agents that sent / frames sent (of {s.get('frames_scheduled', 'n/a')} scheduled) / send errors"
+        f" | {s['agents_that_sent']} / {s['frames_sent']} / {s['send_errors']} |",
         "| lost latest reports (last `collected_at` sent ≠ the one the head holds)"
         f" | {s['lost_latest_reports']} |",
         f"| head CPU (CPU seconds per second) | {s['head_cpu_per_s']} |",

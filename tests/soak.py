@@ -82,6 +82,7 @@ class SoakAgent:
         await asyncio.sleep(random.uniform(0, self.interval_s))
         reader, writer = await asyncio.open_connection(host, port)
         drain_head = asyncio.ensure_future(self._discard(reader))  # acks, if the head sends any
+        next_at = time.time()
         try:
             while time.time() < until:
                 collected_at = max(time.time(), self.last_sent + 1e-6)
@@ -92,7 +93,9 @@ class SoakAgent:
                     self.errors += 1
                     return
                 self.last_sent, self.sent = collected_at, self.sent + 1
-                await asyncio.sleep(self.interval_s)
+                # On a fixed schedule: a late wake-up does not push every later send back.
+                next_at = max(next_at + self.interval_s, time.time() - self.interval_s)
+                await asyncio.sleep(max(0.0, next_at - time.time()))
         finally:
             drain_head.cancel()
             writer.close()
@@ -242,6 +245,7 @@ def soak(agents: int, seconds: float, clients: int, work: Path) -> dict[str, Any
             "seconds": seconds,
             "client_processes": clients,
             "frames_sent": frames,
+            "frames_scheduled": int(agents * seconds),
             "send_errors": errors,
             "agents_that_sent": sum(1 for last in sent.values() if last),
             "lost_latest_reports": len(lost),

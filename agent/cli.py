@@ -27,6 +27,7 @@ from agent.render.gpus import status_gpu_lines
 from agent.render.metrics import metrics_text
 from agent.render.node import node_json, node_lines
 from agent.render.status import source_details, status_json, status_lines, status_ndjson
+from agent.tls import TlsFiles
 from agent.validate import printable
 
 app = typer.Typer(
@@ -129,6 +130,28 @@ TokenFileOption = Annotated[
         help="Shared secret of the head and its agents (the same file everywhere).",
     ),
 ]
+TlsCertOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--tls-cert",
+        metavar="PEM",
+        envvar="RAYSCOPE_TLS_CERT",
+        help="TLS certificate (the head's; an agent's or client's for mutual TLS).",
+    ),
+]
+TlsKeyOption = Annotated[
+    Optional[str],
+    typer.Option("--tls-key", metavar="PEM", envvar="RAYSCOPE_TLS_KEY", help="The --tls-cert's private key."),
+]
+TlsCaOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--tls-ca",
+        metavar="PEM",
+        envvar="RAYSCOPE_TLS_CA",
+        help="CA that signed the head's certificate (on the head: its clients', then required).",
+    ),
+]
 IntervalOption = Annotated[
     float, typer.Option("--interval", metavar="SECONDS", callback=_positive, help="Seconds between reports.")
 ]
@@ -199,12 +222,19 @@ HeadOption = Annotated[
 
 
 def _read_cluster(
-    head: Optional[str], token_file: Optional[str], gcs: Optional[str], timeout: float, gpus: bool = False
+    head: Optional[str],
+    token_file: Optional[str],
+    gcs: Optional[str],
+    timeout: float,
+    gpus: bool = False,
+    tls: Optional[TlsFiles] = None,
 ) -> ClusterStatus:
     """The cluster as ``status`` (every mode) and ``fit`` read it, the one place that picks
-    the source: a head agent (--head / $RAYSCOPE_HEAD), else the embedded default."""
+    the source: a head agent (--head / $RAYSCOPE_HEAD), else the embedded default. ``tls``:
+    the --tls-* files (None: from $RAYSCOPE_TLS_*)."""
     if head:
-        return client.head_status(head, _token(token_file), timeout, gpus=gpus)
+        files = TlsFiles.from_env() if tls is None else tls
+        return client.head_status(head, _token(token_file), timeout, gpus=gpus, tls=files)
     from agent import collect
 
     return collect.embedded_status(gcs, timeout, gpus=gpus)
@@ -268,6 +298,9 @@ def status(
     token_file: TokenFileOption = None,
     timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
     gpus: GpusOption = False,
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
+    tls_ca: TlsCaOption = None,
     format_: Annotated[
         Optional[Format],
         typer.Option(
@@ -323,6 +356,7 @@ def status(
     could not be written. Nodes that run no agent are not partial data.
     """
     fmt = _status_format(json_out, format_)
+    tls = TlsFiles(tls_cert, tls_key, tls_ca)
     if watch_s is not None:
         if fmt is not Format.text or output_file or append_file:
             raise click.UsageError(
@@ -334,14 +368,14 @@ def status(
             from agent import watch
 
             code = watch.run(
-                lambda: _read_cluster(head, token_file, gcs, timeout, gpus),
+                lambda: _read_cluster(head, token_file, gcs, timeout, gpus, tls),
                 lambda result: _status_lines(result, all_nodes, gpus),
                 watch_s,
                 keyboard_fd=sys.stdin.fileno() if sys.stdin and sys.stdin.isatty() else None,
             )
         raise typer.Exit(code)
     with _one_line_errors():
-        result = _read_cluster(head, token_file, gcs, timeout, gpus)
+        result = _read_cluster(head, token_file, gcs, timeout, gpus, tls)
         code, note = completeness.assess(result)
         if code == EXIT_NO_DATA:  # never an empty document over a good one
             raise AgentError(note or "no data", code)
@@ -546,6 +580,30 @@ def head_agent(
             ),
         ),
     ] = None,
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
+    tls_ca: TlsCaOption = None,
+    max_pending: Annotated[
+        int,
+        typer.Option(
+            "--max-pending",
+            metavar="N",
+            help="Connections per source address before their first good frame.",
+        ),
+    ] = 256,
+    agents: Annotated[
+        str,
+        typer.Option(
+            "--agents",
+            metavar="none|ray",
+            click_type=click.Choice(["none", "ray"]),
+            help="ray: keep a node agent on every alive node, placed through Ray (removed at shutdown).",
+        ),
+    ] = "none",
+    remove: Annotated[
+        bool,
+        typer.Option("--remove", help="With --agents ray: remove every agent placed through Ray, then exit."),
+    ] = False,
 ) -> None:
     """The head agent: merges node reports with the scheduler's view.
 
@@ -557,14 +615,42 @@ def head_agent(
 
     from agent import collect
     from agent.head import Head
+    from agent.sources.ray_agents import RayAgents
 
     with _one_line_errors():
         _daemon_logging()
         token, read_token = _token(token_file), _token(read_token_file)
         address = collect.resolve_gcs_here(gcs)
+        if agents == "ray" and not address:
+            raise AgentError("--agents ray needs the GCS address: pass --gcs HOST:PORT", EXIT_NO_DATA)
+        keeper = (
+            RayAgents(address, split_address(listen), token, interval)
+            if agents == "ray" and address
+            else None
+        )
+        if remove:
+            if keeper is None:
+                raise AgentError("--remove goes with --agents ray", EXIT_NO_DATA)
+            try:
+                removed = keeper.remove_all()
+                keeper.close()
+            except Exception as err:  # Ray's own errors: one line, as every other failure
+                raise AgentError(f"cannot remove the agents placed through Ray: {err}", EXIT_FAILED) from None
+            typer.echo(f"removed {removed} agent(s) placed through Ray")
+            return
         try:
+            tls = TlsFiles(tls_cert, tls_key, tls_ca)
             server = Head(
-                split_address(listen), split_address(http), address, interval, token, timeout, read_token
+                split_address(listen),
+                split_address(http),
+                address,
+                interval,
+                token,
+                timeout,
+                read_token,
+                tls,
+                max_pending,
+                agents=keeper,
             )
             asyncio.run(server.serve())
         except ValueError as err:
@@ -592,6 +678,9 @@ def push(
             "--node-id", metavar="ID", help="The Ray node to report for (default: the local raylet's)."
         ),
     ] = None,
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
+    tls_ca: TlsCaOption = None,
 ) -> None:
     """The node agent: sends this node's facts to the head agent.
 
@@ -603,7 +692,13 @@ def push(
 
     with _one_line_errors():
         _daemon_logging()
-        Pusher(split_address(head), _token(token_file), interval, node_id).run()
+        from agent.tls import client_context
+
+        try:
+            context = client_context(TlsFiles(tls_cert, tls_key, tls_ca))
+        except ValueError as err:
+            raise AgentError(str(err), EXIT_NO_DATA) from None
+        Pusher(split_address(head), _token(token_file), interval, node_id, ssl_context=context).run()
 
 
 def optional_watch_value(argv: Sequence[str]) -> list[str]:

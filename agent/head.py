@@ -3,30 +3,33 @@
 Three parts around one :class:`HeadState` (the latest report per node, stamped with the head's
 own receive time, and the latest scheduler view):
 
-* report ingest — an asyncio protocol, one persistent connection per node agent, frames from
-  :mod:`agent.wire` decoded by one reused typed msgspec decoder;
+* report ingest — :mod:`agent.ingest`, an asyncio protocol, one persistent connection per
+  node agent, frames from :mod:`agent.wire` decoded by one reused typed msgspec decoder;
 * scheduler poll — one GCS read per interval in a thread (never one per report);
 * queries — ``GET /v1/status`` (the JSON of ``status --json``), ``GET /metrics``
-  (Prometheus text), ``GET /healthz`` (counters), from the standard library's threading
-  HTTP server.
+  (Prometheus text), ``GET /healthz`` (counters), from the standard library's HTTP server
+  with a bounded number of worker threads.
 
 A bad frame is logged and its connection dropped; the head keeps serving everyone else.
 """
 
 import asyncio
+import errno
 import hmac
 import logging
+import resource
 import signal
+import socket
+import ssl
 import threading
 import time
-from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 from urllib.parse import parse_qs, urlsplit
 
 import msgspec
 
-from agent import validate, wire
+from agent import ingest, pending, validate
 from agent.addresses import DEFAULT_TIMEOUT_S
 from agent.attribution import attribute_cluster
 from agent.model import (
@@ -35,6 +38,7 @@ from agent.model import (
     ClusterStatus,
     NodeReport,
     NodeStatus,
+    PendingRead,
     RayNode,
     ReceivedReport,
     SourceStatus,
@@ -43,6 +47,8 @@ from agent.render.metrics import metrics_text
 from agent.render.status import status_json
 from agent.rollup import STALE_INTERVALS, merge, scheduler_nodes
 from agent.sources import gcs
+from agent.sources.ray_agents import RayAgents
+from agent.tls import NO_TLS, TlsFiles, server_context
 from agent.validate import ReportError as ReportError  # noqa: PLC0414 (re-exported: the head raises it)
 
 log = logging.getLogger("rayscope.head")
@@ -51,8 +57,8 @@ TEXT = "text/plain; charset=utf-8"
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 FORGET_INTERVALS = 20
 """A report for a node the scheduler does not know is dropped once this many intervals old."""
-FRAME_BODY_TIMEOUT_S = 30.0
-"""A peer that started a frame must finish it in this time (slowloris guard)."""
+HTTP_WORKERS = 16
+"""Requests served at once; more are closed unanswered (a client retries)."""
 
 
 class HeadState:
@@ -69,15 +75,21 @@ class HeadState:
         self._actors_status = SourceStatus(name="gcs_actors", ok=False, reason="not read yet")
         self._view_read_at: Optional[float] = None  # head's clock at the last good GCS read
         self.poller = PollerHealth()
+        self._pending: Optional[PendingRead] = None
+        self._pending_status: Optional[SourceStatus] = None
         self._decoder = msgspec.msgpack.Decoder(NodeReport)
         self.reports_received = 0
         self.frames_rejected = 0
+        self.net: Optional[ingest.IngestCounters] = None  # the report port's, once it serves
+        self.more_health: list[Callable[[], dict[str, int]]] = []
+        """Counters of parts beside ingest (agents placed through Ray) for ``/healthz``."""
 
     def ingest(self, payload: bytes, received_at: float) -> NodeReport:
         """Decode one report (typed) and keep it as its node's latest."""
         try:
             report = self._decoder.decode(payload)
-        except (msgspec.DecodeError, RecursionError) as err:  # ValidationError included; nesting
+        # ValidationError included; nesting; bad UTF-8 in a str raises UnicodeDecodeError (fuzz_wire)
+        except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as err:
             raise ReportError(f"malformed report: {err}") from None
         if report.schema > SCHEMA_VERSION:
             raise ReportError(f"report schema {report.schema} is newer than this head's {SCHEMA_VERSION}")
@@ -101,16 +113,24 @@ class HeadState:
         now = time.time() if now is None else now
         with self._lock:
             read_at = self._view_read_at
-            counters: dict[str, Any] = {
+            counts: dict[str, Any] = {
                 "nodes_reporting": len(self._reports),
                 "reports_received": self.reports_received,
                 "frames_rejected": self.frames_rejected,
             }
+        if self.net is not None:
+            counts.update(self.net.as_dict())
+        for more in self.more_health:
+            counts.update(more())
         age = None if read_at is None else round(now - read_at, 1)
-        counters["scheduler_view_age_s"] = age
-        counters["scheduler_view_stale"] = age is not None and age > STALE_INTERVALS * self.interval_s
-        counters["gcs_poller"] = self.poller.snapshot(time.monotonic(), self.interval_s)
-        return counters
+        counts["scheduler_view_age_s"] = age
+        counts["scheduler_view_stale"] = age is not None and age > STALE_INTERVALS * self.interval_s
+        counts["gcs_poller"] = self.poller.snapshot(time.monotonic(), self.interval_s)
+        return counts
+
+    def take(self, payload: bytes, received_at: float) -> Optional[str]:
+        """:meth:`ingest` for the report port: the node id reported for."""
+        return self.ingest(payload, received_at).node_id
 
     def set_view(self, views: list[RayNode], status: SourceStatus, read_at: Optional[float] = None) -> None:
         """A new scheduler view (a failed read keeps the last good one, flagged by status
@@ -141,6 +161,12 @@ class HeadState:
                 self._actors = actors
             self._actors_status = status
 
+    def set_pending(self, read: Optional[PendingRead], status: SourceStatus) -> None:
+        """What waits to be placed, read with the scheduler view; a failed read drops it
+        (an old demand would name actors long placed), and the status says why."""
+        with self._lock:
+            self._pending, self._pending_status = read, status
+
     def status(self, now: float, gpus: bool = False) -> ClusterStatus:
         """The rollup as of ``now``: reports older than 3 intervals are stale. ``gpus``: also
         attribute each fresh report's GPU memory to the actors on it (agent.attribution)."""
@@ -148,6 +174,7 @@ class HeadState:
             base, reports, gcs_status = self._base, dict(self._reports), self._gcs_status
             actors, actors_status = self._actors, self._actors_status
             read_at = self._view_read_at
+            waiting, pending_status = self._pending, self._pending_status
         status = merge(
             base,
             reports,
@@ -158,88 +185,13 @@ class HeadState:
             sources=[gcs_status, actors_status] if gpus else [gcs_status],
             scheduler_read_at=read_at,
         )
+        if pending_status is not None:
+            status.sources.append(pending_status)
+        status = pending.attach(status, waiting)
         if not gpus:
             return status
         fresh = {node_id: r.report for node_id, r in reports.items() if not status.nodes[node_id].stale}
         return attribute_cluster(status, fresh, actors, co_hosted(fresh))
-
-
-class ReportProtocol(asyncio.Protocol):
-    """One agent's connection. Frames are cut from a byte buffer as data arrives — no
-    coroutine and no timer per frame, so one core takes tens of thousands of reports a
-    second. The connection is closed on a bad frame, at EOF, or after a silence."""
-
-    def __init__(self, state: HeadState, token: bytes, idle_timeout_s: float) -> None:
-        self._state, self._token, self._idle_timeout_s = state, token, idle_timeout_s
-        self._buffer = bytearray()
-        self._body_length: Optional[int] = None  # of the frame whose body is awaited
-        self._node: Optional[str] = None
-        self._peer = "?"
-        self._last_data = time.monotonic()
-        self._transport: Optional[asyncio.BaseTransport] = None
-        self._timer: Optional[asyncio.TimerHandle] = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport
-        peer = transport.get_extra_info("peername")
-        self._peer = f"{peer[0]}:{peer[1]}" if peer else "?"
-        self._timer = asyncio.get_running_loop().call_later(self._idle_timeout_s, self._check_silence)
-
-    def data_received(self, data: bytes) -> None:
-        self._last_data = time.monotonic()
-        buffer = self._buffer
-        buffer += data
-        received_at = time.time()
-        used = 0
-        try:
-            while True:
-                if self._body_length is None:
-                    if len(buffer) - used < wire.LENGTH.size:
-                        break
-                    self._body_length = wire.body_length(bytes(buffer[used : used + wire.LENGTH.size]))
-                    used += wire.LENGTH.size
-                if len(buffer) - used < self._body_length:
-                    break
-                body = bytes(buffer[used : used + self._body_length])
-                used += self._body_length
-                self._body_length = None
-                report = self._state.ingest(wire.open_body(body, self._token), received_at)
-                if report.node_id != self._node:
-                    self._node = report.node_id
-                    log.info("agent %s reports node %s", self._peer, self._node or "(no raylet)")
-        except (wire.FrameError, ReportError) as err:
-            self._state.count_rejected()
-            log.warning("agent %s: rejected frame: %s; connection dropped", self._peer, err)
-            self._close()
-        finally:
-            del buffer[:used]
-
-    def eof_received(self) -> bool:
-        if self._buffer or self._body_length is not None:
-            self._state.count_rejected()
-            log.warning("agent %s: truncated frame at end of stream; connection dropped", self._peer)
-        return False  # close our side too
-
-    def connection_lost(self, exc: Optional[Exception]) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        log.info("agent %s disconnected%s", self._peer, f": {exc}" if exc else "")
-
-    def _check_silence(self) -> None:
-        """Drop a peer silent for the idle timeout, or stuck inside a frame (slowloris)."""
-        silent = time.monotonic() - self._last_data
-        inside_frame = bool(self._buffer) or self._body_length is not None
-        limit = FRAME_BODY_TIMEOUT_S if inside_frame else self._idle_timeout_s
-        if silent >= limit:
-            where = " inside a frame" if inside_frame else ""
-            log.warning("agent %s: silent for %.0f s%s; connection dropped", self._peer, silent, where)
-            self._close()
-            return
-        self._timer = asyncio.get_running_loop().call_later(limit - silent, self._check_silence)
-
-    def _close(self) -> None:
-        if self._transport is not None:
-            self._transport.close()
 
 
 class _StatusHandler(BaseHTTPRequestHandler):
@@ -353,8 +305,11 @@ class PollerHealth:
             }
 
 
-def poll_once(state: HeadState, reader: Optional[gcs.GcsReader]) -> SourceStatus:
-    """One read of the scheduler's view (and the actor table), kept in ``state``."""
+def poll_once(
+    state: HeadState, reader: Optional[gcs.GcsReader], agents: Optional[RayAgents] = None
+) -> SourceStatus:
+    """One read of the scheduler's view (the actor table, the pending demand), kept in
+    ``state``; ``agents``: keep one node agent on every alive node of that view."""
     views: list[RayNode] = []
     if reader is None:
         status = SourceStatus(name="gcs", ok=False, reason="no GCS address")
@@ -362,7 +317,10 @@ def poll_once(state: HeadState, reader: Optional[gcs.GcsReader]) -> SourceStatus
         views, status = reader.read()
         if status.ok:
             state.set_actors(*reader.read_actors())
+            state.set_pending(*reader.read_pending())
     state.set_view(views, status)
+    if agents is not None and status.ok:
+        agents.reconcile(v.node_id for v in views if v.alive)
     for node_id in state.forget_gone(time.time()):
         log.info(
             "forgot node %s: unknown to the scheduler, silent for %d intervals", node_id, FORGET_INTERVALS
@@ -372,13 +330,19 @@ def poll_once(state: HeadState, reader: Optional[gcs.GcsReader]) -> SourceStatus
     return status
 
 
-def poll_gcs(state: HeadState, reader: Optional[gcs.GcsReader], stop: threading.Event) -> None:
-    """Read the scheduler's view once per interval; log only when reachability changes. A
+def poll_gcs(
+    state: HeadState,
+    reader: Optional[gcs.GcsReader],
+    stop: threading.Event,
+    agents: Optional[RayAgents] = None,
+) -> None:
+    """Read the scheduler's view once per interval; log only when reachability changes.
+    ``agents``: keep one node agent on every alive node of that view (``--agents ray``). A
     round that raises is logged and counted (``/healthz``), and the next one runs."""
     was_ok: Optional[bool] = None
     while not stop.is_set():
         try:
-            status = poll_once(state, reader)
+            status = poll_once(state, reader, agents)
         except Exception as err:
             state.poller.failed(f"{type(err).__name__}: {err}")
             log.exception("GCS poller: round failed; the scheduler view ages until a round succeeds")
@@ -402,14 +366,16 @@ class PollerGuard:
         state: HeadState,
         reader: Optional[gcs.GcsReader],
         stop: threading.Event,
-        target: Callable[[HeadState, Optional[gcs.GcsReader], threading.Event], None] = poll_gcs,
+        agents: Optional[RayAgents] = None,
+        target: Callable[..., None] = poll_gcs,
     ) -> None:
         self._state, self._reader, self._stop, self._target = state, reader, stop, target
+        self._agents = agents
         self._thread: Optional[threading.Thread] = None
 
     def _run(self) -> None:
         try:
-            self._target(self._state, self._reader, self._stop)
+            self._target(self._state, self._reader, self._stop, self._agents)
         except BaseException as err:
             self._state.poller.failed(f"poller died: {type(err).__name__}: {err}")
             log.error("GCS poller died (%s: %s); it is restarted", type(err).__name__, err)
@@ -429,6 +395,82 @@ class PollerGuard:
         return True
 
 
+class BoundedHTTPServer(ThreadingHTTPServer):
+    """The threading HTTP server with at most ``HTTP_WORKERS`` requests at once (more are
+    closed unanswered), TLS done in the worker (a slow handshake holds no accept), and an
+    ``accept`` that neither spins nor floods the log when file descriptors run out."""
+
+    daemon_threads = True
+    ssl_context: Optional[ssl.SSLContext] = None
+    throttle: Optional[ingest.LogThrottle] = None
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(HTTP_WORKERS)
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        try:
+            return super().get_request()
+        except OSError as err:
+            if err.errno in (errno.EMFILE, errno.ENFILE) and self.throttle is not None:
+                self.throttle.note("http:accept", "HTTP port: %s", err.strerror)
+                time.sleep(0.1)  # the listening socket stays readable: do not spin
+            raise
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            if self.throttle is not None:
+                self.throttle.note(
+                    "http:busy", "HTTP port: %d requests in progress; closing one", HTTP_WORKERS
+                )
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            if self.ssl_context is not None:
+                request.settimeout(_StatusHandler.timeout)
+                try:
+                    request = self.ssl_context.wrap_socket(request, server_side=True)
+                except (OSError, ssl.SSLError) as err:
+                    if self.throttle is not None:
+                        self.throttle.note(
+                            "http:tls", "HTTP port: TLS handshake with %s failed: %s", client_address[0], err
+                        )
+                    request.close()
+                    return
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+def raise_fd_limit() -> int:
+    """Raise the soft ``RLIMIT_NOFILE`` to the hard limit; the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (OSError, ValueError) as err:
+            log.warning("cannot raise the file limit from %d to %d: %s", soft, target, err)
+    return int(soft)
+
+
+def remove_agents(agents: RayAgents) -> None:
+    """The head's shutdown with ``--agents ray``: every placed agent goes with it."""
+    try:
+        agents.remove_all()
+        agents.close()
+    except Exception as err:  # the GCS may be gone: say so, and stop anyway
+        log.warning("could not remove the agents placed through Ray: %s", err)
+
+
 class Head:
     """The head agent's servers: :meth:`serve` runs them until :meth:`stop` or a signal."""
 
@@ -441,6 +483,9 @@ class Head:
         token: bytes,
         gcs_timeout_s: float = DEFAULT_TIMEOUT_S,
         read_token: bytes = b"",
+        tls: TlsFiles = NO_TLS,
+        max_pending_per_address: int = ingest.MAX_UNAUTH_PER_HOST,
+        agents: Optional[RayAgents] = None,
     ) -> None:
         for host, _ in (listen, http):
             if not token and not is_loopback(host):
@@ -451,29 +496,50 @@ class Head:
         if read_token and (not token or hmac.compare_digest(read_token, token)):
             raise ValueError("the read-only token must differ from the agents' token (--token-file)")
         self.listen, self.http, self.token, self.read_token = listen, http, token, read_token
+        if max_pending_per_address < 1:
+            raise ValueError(f"--max-pending must be at least 1, not {max_pending_per_address}")
+        self.ssl_context = server_context(tls)
+        self.max_pending_per_address = max_pending_per_address
         self.state = HeadState(interval_s, gcs_address)
         self._reader = gcs.GcsReader(gcs_address, gcs_timeout_s) if gcs_address else None
         self._stop = threading.Event()
-        self._httpd: Optional[ThreadingHTTPServer] = None
+        self._httpd: Optional[BoundedHTTPServer] = None
+        self.throttle = ingest.LogThrottle(log)
+        self.agents = agents
+        if agents is not None:
+            self.state.more_health.append(agents.health)
 
     def _start_http(self) -> None:
         read_tokens = tuple(t for t in (self.token, self.read_token) if t)
         handler = type("Handler", (_StatusHandler,), {"state": self.state, "read_tokens": read_tokens})
-        self._httpd = ThreadingHTTPServer(self.http, handler)
-        self._httpd.daemon_threads = True
+        self._httpd = BoundedHTTPServer(self.http, handler)
+        self._httpd.ssl_context, self._httpd.throttle = self.ssl_context, self.throttle
         threading.Thread(target=self._httpd.serve_forever, name="rayscope-http", daemon=True).start()
 
     async def serve(self) -> None:
         """Run until :meth:`stop` (or SIGTERM/SIGINT): ingest, poll, answer queries."""
         loop = asyncio.get_running_loop()
+        loop.set_exception_handler(ingest.fd_exception_handler(self.throttle))
+        nofile = raise_fd_limit()
+        max_total = max(16, min(ingest.MAX_CONNECTIONS, nofile - ingest.FD_RESERVE - HTTP_WORKERS))
+        guard = ingest.ConnectionGuard(
+            max_total, self.max_pending_per_address, self.throttle, self.state.count_rejected
+        )
+        self.state.net = guard.counters
         idle = max(60.0, 10 * self.state.interval_s)
-        server = await loop.create_server(lambda: ReportProtocol(self.state, self.token, idle), *self.listen)
+        server = await loop.create_server(
+            lambda: ingest.ReportProtocol(self.state.take, self.token, idle, guard),
+            *self.listen,
+            ssl=self.ssl_context,
+            backlog=ingest.ACCEPT_BACKLOG,
+            ssl_handshake_timeout=ingest.FRAME_DEADLINE_S if self.ssl_context else None,
+        )
         self._start_http()
-        guard = PollerGuard(self.state, self._reader, self._stop)
-        guard.start()
+        poller = PollerGuard(self.state, self._reader, self._stop, self.agents)
+        poller.start()
 
         def watch_poller() -> None:
-            guard.check()
+            poller.check()
             if not self._stop.is_set():
                 loop.call_later(self.state.interval_s, watch_poller)
 
@@ -481,15 +547,25 @@ class Head:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         log.info(
-            "head agent: reports on %s:%d, HTTP on %s:%d, GCS %s, interval %g s%s",
+            "head agent: reports on %s:%d, HTTP on %s:%d, GCS %s, interval %g s%s%s; up to %d agents",
             *self.listen,
             *self.http,
             self.state.gcs_address or "(none)",
             self.state.interval_s,
             ", token required" if self.token else "",
+            ", TLS" if self.ssl_context else "",
+            max_total,
         )
+
+        def flush() -> None:
+            self.throttle.flush()
+            loop.call_later(ingest.THROTTLE_S, flush)
+
+        loop.call_later(ingest.THROTTLE_S, flush)
         async with server:
             await loop.run_in_executor(None, self._stop.wait)
+        if self.agents is not None:
+            await loop.run_in_executor(None, remove_agents, self.agents)
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()

@@ -215,6 +215,7 @@ def _apply_report(node: NodeStatus, received: ReceivedReport, now: float, stale_
     node.sources = report.sources
     node.hostname = report.host.hostname if report.host else node.hostname
     node.agent = "local" if received.local else ("stale" if stale else "reporting")
+    node.agent_started_by = "" if received.local else report.started_by
     node.report_age_s = None if received.local else age
     node.stale = stale
 

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import Any, Optional
 
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # honour 127.0.0.1 (docs/architecture.md)
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -36,10 +36,15 @@ REPLY = "@@"
 HEAD = {"num_cpus": 8, "num_gpus": 1, "resources": {"VRAM_MB": 24576, "accelerator_type:G": 1}}
 DENBI = {"num_cpus": 8, "num_gpus": 1, "resources": {"accelerator_type:T4": 1}}
 CPU_ONLY = {"num_cpus": 16, "num_gpus": 0}
+# The pending-demand cases: a 2-GPU node (two 0.6 replicas leave 0.4 on each device) and a
+# VRAM_MB node that two 8192 MB replicas fill.
+TWO_GPUS = {"num_cpus": 4, "num_gpus": 2, "resources": {"accelerator_type:A10G": 1}}
+VRAM_FULL = {"num_cpus": 4, "num_gpus": 1, "resources": {"VRAM_MB": 16384, "accelerator_type:T4": 1}}
 TOPOLOGIES: dict[str, list[tuple[str, dict[str, Any]]]] = {
     "seed": [("head", HEAD), ("denbi", DENBI), ("cpu", CPU_ONLY)],
     "demo": [("head", HEAD), ("denbi", DENBI)],
     "single": [("head", HEAD)],
+    "pending": [("head", TWO_GPUS), ("vram", VRAM_FULL)],
 }
 # name -> (node, ray options): four federated-unet replicas of 5120 MB on Europa, one
 # deNBI app holding a third of the T4.
@@ -50,6 +55,15 @@ SEED_ACTORS: list[tuple[str, str, dict[str, Any]]] = [
     ],
     ("denbi-app", "denbi", {"num_gpus": 0.33, "num_cpus": 1}),
 ]
+PENDING_ACTORS: list[tuple[str, str, dict[str, Any]]] = [
+    *[(f"frag-{i}", "head", {"num_gpus": 0.6, "num_cpus": 0, "accelerator_type": "A10G"}) for i in range(2)],
+    *[
+        (f"vram-{i}", "vram", {"num_gpus": 0.01, "num_cpus": 0, "resources": {"VRAM_MB": 8192}})
+        for i in range(2)
+    ],
+]
+ACTORS = {"pending": PENDING_ACTORS}
+"""The actors each topology starts with (the seed's by default)."""
 
 
 def _node_pids(node: Any) -> list[int]:
@@ -76,10 +90,12 @@ class LiveCluster:
         )
         self.nodes: dict[str, Any] = {head_name: self.cluster.head_node}
         for name, args in spec[1:]:
-            self.nodes[name] = self.cluster.add_node(**common, **args)
+            self.nodes[name] = self.cluster.add_node(**common, **(args or {}))
         self.cluster.wait_for_nodes()
         ray.init(address=self.cluster.address, log_to_driver=False, logging_level="ERROR")
         self.actors: dict[str, Any] = {}
+        self.waiting: dict[str, Any] = {}
+        self.groups: dict[str, Any] = {}
         self.temp_dir = temp_dir
 
     def place(self, name: str, node: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -98,7 +114,33 @@ class LiveCluster:
         self.settle()
         return {"name": name, "node": node, "pid": pid, "actor_id": actor._actor_id.hex()}
 
+    def submit(self, name: str, options: dict[str, Any], placement_group: str = "") -> dict[str, Any]:
+        """An actor created and not waited for (it may never be placed: the pending cases),
+        in the named placement group if one is given."""
+        strategies: Any = importlib.import_module("ray.util.scheduling_strategies")
+
+        class Replica:
+            def pid(self) -> int:
+                return os.getpid()
+
+        if placement_group:
+            group = self.groups[placement_group]
+            options = {**options, "scheduling_strategy": strategies.PlacementGroupSchedulingStrategy(group)}
+        actor = self.ray.remote(Replica).options(name=name, **options).remote()
+        self.waiting[name] = actor
+        return {"name": name, "actor_id": actor._actor_id.hex()}
+
+    def placement_group(self, name: str, bundles: list[dict[str, float]], strategy: str) -> dict[str, Any]:
+        """A placement group created and not waited for."""
+        util: Any = importlib.import_module("ray.util.placement_group")
+        group = util.placement_group(bundles, strategy=strategy, name=name)
+        self.groups[name] = group
+        return {"name": name, "placement_group_id": group.id.hex()}
+
     def kill(self, name: str) -> dict[str, Any]:
+        if name in self.waiting:  # never placed: nothing booked to settle
+            self.ray.kill(self.waiting.pop(name))
+            return {"name": name}
         self.ray.kill(self.actors.pop(name)[0])
         self.settle()
         return {"name": name}
@@ -137,6 +179,51 @@ class LiveCluster:
             time.sleep(0.1)
         raise TimeoutError(f"the GCS never showed the bookings {expected}")
 
+    TOPOLOGY_OPS = ("add_node", "remove_node", "named_actors", "probe_named", "actor_table_hex", "kill_named")
+    """Commands named after the method that answers them (node agents placed through Ray)."""
+
+    def add_node(self, name: str, args: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+        """One more raylet on this host (``add_node``); its node id once the GCS has it."""
+        common = {"node_ip_address": LOOPBACK, "temp_dir": self.temp_dir, "dashboard_agent_listen_port": None}
+        self.nodes[name] = self.cluster.add_node(**common, **(args or {}))
+        self.cluster.wait_for_nodes()
+        return {"name": name, "node_id": self.nodes[name].node_id}
+
+    def remove_node(self, name: str) -> dict[str, Any]:
+        node = self.nodes.pop(name)
+        self.cluster.remove_node(node)
+        return {"name": name, "node_id": node.node_id}
+
+    def named_actors(self) -> dict[str, Any]:
+        """Every named actor the GCS lists (not DEAD), in every namespace."""
+        return {"actors": self.ray.util.list_named_actors(all_namespaces=True)}
+
+    def kill_named(self, name: str, namespace: str) -> dict[str, Any]:
+        self.ray.kill(self.ray.get_actor(name, namespace=namespace), no_restart=True)
+        return {"name": name}
+
+    def probe_named(self, name: str, namespace: str) -> dict[str, Any]:
+        """An actor's own ``probe()`` answer (rayscope's node agents have one)."""
+        return {
+            "probe": self.ray.get(self.ray.get_actor(name, namespace=namespace).probe.remote(), timeout=60)
+        }
+
+    def actor_table_hex(self) -> dict[str, Any]:
+        """Every entry of the GCS actor table, dead ones included, as serialized protobufs:
+        all that ``ray list actors --detail`` and the dashboard can show of an actor."""
+        from agent.sources import gcs_read
+
+        client = gcs_read.connect(self.cluster.address)
+
+        async def fetch() -> Any:
+            return await client.async_get_all_actor_info(timeout=10)
+
+        import asyncio
+
+        infos = asyncio.run(fetch())
+        entries = list(infos.values()) if isinstance(infos, dict) else list(infos)
+        return {"actors": [info.SerializeToString().hex() for info in entries]}
+
     def state(self) -> dict[str, Any]:
         nodes = {
             name: {"node_id": n.node_id, "raylet_pid": n.all_processes["raylet"][0].process.pid}
@@ -167,7 +254,8 @@ def serve(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_sigterm)
     try:
-        placed = [cluster.place(*actor) for actor in SEED_ACTORS if actor[1] in cluster.nodes]
+        actors = ACTORS.get(args.topology, SEED_ACTORS)
+        placed = [cluster.place(*actor) for actor in actors if actor[1] in cluster.nodes]
         state = {**cluster.state(), "actors": placed}
         tmp = args.state + ".tmp"
         with open(tmp, "w") as f:
@@ -184,6 +272,14 @@ def serve(args: argparse.Namespace) -> int:
                     reply = cluster.place(request["name"], request["node"], request.get("options", {}))
                 elif op == "kill_actor":
                     reply = cluster.kill(request["name"])
+                elif op == "submit":
+                    reply = cluster.submit(
+                        request["name"], request.get("options", {}), request.get("placement_group", "")
+                    )
+                elif op == "placement_group":
+                    reply = cluster.placement_group(request["name"], request["bundles"], request["strategy"])
+                elif op in LiveCluster.TOPOLOGY_OPS:  # the request's other keys are the arguments
+                    reply = getattr(cluster, op)(**request)
                 else:
                     reply = {"state": cluster.state()}
                 out = {"ok": True, **reply}

@@ -16,8 +16,9 @@ Measured, written as JSON to FILE:
   (one host, one clock), over every node in every status sample;
 * ``rayscope status --head`` latency under that load, beside ``ray status`` in the same run.
 
-Frames come from :mod:`agent.wire` (``seal``), reports are :class:`agent.model.NodeReport`
-encoded as the node agent encodes them: the soak follows the wire, it does not restate it.
+Frames come from :mod:`agent.wire` (the greeting's challenge, ``Sealer``; acks are read
+and dropped), reports are :class:`agent.model.NodeReport` encoded as the node agent encodes
+them: the soak follows the wire, it does not restate it.
 """
 
 import argparse
@@ -74,20 +75,22 @@ class SoakAgent:
         self.sent = 0
         self.errors = 0
 
-    def frame(self, collected_at: float) -> bytes:
+    def frame(self, sealer: wire.Sealer, collected_at: float) -> bytes:
         payload = self.encoder.encode(soak_report(self.node_id, f"soak-{self.node_id[:8]}", collected_at))
-        return wire.seal(payload, self.token)
+        return sealer.seal(payload)
 
     async def run(self, host: str, port: int, until: float) -> None:
         await asyncio.sleep(random.uniform(0, self.interval_s))
         reader, writer = await asyncio.open_connection(host, port)
+        # Wire v2: the head greets with a challenge; frames are numbered and bound to it.
+        sealer = wire.Sealer(self.token, wire.parse_greeting(await reader.readexactly(wire.GREETING_BYTES)))
         drain_head = asyncio.ensure_future(self._discard(reader))  # acks, if the head sends any
         next_at = time.time()
         try:
             while time.time() < until:
                 collected_at = max(time.time(), self.last_sent + 1e-6)
                 try:
-                    writer.write(self.frame(collected_at))
+                    writer.write(self.frame(sealer, collected_at))
                     await writer.drain()
                 except OSError:
                     self.errors += 1

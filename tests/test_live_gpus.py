@@ -164,8 +164,9 @@ def test_the_head_agent_attributes_the_agents_reports(
             "  GPU0 NVIDIA GeForce RTX 3090  booked 22528 MB + 0.33 GPU by 6 actors  used 22.9 GB  util 87%"
         )
         assert f"    pid {sleeper} sleep booked nothing used 1.2 GB  unbooked" in lines[start : start + 10]
-        assert (
-            "  127.0.0.1 [HEAD] G GPU: 0.05/1 booked: 22528/24576 MB  VRAM: 22.9/24.0 GB  CPU: 8/8" in lines
+        assert (  # a push agent started by hand: the head's view says so
+            "  127.0.0.1 [HEAD] G GPU: 0.05/1 booked: 22528/24576 MB  VRAM: 22.9/24.0 GB  CPU: 8/8"
+            "  agent: manual" in lines
         )
     finally:
         for agent in agents:

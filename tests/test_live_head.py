@@ -157,7 +157,9 @@ def test_wrong_token_is_rejected_and_the_head_keeps_serving(fleet: Fleet, tmp_pa
     wrong.chmod(0o600)
     impostor = fleet.start_agent("impostor", token_file=wrong, node_id="baad" * 14)
     try:
-        eventually(lambda: "bad MAC" in fleet.head.log_text(), what="the head logs the bad MAC")
+        eventually(
+            lambda: "rejected frame (bad token)" in fleet.head.log_text(), what="the head logs the bad MAC"
+        )
         doc = fleet.status()
         assert "baad" * 14 not in doc["nodes"]
         assert all(doc["nodes"][fleet.cluster.node_id(n)]["agent"] == "reporting" for n in NODES)

@@ -13,9 +13,13 @@ from typing import Optional
 import msgspec
 
 from agent.completeness import SchedulerView, scheduler_view
-from agent.model import ClusterStatus, NodeStatus, SourceStatus
+from agent.model import ClusterStatus, NodeStatus, PendingDemand, SourceStatus
+from agent.pending import shape_text
 from agent.render.fmt import booking, encode, gib, has_gpus, source_notes, visible_nodes
 from agent.validate import printable_lines
+
+AGENT_STARTERS = ("ray", "systemd", "manual")
+"""How an agent may say it was started (``NodeReport.started_by``)."""
 
 
 def node_markers(
@@ -24,6 +28,10 @@ def node_markers(
     """What to append to a node's line so old or missing numbers are never silent.
     ``scheduler_age_s``: set when the scheduler's view is old (its nodes are marked)."""
     markers = []
+    if view == "head" and node.agent in ("reporting", "stale") and node.agent_started_by:
+        # How the node is covered; a report's own word, so only a known one is shown.
+        known = node.agent_started_by in AGENT_STARTERS
+        markers.append(f"agent: {node.agent_started_by if known else 'other'}")
     if not node.alive:
         markers.append("dead")
     if not node.in_scheduler:
@@ -95,6 +103,7 @@ def status_lines(status: ClusterStatus, include_dead: bool = False) -> list[str]
         if group:
             lines += ["", title]
             lines += ["  " + node_line(n, status.view, scheduler_ok, old_age) for n in group]
+    lines += pending_lines(status)
     notes = source_notes(status.sources)
     if old_age is not None:
         notes.insert(
@@ -111,6 +120,31 @@ def status_lines(status: ClusterStatus, include_dead: bool = False) -> list[str]
     if notes:
         lines += ["", *notes]
     return printable_lines(lines)
+
+
+def demand_line(demand: PendingDemand) -> str:
+    """``2 × GPU=0.5 accelerator_type:A10G=0.001  actors: half-0, half-1``."""
+    if demand.kind == "placement_group":
+        bundles = ", ".join("{" + shape_text(b) + "}" for b in demand.bundles)
+        text = f"{demand.count} × placement group {demand.strategy} [{bundles}]"
+    else:
+        text = f"{demand.count} × {shape_text(demand.shape)}"
+    if demand.names:
+        text += "  actors: " + ", ".join(demand.names)
+    return text
+
+
+def pending_lines(status: ClusterStatus) -> list[str]:
+    """``Pending:``, one line per waiting shape and its reason under it; nothing when
+    nothing waits (or the pending demand was not read)."""
+    demands = status.cluster.pending or []
+    if not demands:
+        return []
+    lines = ["", "Pending:"]
+    for demand in demands:
+        lines.append("  " + demand_line(demand))
+        lines.append(f"    {demand.reason_text}")
+    return lines
 
 
 def status_json(status: ClusterStatus, include_dead: bool = False, indent: int = 2) -> str:

@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional, TypeVar
 import msgspec
 
 from agent.addresses import DEFAULT_TIMEOUT_S, GCS_ADDRESS_ENV, split_address
-from agent.model import ActorBooking, RayletInfo, RayNode, SourceStatus
+from agent.model import ActorBooking, PendingRead, RayletInfo, RayNode, SourceStatus
 from agent.sources import gcs_read, trust
 
 T = TypeVar("T")
@@ -222,6 +222,20 @@ class GcsReader:
             return None, SourceStatus(name="gcs_actors", ok=False, reason=reason)
         return _to_actors(raw, self.address)
 
+    def read_pending(self) -> tuple[Optional[PendingRead], SourceStatus]:
+        """What waits to be placed (the head agent reads it once per interval); never raises."""
+        client = self._client
+        if client is None:
+            return None, SourceStatus(name="gcs_pending", ok=False, reason="GCS not connected")
+        try:
+            raw = _with_deadline(
+                lambda: gcs_read.read_pending(client, self.timeout_s), self.timeout_s, self._busy
+            )
+        except Exception as err:
+            reason = explain(err, self.address, self.timeout_s, self._token_source)
+            return None, SourceStatus(name="gcs_pending", ok=False, reason=reason)
+        return _to_pending(raw, self.address)
+
     def read(self) -> tuple[list[RayNode], SourceStatus]:
         """Every node the GCS knows, and the source's status; never raises."""
         try:
@@ -296,8 +310,41 @@ def _to_actors(raw: object, address: str) -> tuple[Optional[list[ActorBooking]],
     return actors, SourceStatus(name="gcs_actors", ok=True, detail=f"{len(actors)} live actor(s)")
 
 
+def _to_pending(raw: object, address: str) -> tuple[Optional[PendingRead], SourceStatus]:
+    try:
+        pending = msgspec.convert(raw, PendingRead)
+    except msgspec.ValidationError as err:
+        return None, SourceStatus(
+            name="gcs_pending", ok=False, reason=f"unexpected pending demand from {address}: {err}"
+        )
+    waiting = sum(r.count for r in pending.requests) + len(pending.gangs)
+    return pending, SourceStatus(name="gcs_pending", ok=True, detail=f"{waiting} waiting")
+
+
+def read_pending_too(
+    address: str, timeout_s: float, python: Optional[str], actors: bool
+) -> tuple[list[RayNode], Optional[list[ActorBooking]], Optional[PendingRead], list[SourceStatus]]:
+    """:func:`read_cluster` plus what waits to be placed, in the same child process (one
+    deadline); the pending demand's status (``gcs_pending``) comes last."""
+    box: list[Any] = []
+    views, booked, statuses = read_cluster(address, timeout_s, python, actors, _answer=box)
+    if not box:
+        return views, booked, None, statuses
+    answer = box[0]
+    if "pending" not in answer:
+        error = answer.get("pending_error", "no pending demand in the answer")
+        reason = explain(RuntimeError(error), address, timeout_s, _token_source())
+        return views, booked, None, [*statuses, SourceStatus(name="gcs_pending", ok=False, reason=reason)]
+    pending, status = _to_pending(answer["pending"], address)
+    return views, booked, pending, [*statuses, status]
+
+
 def read_cluster(
-    address: str, timeout_s: float = DEFAULT_TIMEOUT_S, python: Optional[str] = None, actors: bool = False
+    address: str,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    python: Optional[str] = None,
+    actors: bool = False,
+    _answer: Optional[list[Any]] = None,
 ) -> tuple[list[RayNode], Optional[list[ActorBooking]], list[SourceStatus]]:
     """One-shot read of every node (the CLI's path), in a child process under ``python``
     (default: this interpreter, which must then import ray). ``actors``: the live actors too,
@@ -311,9 +358,12 @@ def read_cluster(
     if python == sys.executable and not ray_importable():
         return [], None, [SourceStatus(name="gcs", ok=False, reason=_no_ray_reason(), detail=address)]
     try:
-        answer = _run_child(address, timeout_s, python, *(["actors"] if actors else []))
+        extra = (["actors"] if actors else []) + (["pending"] if _answer is not None else [])
+        answer = _run_child(address, timeout_s, python, *extra)
     except GcsUnavailable as err:
         return [], None, [SourceStatus(name="gcs", ok=False, reason=str(err), detail=address)]
+    if _answer is not None:  # read_pending_too takes the rest of the answer
+        _answer.append(answer)
     views, status = _to_nodes(answer["nodes"], address, f"{address} via {python}")
     if not actors:
         return views, None, [status]

@@ -1,0 +1,291 @@
+"""Node agents placed through Ray (``rayscope head --agents ray``) on a real Ray cluster.
+
+A cluster of its own (head + deNBI worker, ``ray.cluster_utils.Cluster`` on 127.0.0.1), since
+these tests add, remove and kill nodes and actors. Every test starts its own head agent with a
+short interval and stops it at the end; the fixture checks that the stop left no rayscope actor
+in the GCS.
+"""
+
+import json
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import HeadDaemon, LiveCluster, base_env, free_port, run_rayscope, start_cluster
+
+pytestmark = pytest.mark.live
+
+INTERVAL = 1.5
+NAMESPACE = "rayscope"
+WORKER_START_S = 20.0
+"""Slack for Ray to start the actor's worker process on a loaded 2-core machine (runtime
+environment set-up, ``import ray``); the intervals are what the tests hold the head to."""
+EXTRA_NODE = {"num_cpus": 2, "num_gpus": 0}
+RESOURCE_KEYS = (
+    "total_cpu", "used_cpu", "total_gpu", "used_gpu", "total_vram_mb", "used_vram_mb",
+    "total_memory", "used_memory", "total_object_store_memory", "used_object_store_memory",
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LiveCluster]:
+    live = start_cluster("demo", {"RAY_AUTH_MODE": "disabled"})
+    try:
+        yield live
+    finally:
+        live.stop()
+        shutil.rmtree(live.root, ignore_errors=True)
+
+
+def rayscope_actors(cluster: LiveCluster) -> list[str]:
+    names = cluster.request(op="named_actors")["actors"]
+    return sorted(a["name"] for a in names if a["namespace"] == NAMESPACE)
+
+
+class RayHead:
+    """``rayscope head --agents ray`` against the module's cluster."""
+
+    def __init__(self, cluster: LiveCluster, logs: Path, token_file: Path) -> None:
+        self.cluster, self.token_file = cluster, token_file
+        self.env = base_env(RAY_AUTH_MODE="disabled", RAY_TMPDIR=str(cluster.root))
+        extra = ["--gcs", cluster.gcs_address, "--interval", str(INTERVAL), "--agents", "ray"]
+        self.daemon = HeadDaemon(self.env, logs / "head.log", extra, token_file)
+
+    def status(self) -> dict[str, Any]:
+        code, body = self.daemon.get("/v1/status?all=1")
+        assert code == 200, body
+        doc: dict[str, Any] = json.loads(body)
+        return doc
+
+    def node(self, node_id: str) -> dict[str, Any]:
+        node: dict[str, Any] = self.status()["nodes"][node_id]
+        return node
+
+    def fresh_since(self, node_id: str, since: float) -> bool:
+        """A report from ``node_id``'s Ray-placed agent received after ``since`` (wall clock)."""
+        node = self.node(node_id)
+        received = time.time() - (node["report_age_s"] if node["report_age_s"] is not None else 1e9)
+        return bool(node["agent"] == "reporting" and node["agent_started_by"] == "ray" and received > since)
+
+    def health(self) -> dict[str, Any]:
+        code, body = self.daemon.get("/healthz")
+        assert code == 200
+        health: dict[str, Any] = json.loads(body)
+        return health
+
+
+def eventually(check: Any, timeout_s: float, what: str) -> float:
+    """Poll ``check`` until true; the seconds it took. KeyError = not yet."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        try:
+            if check():
+                return time.monotonic() - start
+        except KeyError:
+            pass
+        time.sleep(0.1)
+    pytest.fail(f"not within {timeout_s:.0f} s: {what}")
+
+
+def add_node(cluster: LiveCluster, name: str) -> dict[str, Any]:
+    """``add_node``, tried again when Ray gives up on the raylet after its fixed 30 s (this
+    machine is shared and can be that slow); a raylet that never registered holds nothing."""
+    for attempt in range(3):
+        try:
+            return cluster.request(op="add_node", name=name, args=EXTRA_NODE)
+        except RuntimeError as err:
+            if attempt == 2 or "timed out during startup" not in str(err):
+                raise
+    raise AssertionError("unreachable")
+
+
+def alive_ids(cluster: LiveCluster) -> list[str]:
+    return [cluster.node_id(n) for n in cluster.state["nodes"]]
+
+
+@pytest.fixture
+def ray_head(cluster: LiveCluster, tmp_path: Path, wire_token: Path) -> Iterator[RayHead]:
+    assert rayscope_actors(cluster) == [], "an earlier test left agents behind"
+    head = RayHead(cluster, tmp_path, wire_token)
+    try:
+        eventually(
+            lambda: all(head.fresh_since(n, 0) for n in alive_ids(cluster)),
+            timeout_s=2 * INTERVAL + WORKER_START_S,
+            what="every node reporting through a Ray-placed agent",
+        )
+        yield head
+    finally:
+        code = head.daemon.stop(timeout_s=60)
+        log = head.daemon.log_text()
+        assert code == 0, log
+        assert rayscope_actors(cluster) == [], log  # the shutdown removed every agent it placed
+
+
+def test_every_node_reports_through_a_ray_placed_agent(cluster: LiveCluster, ray_head: RayHead) -> None:
+    """Control: place no agent (``--agents none``) and no node reports (``no agent``)."""
+    assert rayscope_actors(cluster) == sorted(f"rayscope-agent:{n}" for n in alive_ids(cluster))
+    eventually(lambda: ray_head.health()["agents_running"] == 2, timeout_s=10, what="/healthz: 2 running")
+    health = ray_head.health()
+    assert (health["agents_placed"], health["agents_starting"], health["agents_failing"]) == (2, 0, 0)
+    done = run_rayscope(
+        "status", "--head", ray_head.daemon.url, "--token-file", str(ray_head.token_file), env=ray_head.env
+    )
+    assert done.returncode == 0, done.stderr
+    node_lines = [line for line in done.stdout.splitlines() if line.startswith("  127.0.0.1")]
+    assert len(node_lines) == 2 and all(line.endswith("agent: ray") for line in node_lines), done.stdout
+
+
+def test_agents_book_nothing(cluster: LiveCluster, tmp_path: Path, wire_token: Path) -> None:
+    """The scheduler's per-node sums with the agents running equal those without them.
+    Control: place the agent with ``num_cpus=1`` (Ray's default for an actor's placement is
+    1 CPU) and ``used_cpu`` moves by one per node."""
+    env = base_env(RAY_AUTH_MODE="disabled", RAY_TMPDIR=str(cluster.root))
+
+    def sums() -> dict[str, dict[str, float]]:
+        done = run_rayscope("status", "--json", "--gcs", cluster.gcs_address, "--timeout", "30", env=env)
+        assert done.returncode == 0, done.stderr
+        doc = json.loads(done.stdout)
+        nodes = {nid: {k: node[k] for k in RESOURCE_KEYS} for nid, node in doc["nodes"].items()}
+        return {"cluster": {k: doc["cluster"][k] for k in RESOURCE_KEYS}, **nodes}
+
+    without = sums()
+    head = RayHead(cluster, tmp_path, wire_token)
+    try:
+        eventually(
+            lambda: all(head.fresh_since(n, 0) for n in alive_ids(cluster)),
+            timeout_s=2 * INTERVAL + WORKER_START_S,
+            what="every node reporting",
+        )
+        assert len(rayscope_actors(cluster)) == 2
+        time.sleep(1.0)  # raylets send their availability to the GCS asynchronously
+        assert sums() == without
+    finally:
+        assert head.daemon.stop(timeout_s=60) == 0
+
+
+def test_an_added_node_reports_within_two_intervals(cluster: LiveCluster, ray_head: RayHead) -> None:
+    """Control: reconcile only at start (drop the per-interval call in ``poll_gcs``) and the
+    new node never gets an agent."""
+    added = add_node(cluster, "extra")
+    t0 = time.time()
+    try:
+        placed = eventually(
+            lambda: f"rayscope-agent:{added['node_id']}" in rayscope_actors(cluster),
+            timeout_s=2 * INTERVAL + 5,
+            what="an agent placed on the new node",
+        )
+        assert placed <= INTERVAL + 2  # one reconcile after the GCS listed it, plus a GCS read
+        eventually(
+            lambda: ray_head.fresh_since(added["node_id"], t0),
+            timeout_s=2 * INTERVAL + WORKER_START_S,
+            what="the new node reporting",
+        )
+    finally:
+        cluster.request(op="remove_node", name="extra")
+
+
+def test_a_removed_node_loses_its_agent_with_one_log_line(cluster: LiveCluster, ray_head: RayHead) -> None:
+    """Control: forget nothing in ``plan`` and the agent stays counted as placed for ever
+    (and the log line never comes)."""
+    added = add_node(cluster, "leaving")
+    node_id = added["node_id"]
+    try:
+        eventually(
+            lambda: ray_head.fresh_since(node_id, 0),
+            timeout_s=2 * INTERVAL + WORKER_START_S,
+            what="the extra node reporting",
+        )
+    finally:
+        cluster.request(op="remove_node", name="leaving")
+    eventually(
+        lambda: (
+            f"rayscope-agent:{node_id}" not in rayscope_actors(cluster)
+            and ray_head.health()["agents_placed"] == 2
+        ),
+        timeout_s=4 * INTERVAL + 10,
+        what="the removed node's agent gone",
+    )
+    time.sleep(3 * INTERVAL)  # a storm would show up in the next intervals
+    lines = [line for line in ray_head.daemon.log_text().splitlines() if node_id in line]
+    left = [line for line in lines if "left the cluster" in line]
+    assert len(left) == 1, lines
+    assert not [line for line in lines if "WARNING" in line or "cannot" in line], lines
+    assert ray_head.health()["agents_failing"] == 0
+
+
+def test_a_killed_agent_is_replaced_within_two_intervals(cluster: LiveCluster, ray_head: RayHead) -> None:
+    """Control: leave ``Plan.replace`` empty and the node goes stale, never fresh again."""
+    node_id = cluster.node_id("denbi")
+    cluster.request(op="kill_named", name=f"rayscope-agent:{node_id}", namespace=NAMESPACE)
+    killed_at = time.time()
+    placed = eventually(
+        lambda: (
+            f"rayscope-agent:{node_id}" in rayscope_actors(cluster)
+            and "is gone (crashed or killed)" in ray_head.daemon.log_text()
+        ),
+        timeout_s=2 * INTERVAL + 5,
+        what="a new agent placed",
+    )
+    assert placed <= 2 * INTERVAL + 2
+    eventually(
+        lambda: ray_head.fresh_since(node_id, killed_at),
+        timeout_s=2 * INTERVAL + WORKER_START_S,
+        what="a report from the new agent",
+    )
+
+
+def test_remove_clears_agents_a_killed_head_left(
+    cluster: LiveCluster, tmp_path: Path, wire_token: Path
+) -> None:
+    """A head that died by SIGKILL cannot remove its agents; ``--remove`` does.
+    Control: make ``remove_all`` kill nothing and the GCS still lists two agents."""
+    head = RayHead(cluster, tmp_path, wire_token)
+    eventually(lambda: len(rayscope_actors(cluster)) == 2, timeout_s=2 * INTERVAL + 10, what="agents placed")
+    head.daemon.kill()
+    assert len(rayscope_actors(cluster)) == 2  # detached: they outlive their head
+    env = base_env(RAY_AUTH_MODE="disabled", RAY_TMPDIR=str(cluster.root))
+    done = run_rayscope(
+        "head", "--agents", "ray", "--remove", "--gcs", cluster.gcs_address, "--listen",
+        f"127.0.0.1:{free_port()}", env=env, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "removed 2 agent(s) placed through Ray\n"
+    assert rayscope_actors(cluster) == []
+
+
+def test_the_token_travels_in_no_actor_table_entry_and_no_log(
+    cluster: LiveCluster, ray_head: RayHead
+) -> None:
+    """The head's token is in no GCS actor table entry (what ``ray list actors --detail`` and
+    the dashboard show, dead entries included) and in no log file of the Ray session or the
+    head. Control: pass the token to the actor's constructor, or in ``env_vars``, and it
+    shows in the creation task spec of the actor table."""
+    token = ray_head.token_file.read_text().strip().encode()
+    entries = [bytes.fromhex(h) for h in cluster.request(op="actor_table_hex")["actors"]]
+    ours = [e for e in entries if b"rayscope-agent:" in e]
+    assert len(ours) >= 2  # the agents are in the table: the search looks at the right place
+    assert all(token not in e and token.hex().encode() not in e for e in entries)
+    logs = [p for p in cluster.root.rglob("*") if p.is_file() and p.stat().st_size < 50_000_000]
+    assert any("worker" in p.name for p in logs)
+    leaked = [str(p) for p in logs if token in p.read_bytes()]
+    assert leaked == []
+    assert token.decode() not in ray_head.daemon.log_text()
+
+
+def test_the_agent_is_no_gpu_user(cluster: LiveCluster, ray_head: RayHead) -> None:
+    """On a GPU node (deNBI, a T4) the agent books no GPU and sees no CUDA device, so no CUDA
+    library in its process can open a context: it never appears among NVML's processes, the
+    only way a process can be listed as ``unbooked``. Control: drop ``NO_GPU_ENV`` from the
+    placement and ``CUDA_VISIBLE_DEVICES`` is unset (Ray 2.60 sets it only for GPU bookings)."""
+    node_id = cluster.node_id("denbi")
+    probe = cluster.request(op="probe_named", name=f"rayscope-agent:{node_id}", namespace=NAMESPACE)["probe"]
+    assert probe["node_id"] == node_id
+    assert probe["pushing"] is True
+    assert probe["gpu_ids"] == []
+    assert probe["cuda_visible_devices"] == ""
+    maps = Path(f"/proc/{probe['pid']}/maps").read_text()
+    assert "libcuda" not in maps and "libcudart" not in maps

@@ -5,6 +5,7 @@ touched. Every process is found from the ``ray start`` process's tree and stoppe
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -112,6 +113,7 @@ class RayHead:
             self.process.kill()
         self.process.wait(timeout=timeout_s)
         self._log.close()  # idempotent: stop() may run twice
+        shutil.rmtree(self.root, ignore_errors=True)
 
     def wait_exit(self, timeout_s: float = 90.0) -> int:
         """``ray start --block`` ends when one of its processes died (after killing the rest)."""

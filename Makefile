@@ -35,7 +35,7 @@ demo: setup  ## a Ray cluster on 127.0.0.1, the seed's bookings, `rayscope statu
 golden: setup  ## rewrite tests/golden/ from the renderers; review the diff
 	RAYSCOPE_UPDATE_GOLDEN=1 $(BIN)/python -m pytest -q -m "not live" \
 		tests/test_render.py tests/test_attribution.py tests/test_cron_output.py tests/test_fit.py tests/test_help.py \
-		tests/test_pending.py
+		tests/test_pending.py tests/test_placement.py
 
 lock:  ## re-pin constraints.txt from requirements-dev.txt in a scratch venv
 	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
@@ -65,3 +65,22 @@ pyz-lock: setup  ## re-resolve build/pyz-lock.txt, the zipapp's runtime closure 
 
 pyz-bench: pyz  ## cold and warm start of dist/rayscope.pyz under every CPython 3.8-3.13 found here
 	$(BIN)/python build/bench.py dist/rayscope.pyz
+
+.PHONY: reliability soak
+
+RELIABILITY_DIR := .reliability
+SOAK_AGENTS     ?= 2000
+SOAK_SECONDS    ?= 60
+SOAK_CAP_S      ?= 600
+
+soak: setup  ## 2,000 simulated agents push for 60 s to one head (capped at 10 min) -> RELIABILITY.md
+	mkdir -p $(RELIABILITY_DIR)
+	timeout $(SOAK_CAP_S) $(BIN)/python -m tests.soak run --agents $(SOAK_AGENTS) --seconds $(SOAK_SECONDS) \
+		--out $(RELIABILITY_DIR)/soak.json; rc=$$?; \
+	$(BIN)/python -m tests.reliability --faults $(RELIABILITY_DIR)/faults.jsonl \
+		--soak $(RELIABILITY_DIR)/soak.json --out RELIABILITY.md; exit $$rc
+
+reliability: setup  ## every fault test (pytest -m fault), then the soak -> RELIABILITY.md
+	mkdir -p $(RELIABILITY_DIR) && rm -f $(RELIABILITY_DIR)/faults.jsonl $(RELIABILITY_DIR)/soak.json
+	RAYSCOPE_RELIABILITY_JSON=$(CURDIR)/$(RELIABILITY_DIR)/faults.jsonl $(BIN)/python -m pytest -m fault -q; \
+	rc=$$?; $(MAKE) soak || rc=1; exit $$rc

@@ -26,7 +26,7 @@ from agent.render.fit import fit_json, fit_lines
 from agent.render.gpus import status_gpu_lines
 from agent.render.metrics import metrics_text
 from agent.render.node import node_json, node_lines
-from agent.render.status import completeness_note, source_details, status_json, status_lines, status_ndjson
+from agent.render.status import source_details, status_json, status_lines, status_ndjson
 from agent.tls import TlsFiles
 from agent.validate import printable
 
@@ -350,7 +350,8 @@ def status(
     host only. The JSON's "view" says which.
 
     Exit 0: complete. Exit 1: partial (the report of a node whose agent was reporting is
-    stale, or the scheduler's view is missing while agents report). Exit 2: no data (head
+    stale, or the scheduler's view is older than 3 intervals, or missing while agents
+    report). Exit 2: no data (head
     or GCS unreachable, no address) or bad usage. Exit 3: the --output or --append FILE
     could not be written. Nodes that run no agent are not partial data.
     """
@@ -375,8 +376,7 @@ def status(
         raise typer.Exit(code)
     with _one_line_errors():
         result = _read_cluster(head, token_file, gcs, timeout, gpus, tls)
-        code = completeness.status_exit_code(result)
-        note = completeness_note(result)
+        code, note = completeness.assess(result)
         if code == EXIT_NO_DATA:  # never an empty document over a good one
             raise AgentError(note or "no data", code)
         text = _render_status(result, fmt, all_nodes, gpus)

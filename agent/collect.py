@@ -29,9 +29,12 @@ from agent.rollup import merge, scheduler_nodes
 from agent.sources import gcs, host, nvml, procs, raylet
 
 
-def local_report(node_raylet: Optional[RayletInfo], now: float) -> NodeReport:
-    """What this host knows about itself: its raylet, NVML and the host (never raises)."""
-    driver, gpus, nvml_status = nvml.read_gpus()
+def local_report(
+    node_raylet: Optional[RayletInfo], now: float, nvml_timeout_s: float = nvml.TIMEOUT_S
+) -> NodeReport:
+    """What this host knows about itself: its raylet, NVML and the host (never raises; a
+    hung NVML call costs at most ``nvml_timeout_s``)."""
+    driver, gpus, nvml_status = nvml.read_gpus_within(nvml_timeout_s)
     host_info, host_status = host.read_host()
     processes, procs_sources = gpu_processes(gpus)
     return NodeReport(
@@ -124,6 +127,7 @@ def embedded_status(
         view="gcs",
         gcs_address=address,
         sources=[*gcs_statuses, raylet_status, *local_sources],
+        scheduler_read_at=now,
     )
     status = pending.attach(status, waiting)
     if not gpus:

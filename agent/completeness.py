@@ -1,20 +1,55 @@
-"""How complete a :class:`ClusterStatus` is, as the exit code of ``rayscope status``. Pure.
+"""How complete a :class:`ClusterStatus` is: the exit code of ``rayscope status`` and the
+one line that says why, from one rule (:func:`assess`). Pure.
 
-* 0 = complete: the scheduler's view, and every agent that reports is fresh;
-* 1 = partial: an alive node's agent was reporting but its report is stale, or the
-  scheduler's view is missing while agent reports are there;
-* 2 = no data: neither (raised earlier by the collector when the GCS cannot be read).
+* 0 = complete: a scheduler's view no older than 3 intervals, and every alive scheduler
+  node whose agent was reporting is fresh;
+* 1 = partial: an alive scheduler node's agent was reporting but its report is stale, or
+  the scheduler's view is older than 3 intervals (the GCS stopped answering), or there is
+  no scheduler view while agent reports are there;
+* 2 = no data: neither a scheduler view nor an agent report.
 
 A node that simply runs no agent (the embedded default, or a node never set up) is not
-partial data: its booking is complete, its NVML numbers are ``NA`` and say so.
+partial data: its booking is complete, its NVML numbers are ``NA`` and say so. A stale
+report for a node the scheduler does not know is a node that is gone (or a host without a
+raylet whose agent stopped): its line is marked, the head agent forgets it after a while,
+and it does not make the answer partial.
 """
+
+from enum import Enum
+from typing import NamedTuple, Optional
 
 from agent.errors import EXIT_FAILED, EXIT_NO_DATA
 from agent.model import ClusterStatus, NodeStatus
-from agent.rollup import schedulable_nodes, scheduler_view_ok
+from agent.rollup import schedulable_nodes, scheduler_failure, scheduler_view_ok
+from agent.validate import printable
 
 EXIT_COMPLETE = 0
 EXIT_PARTIAL = EXIT_FAILED
+
+
+class SchedulerView(Enum):
+    """What the scheduler's half of a status is worth."""
+
+    FRESH = "fresh"
+    """Read within 3 intervals (or just now, by the embedded default)."""
+    OLD = "old"
+    """Kept from an earlier read: the GCS has not answered for more than 3 intervals."""
+    NONE = "none"
+    """Never read: only agents' reports are there."""
+
+
+class Completeness(NamedTuple):
+    code: int
+    note: Optional[str]
+    """``no data: ...`` / ``partial: ...``; ``None`` when complete."""
+
+
+def scheduler_view(status: ClusterStatus) -> SchedulerView:
+    """Fresh, old or none. A head older than this field (no ``scheduler_age_s``) that says
+    the GCS answered has a fresh view; one that says it did not has none."""
+    if status.scheduler_age_s is None:
+        return SchedulerView.FRESH if scheduler_view_ok(status) else SchedulerView.NONE
+    return SchedulerView.OLD if status.scheduler_stale else SchedulerView.FRESH
 
 
 def stale_nodes(status: ClusterStatus) -> list[NodeStatus]:
@@ -29,10 +64,40 @@ def reporting_nodes(status: ClusterStatus) -> list[NodeStatus]:
     return [n for n in status.nodes.values() if n.agent != "none"]
 
 
+def node_name(node: NodeStatus) -> str:
+    return node.node_ip or node.hostname or node.node_id[:12]
+
+
+def assess(status: ClusterStatus) -> Completeness:
+    """The exit code and its reason, from the one rule in the module docstring."""
+    view = scheduler_view(status)
+    why = scheduler_failure(status)
+    if not status.nodes or (view is SchedulerView.NONE and not reporting_nodes(status)):
+        note = printable(f"no data: no node in the scheduler's view{why} and no agent report")
+        return Completeness(EXIT_NO_DATA, note)
+    reasons = []
+    if view is SchedulerView.NONE:
+        reasons.append(f"no scheduler view{why}: only the agents' reports are shown")
+    elif view is SchedulerView.OLD:
+        reasons.append(
+            f"the scheduler view is {status.scheduler_age_s or 0:.0f}s old{why}: nodes, liveness"
+            " and bookings are as of then"
+        )
+    stale = stale_nodes(status)
+    if stale:
+        names = ", ".join(f"{node_name(n)} ({n.report_age_s or 0:.0f}s)" for n in stale)
+        reasons.append(f"stale report from {len(stale)} node(s): {names}")
+    if reasons:
+        return Completeness(EXIT_PARTIAL, printable("partial: " + "; ".join(reasons)))
+    return Completeness(EXIT_COMPLETE, None)
+
+
 def status_exit_code(status: ClusterStatus) -> int:
     """0 complete, 1 partial, 2 no data — see the module docstring."""
-    if not status.nodes:
-        return EXIT_NO_DATA
-    if not scheduler_view_ok(status):
-        return EXIT_PARTIAL if reporting_nodes(status) else EXIT_NO_DATA
-    return EXIT_PARTIAL if stale_nodes(status) else EXIT_COMPLETE
+    return assess(status).code
+
+
+def completeness_note(status: ClusterStatus) -> Optional[str]:
+    """Why ``status`` exits 2 (``no data: ...``) or 1 (``partial: stale report from 1
+    node(s): 10.0.0.5 (42s)``); ``None`` when complete."""
+    return assess(status).note

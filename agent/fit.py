@@ -34,10 +34,11 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Optional
 
+from agent.completeness import SchedulerView, scheduler_view
 from agent.errors import AgentError
 from agent.model import ClusterStatus, FitRequest, FitResult, GpuFit, NodeFit, NodeStatus
 from agent.placement import device_free, placement_known, replicas_on_devices
-from agent.rollup import SCHEDULER_STEMS, schedulable_nodes, scheduler_failure, scheduler_view_ok
+from agent.rollup import SCHEDULER_STEMS, schedulable_nodes, scheduler_failure
 from agent.units import MIB
 
 EXIT_FITS = 0
@@ -365,9 +366,15 @@ def fit(status: ClusterStatus, request: FitRequest) -> FitResult:
     """
     if request.replicas < 1:
         raise AgentError("--replicas must be at least 1", EXIT_COULD_NOT_TELL)
-    if not scheduler_view_ok(status):
+    view = scheduler_view(status)
+    if view is not SchedulerView.FRESH:
         why = scheduler_failure(status)
-        raise AgentError(f"could not tell: no scheduler view of the cluster{why}", EXIT_COULD_NOT_TELL)
+        what = (
+            "no scheduler view"
+            if view is SchedulerView.NONE
+            else (f"only a {status.scheduler_age_s or 0:.0f}s old scheduler view")
+        )
+        raise AgentError(f"could not tell: {what} of the cluster{why}", EXIT_COULD_NOT_TELL)
     nodes = schedulable_nodes(status)
     if not nodes:
         raise AgentError("could not tell: the scheduler knows no alive node", EXIT_COULD_NOT_TELL)

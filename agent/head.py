@@ -73,6 +73,8 @@ class HeadState:
         self._gcs_status = SourceStatus(name="gcs", ok=False, reason="not read yet", detail=gcs_address or "")
         self._actors: Optional[list[ActorBooking]] = None
         self._actors_status = SourceStatus(name="gcs_actors", ok=False, reason="not read yet")
+        self._view_read_at: Optional[float] = None  # head's clock at the last good GCS read
+        self.poller = PollerHealth()
         self._pending: Optional[PendingRead] = None
         self._pending_status: Optional[SourceStatus] = None
         self._decoder = msgspec.msgpack.Decoder(NodeReport)
@@ -104,9 +106,13 @@ class HeadState:
         with self._lock:
             self.frames_rejected += 1
 
-    def health(self) -> dict[str, Any]:
-        """Cheap counters for ``/healthz``: is the head taking reports at all?"""
+    def health(self, now: Optional[float] = None) -> dict[str, Any]:
+        """Cheap figures for ``/healthz``: is the head taking reports at all, and is its
+        scheduler view being refreshed (the GCS poller's state and the view's age)?
+        ``now``: the head's clock (default: read it)."""
+        now = time.time() if now is None else now
         with self._lock:
+            read_at = self._view_read_at
             counts: dict[str, Any] = {
                 "nodes_reporting": len(self._reports),
                 "reports_received": self.reports_received,
@@ -116,18 +122,24 @@ class HeadState:
             counts.update(self.net.as_dict())
         for more in self.more_health:
             counts.update(more())
+        age = None if read_at is None else round(now - read_at, 1)
+        counts["scheduler_view_age_s"] = age
+        counts["scheduler_view_stale"] = age is not None and age > STALE_INTERVALS * self.interval_s
+        counts["gcs_poller"] = self.poller.snapshot(time.monotonic(), self.interval_s)
         return counts
 
     def take(self, payload: bytes, received_at: float) -> Optional[str]:
         """:meth:`ingest` for the report port: the node id reported for."""
         return self.ingest(payload, received_at).node_id
 
-    def set_view(self, views: list[RayNode], status: SourceStatus) -> None:
-        """A new scheduler view (a failed read keeps the last good one, flagged by status)."""
+    def set_view(self, views: list[RayNode], status: SourceStatus, read_at: Optional[float] = None) -> None:
+        """A new scheduler view (a failed read keeps the last good one, flagged by status
+        and by its age). ``read_at``: the head's clock at the read (default: now)."""
         base = scheduler_nodes(views) if status.ok else None
         with self._lock:
             if base is not None:
                 self._base = base
+                self._view_read_at = time.time() if read_at is None else read_at
             self._gcs_status = status
 
     def forget_gone(self, now: float) -> list[str]:
@@ -161,6 +173,7 @@ class HeadState:
         with self._lock:
             base, reports, gcs_status = self._base, dict(self._reports), self._gcs_status
             actors, actors_status = self._actors, self._actors_status
+            read_at = self._view_read_at
             waiting, pending_status = self._pending, self._pending_status
         status = merge(
             base,
@@ -170,6 +183,7 @@ class HeadState:
             view="head",
             gcs_address=self.gcs_address,
             sources=[gcs_status, actors_status] if gpus else [gcs_status],
+            scheduler_read_at=read_at,
         )
         if pending_status is not None:
             status.sources.append(pending_status)
@@ -191,11 +205,18 @@ class _StatusHandler(BaseHTTPRequestHandler):
     server_version = "rayscope-head"
 
     def do_GET(self) -> None:  # the standard library's name
+        try:
+            self._get()
+        except Exception:  # a bug in one answer must not cost the caller its connection
+            log.exception("http %s: internal error", self.path)
+            self._send(500, TEXT, b"internal error in the head agent (its log says where)\n")
+
+    def _get(self) -> None:
         url = urlsplit(self.path)
         if url.path == "/healthz":
-            return self._send(
-                200, "application/json", msgspec.json.encode({"ok": True, **self.state.health()})
-            )
+            health = self.state.health(time.time())
+            ok = bool(health["gcs_poller"]["ok"])
+            return self._send(200, "application/json", msgspec.json.encode({"ok": ok, **health}))
         if url.path not in ("/v1/status", "/metrics"):
             return self._send(404, TEXT, b"not found: try /v1/status, /metrics, /healthz\n")
         if self.read_tokens and not self._authorized():
@@ -244,6 +265,71 @@ def is_loopback(host: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")
 
 
+class PollerHealth:
+    """What ``/healthz`` says about the GCS poller: alive, last round, failures, restarts."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.last_round: Optional[float] = None  # monotonic clock
+        self.errors = 0
+        self.restarts = 0
+        self.last_error = ""
+        self.alive = False
+
+    def round_done(self) -> None:
+        with self._lock:
+            self.last_round = time.monotonic()
+
+    def failed(self, what: str) -> None:
+        with self._lock:
+            self.errors += 1
+            self.last_error = what
+
+    def set_alive(self, alive: bool, restarted: bool = False) -> None:
+        with self._lock:
+            self.alive = alive
+            self.restarts += int(restarted)
+
+    def snapshot(self, now: float, interval_s: float) -> dict[str, Any]:
+        """``ok``: alive, and a round finished within the GCS deadline plus 3 intervals."""
+        with self._lock:
+            since = None if self.last_round is None else round(now - self.last_round, 1)
+            late = since is not None and since > DEFAULT_TIMEOUT_S + STALE_INTERVALS * interval_s
+            return {
+                "ok": self.alive and not late,
+                "alive": self.alive,
+                "last_round_s_ago": since,
+                "errors": self.errors,
+                "restarts": self.restarts,
+                "last_error": self.last_error,
+            }
+
+
+def poll_once(
+    state: HeadState, reader: Optional[gcs.GcsReader], agents: Optional[RayAgents] = None
+) -> SourceStatus:
+    """One read of the scheduler's view (the actor table, the pending demand), kept in
+    ``state``; ``agents``: keep one node agent on every alive node of that view."""
+    views: list[RayNode] = []
+    if reader is None:
+        status = SourceStatus(name="gcs", ok=False, reason="no GCS address")
+    else:
+        views, status = reader.read()
+        if status.ok:
+            state.set_actors(*reader.read_actors())
+            state.set_pending(*reader.read_pending())
+    state.set_view(views, status)
+    if agents is not None and status.ok:
+        agents.reconcile(v.node_id for v in views if v.alive)
+    for node_id in state.forget_gone(time.time()):
+        log.info(
+            "forgot node %s: unknown to the scheduler, silent for %d intervals", node_id, FORGET_INTERVALS
+        )
+    if status.ok:
+        log.debug("GCS %s: %d nodes", status.detail, len(views))
+    return status
+
+
 def poll_gcs(
     state: HeadState,
     reader: Optional[gcs.GcsReader],
@@ -251,31 +337,62 @@ def poll_gcs(
     agents: Optional[RayAgents] = None,
 ) -> None:
     """Read the scheduler's view once per interval; log only when reachability changes.
-    ``agents``: keep one node agent on every alive node of that view (``--agents ray``)."""
+    ``agents``: keep one node agent on every alive node of that view (``--agents ray``). A
+    round that raises is logged and counted (``/healthz``), and the next one runs."""
     was_ok: Optional[bool] = None
     while not stop.is_set():
-        views: list[RayNode] = []
-        if reader is None:
-            status = SourceStatus(name="gcs", ok=False, reason="no GCS address")
+        try:
+            status = poll_once(state, reader, agents)
+        except Exception as err:
+            state.poller.failed(f"{type(err).__name__}: {err}")
+            log.exception("GCS poller: round failed; the scheduler view ages until a round succeeds")
         else:
-            views, status = reader.read()
-            if status.ok:
-                state.set_actors(*reader.read_actors())
-                state.set_pending(*reader.read_pending())
-        state.set_view(views, status)
-        if agents is not None and status.ok:
-            agents.reconcile(v.node_id for v in views if v.alive)
-        for node_id in state.forget_gone(time.time()):
-            log.info(
-                "forgot node %s: unknown to the scheduler, silent for %d intervals", node_id, FORGET_INTERVALS
-            )
-        if status.ok != was_ok:
-            if status.ok:
-                log.info("GCS %s: reading %d nodes every %g s", status.detail, len(views), state.interval_s)
-            else:
-                log.warning("GCS: %s", status.reason)
-            was_ok = status.ok
+            if status.ok != was_ok:
+                if status.ok:
+                    log.info("GCS %s: reading every %g s", status.detail, state.interval_s)
+                else:
+                    log.warning("GCS: %s", status.reason)
+                was_ok = status.ok
+        state.poller.round_done()
         stop.wait(state.interval_s)
+
+
+class PollerGuard:
+    """Runs :func:`poll_gcs` in a thread and starts a new one when it has died (a bug, or a
+    ``BaseException`` from a library): the view would otherwise be served, ageing, for good."""
+
+    def __init__(
+        self,
+        state: HeadState,
+        reader: Optional[gcs.GcsReader],
+        stop: threading.Event,
+        agents: Optional[RayAgents] = None,
+        target: Callable[..., None] = poll_gcs,
+    ) -> None:
+        self._state, self._reader, self._stop, self._target = state, reader, stop, target
+        self._agents = agents
+        self._thread: Optional[threading.Thread] = None
+
+    def _run(self) -> None:
+        try:
+            self._target(self._state, self._reader, self._stop, self._agents)
+        except BaseException as err:
+            self._state.poller.failed(f"poller died: {type(err).__name__}: {err}")
+            log.error("GCS poller died (%s: %s); it is restarted", type(err).__name__, err)
+        finally:
+            self._state.poller.set_alive(False)
+
+    def start(self, restarted: bool = False) -> None:
+        self._state.poller.set_alive(True, restarted)
+        self._thread = threading.Thread(target=self._run, name="rayscope-gcs-poller", daemon=True)
+        self._thread.start()
+
+    def check(self) -> bool:
+        """Start a new poller if the last one died; ``True`` if one was started."""
+        if self._stop.is_set() or (self._thread is not None and self._thread.is_alive()):
+            return False
+        self.start(restarted=self._thread is not None)
+        return True
 
 
 class BoundedHTTPServer(ThreadingHTTPServer):
@@ -418,13 +535,15 @@ class Head:
             ssl_handshake_timeout=ingest.FRAME_DEADLINE_S if self.ssl_context else None,
         )
         self._start_http()
-        poller = threading.Thread(
-            target=poll_gcs,
-            args=(self.state, self._reader, self._stop, self.agents),
-            name="rayscope-gcs",
-            daemon=True,
-        )
+        poller = PollerGuard(self.state, self._reader, self._stop, self.agents)
         poller.start()
+
+        def watch_poller() -> None:
+            poller.check()
+            if not self._stop.is_set():
+                loop.call_later(self.state.interval_s, watch_poller)
+
+        loop.call_later(self.state.interval_s, watch_poller)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         log.info(

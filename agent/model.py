@@ -395,6 +395,14 @@ class NodeStatus(msgspec.Struct, kw_only=True, gc=False):
     placement: Optional[NodePlacement] = None
     """Ray's per-device placement (``agent.placement``); ``None`` when the actor table was
     not read."""
+    collected_at: Optional[float] = None
+    """The agent's clock when it collected the report (for information: staleness uses
+    ``received_at``)."""
+    received_at: Optional[float] = None
+    """The reader's clock when the report arrived (the head's, for a pushed report)."""
+    gpus_unmeasured: int = 0
+    """GPUs the agent lists whose memory NVML did not give (a lost GPU): the node's
+    ``total_gpu_memory``/``used_gpu_memory`` are then ``None``, not a sum without them."""
 
 
 class PendingNode(msgspec.Struct, kw_only=True, gc=False):
@@ -535,6 +543,12 @@ class ClusterStatus(msgspec.Struct, kw_only=True):
     sources: list[SourceStatus] = []
     cluster: ClusterTotals
     nodes: dict[str, NodeStatus] = {}
+    scheduler_age_s: Optional[float] = None
+    """Seconds since the scheduler's view (nodes, liveness, bookings) was read, by the
+    reader's clock; ``None`` when it was never read (then ``sources`` says why)."""
+    scheduler_stale: bool = False
+    """``True``: the view is older than 3 intervals: the GCS has stopped answering and
+    nodes, liveness and bookings are as of ``scheduler_age_s`` ago."""
 
 
 class NodeDiagnostics(msgspec.Struct, kw_only=True):

@@ -27,7 +27,7 @@ import msgspec
 
 from agent import collect, wire
 from agent.model import GpuDevice, NodeReport, RayletInfo
-from agent.sources import raylet
+from agent.sources import nvml, raylet
 
 log = logging.getLogger("rayscope.push")
 
@@ -105,7 +105,8 @@ class Pusher:
             self._note_raylet(f"no local raylet has node id {self.node_id}: reporting it without one")
         else:
             self._note_raylet("no raylet on this host: reporting the host only")
-        report = collect.local_report(mine, self.clock())
+        # A hung driver call must not cost the loop its interval: half of it at most.
+        report = collect.local_report(mine, self.clock(), min(nvml.TIMEOUT_S, self.interval_s / 2))
         report.interval_s = self.interval_s
         report.started_by = self.started_by
         if mine is None and self.node_id:

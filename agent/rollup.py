@@ -97,24 +97,25 @@ def slurm_job_id(resources: Iterable[str]) -> Optional[str]:
     return resource_tokens(resources)[2]
 
 
-def measured_memory(gpus: Optional[Sequence[GpuDevice]]) -> tuple[Optional[int], Optional[int]]:
-    """(total, used) bytes summed over the GPUs whose memory NVML reported.
+def unmeasured_gpus(gpus: Optional[Sequence[GpuDevice]]) -> int:
+    """GPUs listed whose memory NVML did not give (a GPU lost from the bus, a failed read)."""
+    return sum(1 for g in gpus or () if g.memory_total_bytes is None or g.memory_used_bytes is None)
 
-    ``None`` when NVML did not answer, or answered for no GPU's memory; ``(0, 0)`` when it
-    answered and found no GPU.
+
+def measured_memory(gpus: Optional[Sequence[GpuDevice]]) -> tuple[Optional[int], Optional[int]]:
+    """(total, used) bytes summed over the node's GPUs.
+
+    ``None`` when NVML did not answer, or when any GPU's memory is unknown (a lost GPU):
+    a sum without it would be a made-up smaller number; ``(0, 0)`` when NVML answered and
+    found no GPU.
     """
-    if gpus is None:
+    if gpus is None or unmeasured_gpus(gpus):
         return None, None
     total = used = 0
-    seen_total = seen_used = not gpus
     for gpu in gpus:  # one pass: the head runs this for every node on every query
-        if gpu.memory_total_bytes is not None:
-            total += gpu.memory_total_bytes
-            seen_total = True
-        if gpu.memory_used_bytes is not None:
-            used += gpu.memory_used_bytes
-            seen_used = True
-    return (total if seen_total else None, used if seen_used else None)
+        total += gpu.memory_total_bytes or 0
+        used += gpu.memory_used_bytes or 0
+    return total, used
 
 
 def _booking(total: Mapping[str, float], available: Mapping[str, float], name: str) -> tuple[float, float]:
@@ -138,8 +139,9 @@ def _node(
     total_vram, used_vram = _booking(total, available, "VRAM_MB")
     total_memory, used_memory = _booking(total, available, "memory")
     total_store, used_store = _booking(total, available, "object_store_memory")
-    # BioEngine reports 0 bytes for nodes the scheduler gives no GPU; unknown otherwise.
-    no_gpu_memory = 0 if total_gpu == 0 else None
+    # Unknown until an agent (or this host's NVML) measures the node: never a made-up 0,
+    # not even for a node the scheduler gives no GPU (it may hold GPUs Ray was not told of).
+    no_gpu_memory = None
     return NodeStatus(
         node_ip=node_ip,
         head=head,
@@ -180,13 +182,15 @@ def _node_from_view(view: RayNode) -> NodeStatus:
     return node
 
 
-def _node_from_report(report: NodeReport) -> NodeStatus:
-    """A node an agent reports but the scheduler does not know: no booking to show."""
+def _node_from_report(report: NodeReport, key: str) -> NodeStatus:
+    """A node an agent reports but the scheduler does not know: no booking to show. ``key``
+    is its entry in the reports (``host:NAME`` for a host without a raylet), so several such
+    hosts stay apart."""
     raylet = report.raylet
     node = _node(
         {},
         {},
-        node_id=report.node_id,
+        node_id=report.node_id or key,
         node_ip=raylet.node_ip if raylet else None,
         head=raylet.is_head if raylet else False,
         accelerator=accelerator_type(raylet.static_resources) if raylet else None,
@@ -203,6 +207,9 @@ def _apply_report(node: NodeStatus, received: ReceivedReport, now: float, stale_
     total, used = measured_memory(report.gpus)
     node.total_gpu_memory = total
     node.used_gpu_memory = used
+    node.gpus_unmeasured = unmeasured_gpus(report.gpus)
+    node.collected_at = report.collected_at
+    node.received_at = received.received_at
     node.gpus = report.gpus
     node.driver_version = report.driver_version
     node.sources = report.sources
@@ -260,8 +267,12 @@ def merge(
     view: str,
     gcs_address: Optional[str] = None,
     sources: Sequence[SourceStatus] = (),
+    scheduler_read_at: Optional[float] = None,
 ) -> ClusterStatus:
     """Merge the latest report per node id into :func:`scheduler_nodes` (left untouched).
+
+    ``scheduler_read_at``: when ``base`` was read (the reader's clock; ``None``: never):
+    its age is carried, and past ``stale_after_s`` the view is flagged stale.
 
     A report for a node the scheduler does not know becomes a node with
     ``in_scheduler=False``; a report older than ``stale_after_s`` (by the reader's clock,
@@ -273,11 +284,14 @@ def merge(
     for node_id, received in reports.items():
         known = nodes.get(node_id)
         unknown = unknown or known is None
-        node = copy(known) if known is not None else _node_from_report(received.report)
+        node = copy(known) if known is not None else _node_from_report(received.report, node_id)
         _apply_report(node, received, now, stale_after_s)
         nodes[node_id] = node
     ordered = sorted(nodes.values(), key=sort_key) if unknown else list(nodes.values())
+    age = None if scheduler_read_at is None else round(max(0.0, now - scheduler_read_at), 1)
     return ClusterStatus(
+        scheduler_age_s=age,
+        scheduler_stale=age is not None and age > stale_after_s,
         schema=SCHEMA_VERSION,
         generated_at=now,
         view=view,

@@ -25,6 +25,8 @@ import pytest
 
 from tests import fake_nvml
 
+pytest_plugins = ["tests.reliability_plugin"]  # the `fault` fixture: RELIABILITY.md's rows
+
 REPO = Path(__file__).resolve().parent.parent
 LIVECLUSTER = REPO / "tests" / "livecluster.py"
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}

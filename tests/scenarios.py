@@ -140,6 +140,7 @@ def head_view(
         view="head",
         gcs_address=gcs,
         sources=[SourceStatus(name="gcs", ok=True, detail=gcs)],
+        scheduler_read_at=NOW - 1.0,
     )
 
 

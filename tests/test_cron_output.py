@@ -21,10 +21,11 @@ import msgspec
 import pytest
 
 from agent import completeness, output
+from agent.completeness import completeness_note
 from agent.errors import AgentError
 from agent.model import ClusterStatus, SourceStatus
 from agent.render.metrics import metrics_text
-from agent.render.status import completeness_note, status_json, status_ndjson
+from agent.render.status import status_json, status_ndjson
 from tests.conftest import REPO, base_env, run_rayscope
 from tests.golden import check_golden
 from tests.scenarios import (
@@ -67,6 +68,7 @@ def test_scheduler_view_missing_while_agents_report_is_partial() -> None:
     status = msgspec.structs.replace(
         seed_status(),
         sources=[SourceStatus(name="gcs", ok=False, reason="GCS unreachable at x:1 (timeout 5 s)")],
+        scheduler_age_s=None,
     )
     assert completeness.status_exit_code(status) == 1
     assert completeness_note(status) == (

@@ -226,11 +226,26 @@ def test_bad_shapes_say_what_is_wrong(shape: dict[str, Any], message: str) -> No
 
 def test_without_scheduler_view_it_cannot_tell() -> None:
     status = msgspec.structs.replace(
-        seed_status(), sources=[SourceStatus(name="gcs", ok=False, reason="GCS unreachable at x:1")]
+        seed_status(),
+        sources=[SourceStatus(name="gcs", ok=False, reason="GCS unreachable at x:1")],
+        scheduler_age_s=None,
     )
     with pytest.raises(AgentError) as err:
         answer(status, gpu_memory_mb=1024)
     assert err.value.exit_code == 2 and "no scheduler view" in str(err.value)
+
+
+def test_with_an_old_scheduler_view_it_cannot_tell() -> None:
+    """Bookings 60 s old (the GCS stopped answering) are no ground for "it fits"."""
+    status = msgspec.structs.replace(
+        seed_status(),
+        sources=[SourceStatus(name="gcs", ok=False, reason="GCS unreachable at x:1")],
+        scheduler_age_s=60.0,
+        scheduler_stale=True,
+    )
+    with pytest.raises(AgentError) as err:
+        answer(status, gpu_memory_mb=1024)
+    assert err.value.exit_code == 2 and "only a 60s old scheduler view" in str(err.value)
 
 
 # --- the driver's view -------------------------------------------------------------------

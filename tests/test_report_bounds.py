@@ -12,11 +12,12 @@ from typing import Any
 import msgspec
 import pytest
 
+from agent.completeness import completeness_note
 from agent.head import HeadState, ReportError
 from agent.model import GpuDevice, GpuProcess, HostInfo, NodeReport, RayletInfo, RayNode, SourceStatus
 from agent.render.gpus import status_gpu_lines
 from agent.render.metrics import metrics_text
-from agent.render.status import completeness_note, source_details, status_json, status_lines
+from agent.render.status import source_details, status_json, status_lines
 from tests.scenarios import NOW, gpu, view
 
 INTERVAL_S = 1.0

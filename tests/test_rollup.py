@@ -73,9 +73,11 @@ def test_stale_report_is_kept_on_the_node_but_not_summed() -> None:
     t4 = status.nodes[T4]
     assert t4.stale and t4.agent == "stale" and t4.report_age_s == 42.0
     assert t4.used_gpu_memory is not None  # still shown, with its age
-    # Only Europa's GPU0 is in the sum: the T4's report is stale, the other nodes unmeasured.
-    assert status.cluster.used_gpu_memory == status.nodes[EUROPA].used_gpu_memory
-    assert status.cluster.gpu_nodes_measured == 1 and status.cluster.gpu_nodes == 3
+    # Nothing is in the sum: the T4's report is stale, Europa lost a GPU (its total is
+    # unknown, not one GPU's), the other nodes are unmeasured.
+    assert status.nodes[EUROPA].used_gpu_memory is None and status.nodes[EUROPA].gpus_unmeasured == 1
+    assert status.cluster.used_gpu_memory is None
+    assert status.cluster.gpu_nodes_measured == 0 and status.cluster.gpu_nodes == 3
 
 
 def test_fresh_reports_are_summed() -> None:
@@ -89,9 +91,10 @@ def test_report_for_unknown_node_is_not_in_scheduler() -> None:
     assert not node.in_scheduler and node.total_cpu == 0 and node.node_ip == "10.0.0.12"
 
 
-def test_cpu_only_node_without_report_has_zero_gpu_memory_like_bioengine() -> None:
+def test_cpu_only_node_without_report_has_unknown_gpu_memory() -> None:
+    """Unknown is null, never a made-up 0 (BioEngine wrote 0 bytes here)."""
     status = merge(scheduler_nodes(SEED_VIEWS), {}, now=NOW, stale_after_s=15, view="head")
-    assert status.nodes[CPU].total_gpu_memory == 0
+    assert status.nodes[CPU].total_gpu_memory is None
     assert status.nodes[EUROPA].total_gpu_memory is None  # a GPU node nobody measured
 
 
@@ -101,7 +104,8 @@ def test_measured_memory_distinguishes_unknown_from_none() -> None:
     lost = GpuDevice(index=0, errors={"device": "GPU is lost"})
     assert measured_memory([lost]) == (None, None)
     ok = GpuDevice(index=1, memory_total_bytes=10, memory_used_bytes=4)
-    assert measured_memory([lost, ok]) == (10, 4)
+    assert measured_memory([ok]) == (10, 4)
+    assert measured_memory([lost, ok]) == (None, None)  # not 10: a GPU is missing from it
 
 
 def test_order_is_head_then_ip_numerically_then_id() -> None:

@@ -220,4 +220,15 @@ def metrics_text(status: ClusterStatus) -> str:
     lines += pending_metrics(status)
     lines += ["# HELP rayscope_source_up 1 when the source answered.", "# TYPE rayscope_source_up gauge"]
     lines += [f'rayscope_source_up{{source="{_label(s.name)}"}} {int(s.ok)}' for s in status.sources]
+    lines += [
+        "# HELP rayscope_scheduler_view_age_seconds Age of the scheduler's view (GCS read).",
+        "# TYPE rayscope_scheduler_view_age_seconds gauge",
+    ]
+    if status.scheduler_age_s is not None:  # never read: absent, not 0
+        lines.append(f"rayscope_scheduler_view_age_seconds {_sample(status.scheduler_age_s)}")
+    lines += [
+        "# HELP rayscope_scheduler_view_stale 1 when the scheduler's view is older than 3 intervals.",
+        "# TYPE rayscope_scheduler_view_stale gauge",
+        f"rayscope_scheduler_view_stale {int(status.scheduler_stale)}",
+    ]
     return "\n".join(lines) + "\n"

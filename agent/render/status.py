@@ -12,19 +12,22 @@ from typing import Optional
 
 import msgspec
 
+from agent.completeness import SchedulerView, scheduler_view
 from agent.model import ClusterStatus, NodeStatus, PendingDemand, SourceStatus
 from agent.pending import shape_text
 from agent.render.fmt import booking, cpus, encode, gib, has_gpus, source_notes, visible_nodes
 from agent.render.gpus import device_line, fuller_devices
-from agent.rollup import scheduler_failure, scheduler_view_ok
-from agent.validate import printable, printable_lines
+from agent.validate import printable_lines
 
 AGENT_STARTERS = ("ray", "systemd", "manual")
 """How an agent may say it was started (``NodeReport.started_by``)."""
 
 
-def node_markers(node: NodeStatus, view: str, scheduler_ok: bool) -> list[str]:
-    """What to append to a node's line so old or missing numbers are never silent."""
+def node_markers(
+    node: NodeStatus, view: str, scheduler_ok: bool, scheduler_age_s: Optional[float] = None
+) -> list[str]:
+    """What to append to a node's line so old or missing numbers are never silent.
+    ``scheduler_age_s``: set when the scheduler's view is old (its nodes are marked)."""
     markers = []
     if view == "head" and node.agent in ("reporting", "stale") and node.agent_started_by:
         # How the node is covered; a report's own word, so only a known one is shown.
@@ -34,14 +37,20 @@ def node_markers(node: NodeStatus, view: str, scheduler_ok: bool) -> list[str]:
         markers.append("dead")
     if not node.in_scheduler:
         markers.append("no raylet" if scheduler_ok else "not in scheduler view")
+    elif scheduler_age_s is not None:
+        markers.append(f"scheduler view {scheduler_age_s:.0f}s old")
     if node.stale and node.report_age_s is not None:
         markers.append(f"stale {node.report_age_s:.0f}s")
     if view == "head" and node.agent == "none" and node.alive:
         markers.append("no agent")
+    if node.gpus_unmeasured:
+        markers.append(f"{node.gpus_unmeasured} GPU(s) not measured")
     return markers
 
 
-def node_line(node: NodeStatus, view: str = "gcs", scheduler_ok: bool = True) -> str:
+def node_line(
+    node: NodeStatus, view: str = "gcs", scheduler_ok: bool = True, scheduler_age_s: Optional[float] = None
+) -> str:
     """One node, e.g. ``10.0.0.5 [worker] T4 GPU: 0.99/1 VRAM: 5.8/24.0 GB  CPU: 6/8``."""
     words = [node.node_ip or node.hostname or node.node_id[:12], "[HEAD]" if node.head else "[worker]"]
     cpu = f"CPU: {cpus(node.used_cpu)}/{cpus(node.total_cpu)}"
@@ -57,7 +66,7 @@ def node_line(node: NodeStatus, view: str = "gcs", scheduler_ok: bool = True) ->
     else:
         words.append(cpu)
     line = " ".join(words)
-    markers = node_markers(node, view, scheduler_ok)
+    markers = node_markers(node, view, scheduler_ok, scheduler_age_s)
     return line + ("  " + ", ".join(markers) if markers else "")
 
 
@@ -84,7 +93,9 @@ def source_details(sources: Sequence[SourceStatus]) -> list[str]:
 
 def status_lines(status: ClusterStatus, include_dead: bool = False) -> list[str]:
     """The human status: cluster line, GPU nodes, CPU-only nodes, then notes."""
-    scheduler_ok = scheduler_view_ok(status)
+    state = scheduler_view(status)
+    scheduler_ok = state is not SchedulerView.NONE
+    old_age = status.scheduler_age_s if state is SchedulerView.OLD else None
     nodes = visible_nodes(status, include_dead)
     gpu_nodes = [n for n in nodes if has_gpus(n)]
     cpu_nodes = [n for n in nodes if not has_gpus(n)]
@@ -93,11 +104,17 @@ def status_lines(status: ClusterStatus, include_dead: bool = False) -> list[str]
         if group:
             lines += ["", title]
             for n in group:
-                lines.append("  " + node_line(n, status.view, scheduler_ok))
+                lines.append("  " + node_line(n, status.view, scheduler_ok, old_age))
                 # A device much fuller than the node sum: its own line (needs Ray's placement).
                 lines += ["    " + device_line(d) + "  fuller than the node sum" for d in fuller_devices(n)]
     lines += pending_lines(status)
     notes = source_notes(status.sources)
+    if old_age is not None:
+        notes.insert(
+            0,
+            f"SCHEDULER VIEW: {old_age:.0f}s old (the GCS stopped answering): nodes, liveness"
+            " and bookings are as of then",
+        )
     unmeasured = status.cluster.gpu_nodes - status.cluster.gpu_nodes_measured
     if status.view == "gcs" and unmeasured > 0:
         notes.append(
@@ -153,22 +170,3 @@ def status_ndjson(status: ClusterStatus, include_dead: bool = False) -> str:
     stamp = datetime.fromtimestamp(status.generated_at, tz=timezone.utc)
     timestamp = stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
     return msgspec.json.encode({"timestamp": timestamp, **msgspec.to_builtins(status)}).decode()
-
-
-def completeness_note(status: ClusterStatus) -> Optional[str]:
-    """Why ``status`` exits 2 (``no data: ...``) or 1 (``partial: stale report from 1
-    node(s): 10.0.0.5 (42s)``); ``None`` when complete. Mirrors ``completeness``."""
-    scheduler_ok = scheduler_view_ok(status)
-    why = scheduler_failure(status)
-    reporting = any(n.agent != "none" for n in status.nodes.values())
-    if not status.nodes or (not scheduler_ok and not reporting):
-        return printable(f"no data: no node in the scheduler's view{why} and no agent report")
-    if not scheduler_ok:
-        return printable(f"partial: no scheduler view{why}: only the agents' reports are shown")
-    stale = [n for n in status.nodes.values() if n.alive and n.stale]
-    if stale:
-        names = ", ".join(
-            f"{n.node_ip or n.hostname or n.node_id[:12]} ({n.report_age_s or 0:.0f}s)" for n in stale
-        )
-        return printable(f"partial: stale report from {len(stale)} node(s): {names}")
-    return None

@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable, Optional, TypeVar
 
@@ -109,14 +110,22 @@ def _no_ray_reason() -> str:
     )
 
 
+MAX_BLOCKED_CALLS = 3
+"""GCS calls left blocking past their deadline before the reader stops trying (each holds a
+daemon thread until Ray's client returns)."""
+
+
 def _with_deadline(fn: Callable[[], T], timeout_s: float, busy: list[threading.Thread]) -> T:
     """Run ``fn`` in a daemon thread; ``TimeoutError`` if it has not returned in time.
 
-    A thread that overran is remembered in ``busy``: no second one is started while it
-    still blocks (a long-running head agent must not pile threads onto a hung GCS).
+    Threads that overran are remembered in ``busy``: at most ``MAX_BLOCKED_CALLS`` are left
+    blocking (a long-running head agent must not pile threads onto a hung GCS), but one
+    stuck call on a client that was given up does not stop a fresh client from reaching a
+    GCS that came back (a call to a killed GCS was seen to block for minutes).
     """
-    if busy and busy[0].is_alive():
-        raise TimeoutError("previous GCS call still blocked")
+    busy[:] = [t for t in busy if t.is_alive()]
+    if len(busy) >= MAX_BLOCKED_CALLS:
+        raise TimeoutError(f"{len(busy)} earlier GCS calls still blocked")
     box: list[Any] = []
 
     def run() -> None:
@@ -126,7 +135,7 @@ def _with_deadline(fn: Callable[[], T], timeout_s: float, busy: list[threading.T
             box.append((False, err))
 
     thread = threading.Thread(target=run, name="rayscope-gcs", daemon=True)
-    busy[:] = [thread]
+    busy.append(thread)
     thread.start()
     thread.join(timeout_s)
     if not box:
@@ -183,15 +192,14 @@ class GcsReader:
         if not ray_importable():
             raise GcsUnavailable(f"ray is not importable by this Python ({sys.executable})")
         try:
+            deadline = time.monotonic() + self.timeout_s  # one for the check, connect and read
             if self._client is None:
                 check_port(self.address, self.timeout_s)
-                self._client = _with_deadline(
-                    lambda: gcs_read.connect(self.address), self.timeout_s, self._busy
-                )
+                left = remaining_s(deadline, self.address, self.timeout_s)
+                self._client = _with_deadline(lambda: gcs_read.connect(self.address), left, self._busy)
             client = self._client
-            return _with_deadline(
-                lambda: gcs_read.read_nodes(client, self.timeout_s), self.timeout_s, self._busy
-            )
+            left = remaining_s(deadline, self.address, self.timeout_s)
+            return _with_deadline(lambda: gcs_read.read_nodes(client, left), left, self._busy)
         except GcsUnavailable:
             raise
         except Exception as err:
@@ -245,19 +253,31 @@ def _to_nodes(raw: object, address: str, detail: str) -> tuple[list[RayNode], So
     return nodes, SourceStatus(name="gcs", ok=True, detail=detail)
 
 
+def remaining_s(deadline: float, address: str, timeout_s: float) -> float:
+    """Seconds left before ``deadline`` (monotonic clock): one deadline for the port check
+    and what follows it, never one each; :class:`GcsUnavailable` when none is left."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise GcsUnavailable(f"GCS unreachable at {address} (timeout {timeout_s:g} s)")
+    return left
+
+
 def _run_child(address: str, timeout_s: float, python: str, *extra: str) -> dict[str, Any]:
-    """``gcs_read`` as a script under ``python`` with a deadline: its whole JSON answer."""
+    """``gcs_read`` as a script under ``python``, the port check and the child under one
+    deadline of ``timeout_s``: its whole JSON answer."""
+    deadline = time.monotonic() + timeout_s
     check_port(address, timeout_s)
+    left = remaining_s(deadline, address, timeout_s)
     source = gcs_read.__loader__.get_source(gcs_read.__name__)  # type: ignore[union-attr]
     if python == sys.executable:  # -I drops PYTHONPATH and the user site: keep where ray is
         source = trust.with_import_path(source, trust.parent_import_path("ray"))
     try:
         done = subprocess.run(  # isolated (SECURITY.md rule 1): -I, cwd /, Ray's variables only
-            [python, "-I", "-c", source, address, str(timeout_s), *extra],
+            [python, "-I", "-c", source, address, f"{left:.3f}", *extra],
             cwd="/",
             env=trust.child_env(os.environ),
             capture_output=True,
-            timeout=timeout_s,
+            timeout=left,
             text=True,
             check=False,
         )

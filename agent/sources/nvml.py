@@ -3,7 +3,11 @@
 Owns pynvml: every ``NVMLError`` becomes data. A missing library or driver, or a library
 that does not match the loaded kernel driver, becomes the source's status with a hint; one
 failed field of one GPU becomes ``None`` plus an entry in that GPU's ``errors``; one lost GPU
-degrades its own row only. NVML is initialised once per process and shut down at exit.
+degrades its own row only. NVML is initialised once per process and shut down at exit; a
+failed initialisation is retried with capped exponential backoff (an agent started before
+the driver loaded picks it up later). :func:`read_gpus_within` runs the read in a worker
+thread under a deadline: a hung driver call becomes a timed-out source, and the thread is
+abandoned (no second one starts while it still hangs).
 
 Command line equivalent: ``nvidia-smi --query-gpu=index,name,uuid,pci.bus_id,memory.total,
 memory.used,memory.reserved,utilization.gpu,temperature.gpu,power.draw,enforced.power.limit,
@@ -15,6 +19,7 @@ import atexit
 import contextlib
 import ctypes
 import threading
+import time
 from typing import Any, Callable, Optional, TypeVar
 
 import pynvml
@@ -26,6 +31,15 @@ T = TypeVar("T")
 _lock = threading.Lock()
 _init_error: Optional[str] = None
 _initialised = False
+_next_init_at = 0.0  # monotonic clock: no nvmlInit before this after a failure
+_init_retry_s = 0.0
+
+INIT_RETRY_START_S = 1.0
+INIT_RETRY_MAX_S = 60.0
+"""A failed ``nvmlInit`` is tried again after 1, 2, 4 ... 60 s (each collection before that
+answers with the last reason, at no cost)."""
+TIMEOUT_S = 5.0
+"""Default deadline of one collection (every GPU, every field)."""
 
 # NVML return codes → what an operator should read (and do).
 _REASONS: dict[int, str] = {
@@ -58,20 +72,28 @@ def _shutdown() -> None:
         pynvml.nvmlShutdown()
 
 
-def ensure_init() -> Optional[str]:
-    """Initialise NVML once per process; the reason it failed, or ``None``."""
-    global _initialised, _init_error
+def ensure_init(clock: Callable[[], float] = time.monotonic) -> Optional[str]:
+    """Initialise NVML once per process; the reason it failed, or ``None``. After a failure
+    it is tried again, with backoff, on a later call."""
+    global _initialised, _init_error, _next_init_at, _init_retry_s
     with _lock:
-        if not _initialised:
-            _initialised = True
-            try:
-                pynvml.nvmlInit()
-            except pynvml.NVMLError as err:
-                _init_error = reason_for(err)
-            except OSError as err:  # a library that exists but cannot load
-                _init_error = f"NVML library failed to load: {err}"
-            else:
-                atexit.register(_shutdown)
+        if _initialised:
+            return None
+        now = clock()
+        if _init_error is not None and now < _next_init_at:
+            return _init_error
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as err:
+            _init_error = reason_for(err)
+        except OSError as err:  # a library that exists but cannot load
+            _init_error = f"NVML library failed to load: {err}"
+        else:
+            _initialised, _init_error = True, None
+            atexit.register(_shutdown)
+            return None
+        _init_retry_s = min(INIT_RETRY_MAX_S, max(INIT_RETRY_START_S, 2 * _init_retry_s))
+        _next_init_at = now + _init_retry_s
         return _init_error
 
 
@@ -414,3 +436,35 @@ def read_gpus() -> tuple[Optional[str], Optional[list[GpuDevice]], SourceStatus]
     lists = sorted({d.process_list_version for d in leaves if d.process_list_version})
     detail += f", process list v{'/v'.join(map(str, lists))}" if lists else ""
     return driver, gpus, SourceStatus(name="nvml", ok=True, detail=detail)
+
+
+_hung: Optional[tuple[threading.Thread, float]] = None  # a read that overran, and since when
+
+
+def read_gpus_within(
+    timeout_s: float = TIMEOUT_S,
+) -> tuple[Optional[str], Optional[list[GpuDevice]], SourceStatus]:
+    """:func:`read_gpus` in a worker thread with a deadline; never blocks much longer.
+
+    A read that overruns is abandoned (a daemon thread stuck in the driver cannot be
+    stopped) and reported as a timed-out source; until it returns, later calls say so at
+    once instead of starting another thread to hang beside it.
+    """
+    global _hung
+    if _hung is not None:
+        thread, since = _hung
+        if thread.is_alive():
+            waited = time.monotonic() - since
+            reason = f"timed out: an NVML call has not returned for {waited:.0f} s (hung driver?)"
+            return None, None, SourceStatus(name="nvml", ok=False, reason=reason)
+        _hung = None
+    box: list[tuple[Optional[str], Optional[list[GpuDevice]], SourceStatus]] = []
+    thread = threading.Thread(target=lambda: box.append(read_gpus()), name="rayscope-nvml", daemon=True)
+    started = time.monotonic()
+    thread.start()
+    thread.join(timeout_s)
+    if box:
+        return box[0]
+    _hung = (thread, started)
+    reason = f"timed out after {timeout_s:g} s: an NVML call did not return (hung driver?)"
+    return None, None, SourceStatus(name="nvml", ok=False, reason=reason)

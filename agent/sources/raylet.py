@@ -19,6 +19,9 @@ from agent.model import RayletInfo, SourceStatus
 from agent.sources import trust
 
 RAYLET_NAME = "raylet"
+NOT_RUNNING = frozenset((psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD, psutil.STATUS_STOPPED))
+"""A raylet in one of these states serves no node: killed and not yet reaped (zombie), or
+stopped (SIGSTOP, a debugger); it counts as not running."""
 
 
 def _flags(argv: Sequence[str]) -> dict[str, str]:
@@ -106,8 +109,8 @@ def find_raylets() -> tuple[list[RayletInfo], SourceStatus]:
     raylets: list[RayletInfo] = []
     refused: list[str] = []
     denied = 0
-    for proc in psutil.process_iter(["pid", "name"]):
-        if proc.info.get("name") != RAYLET_NAME:
+    for proc in psutil.process_iter(["pid", "name", "status"]):
+        if proc.info.get("name") != RAYLET_NAME or proc.info.get("status") in NOT_RUNNING:
             continue
         try:
             info = parse_raylet_cmdline(proc.cmdline(), proc.pid)
@@ -148,9 +151,11 @@ def pick_raylet(raylets: Sequence[RayletInfo], node_id: Optional[str]) -> Option
 
 
 def still_running(info: RayletInfo) -> bool:
-    """Whether the raylet ``info`` describes is still the process with its pid (a cheap
-    check that spares the node agent a scan of every process on every cycle)."""
+    """Whether the raylet ``info`` describes is still the process with its pid, and running
+    (not a zombie, not stopped): a cheap check that spares the node agent a scan of every
+    process on every cycle."""
     try:
-        return bool(psutil.Process(info.pid).create_time() == info.started_at)
+        proc = psutil.Process(info.pid)
+        return bool(proc.create_time() == info.started_at) and proc.status() not in NOT_RUNNING
     except psutil.Error:
         return False

@@ -4,6 +4,8 @@
  *
  * Scenario file: one `key value` per line, `#` comments. Keys:
  *   init CODE                       nvmlInit's return code (18 = driver/library mismatch)
+ *   init_requires PATH              nvmlInit answers 9 (driver not loaded) until PATH exists
+ *   hang SECONDS                    nvmlDeviceGetCount sleeps this long first (a hung driver)
  *   count N                         number of GPUs
  *   driver VERSION
  *   gpuI.name / .uuid / .pci TEXT
@@ -33,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef int nvmlReturn_t;
 enum {
@@ -152,6 +155,8 @@ static nvmlReturn_t uint_field(nvmlDevice_t d, const char *field, unsigned int *
 nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     (void)flags;
     load();
+    const char *requires = get("init_requires");
+    if (requires && access(requires, F_OK) != 0) return 9; /* NVML_ERROR_DRIVER_NOT_LOADED */
     const char *code = get("init");
     return code ? atoi(code) : OK;
 }
@@ -170,14 +175,16 @@ nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
 }
 
 nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
+    const char *hang = get("hang");
+    if (hang) sleep((unsigned int)atoi(hang));
     const char *n = get("count");
     *count = n ? (unsigned int)atoi(n) : 0;
     return OK;
 }
 
 nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
-    unsigned int count;
-    nvmlDeviceGetCount_v2(&count);
+    const char *n = get("count");
+    unsigned int count = n ? (unsigned int)atoi(n) : 0;
     if (index >= count || index >= MAX_GPUS) return INVALID_ARGUMENT;
     devices[index].slot = (int)index;
     nvmlReturn_t err = device_error(&devices[index], "handle");

@@ -1,0 +1,279 @@
+"""Faults the head and the rollup must tell the truth about, without a cluster (issue 11):
+an old scheduler view, hosts without a raylet, a lost GPU, a dead GCS poller, one
+completeness rule. The live versions are in test_live_faults.py.
+"""
+
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from typing import Optional
+
+import msgspec
+import pytest
+
+from agent import completeness
+from agent.head import HeadState, PollerGuard
+from agent.model import ClusterStatus, GpuDevice, HostInfo, NodeReport, RayNode, ReceivedReport, SourceStatus
+from agent.render.metrics import metrics_text
+from agent.render.status import status_lines
+from agent.rollup import merge, scheduler_nodes
+from agent.sources import gcs
+from tests.scenarios import CPU, NOW, SEED_REPORTS, SEED_VIEWS, T4, UNKNOWN, gpu, mixed_status, report
+
+GCS_DOWN = SourceStatus(name="gcs", ok=False, reason="GCS unreachable at 127.0.0.1:6379 (connection refused)")
+
+
+def old_view_status(read_s_ago: float) -> ClusterStatus:
+    """The head's answer when its last good GCS read was ``read_s_ago`` seconds ago (interval
+    5 s: stale past 15 s) and the latest read failed."""
+    return merge(
+        scheduler_nodes(SEED_VIEWS),
+        SEED_REPORTS,
+        now=NOW,
+        stale_after_s=15.0,
+        view="head",
+        sources=[GCS_DOWN],
+        scheduler_read_at=NOW - read_s_ago,
+    )
+
+
+def test_an_old_scheduler_view_is_partial_and_says_how_old() -> None:
+    """Positive control: drop ``scheduler_stale`` from ``completeness.scheduler_view`` and the
+    head serves a 60 s old view with exit 0, as it did before (every node "alive")."""
+    status = old_view_status(60.0)
+    assert status.scheduler_age_s == 60.0 and status.scheduler_stale
+    code, note = completeness.assess(status)
+    assert code == 1
+    assert note == (
+        "partial: the scheduler view is 60s old (GCS unreachable at 127.0.0.1:6379 (connection refused)):"
+        " nodes, liveness and bookings are as of then"
+    )
+    lines = status_lines(status)
+    assert (
+        "SCHEDULER VIEW: 60s old (the GCS stopped answering): nodes, liveness and bookings are as of then"
+        in lines
+    )
+    node_lines = [line for line in lines if line.startswith("  ")]
+    assert node_lines and all("scheduler view 60s old" in line for line in node_lines)
+    text = metrics_text(status)
+    assert "rayscope_scheduler_view_age_seconds 60" in text
+    assert "rayscope_scheduler_view_stale 1" in text
+    assert msgspec.json.decode(msgspec.json.encode(status))["scheduler_age_s"] == 60.0
+
+
+def test_a_view_younger_than_three_intervals_is_complete() -> None:
+    """One failed read is not yet an old view: 10 s < 15 s; nothing marked, exit 0."""
+    status = old_view_status(10.0)
+    assert not status.scheduler_stale
+    assert completeness.assess(status) == (0, None)
+    assert not any("scheduler view" in line for line in status_lines(status))
+    assert "rayscope_scheduler_view_stale 0" in metrics_text(status)
+
+
+def test_no_view_at_all_says_only_agents_are_shown() -> None:
+    """Never read: the message that used to be printed for an old view is true here."""
+    status = merge(
+        scheduler_nodes([]), SEED_REPORTS, now=NOW, stale_after_s=15.0, view="head", sources=[GCS_DOWN]
+    )
+    assert status.scheduler_age_s is None
+    code, note = completeness.assess(status)
+    assert code == 1 and note is not None and note.endswith("only the agents' reports are shown")
+    assert "\nrayscope_scheduler_view_age_seconds " not in metrics_text(status)
+
+
+def test_exit_code_and_message_agree_on_a_gone_nodes_stale_report() -> None:
+    """A stale report of a node the scheduler does not know: exit 0 and no "partial" note.
+    Before: exit 0 but stderr said "partial: stale report from 1 node(s)"."""
+    status = mixed_status()
+    ghost = msgspec.structs.replace(status.nodes[UNKNOWN], stale=True, agent="stale", report_age_s=60.0)
+    fresh_t4 = msgspec.structs.replace(status.nodes[T4], stale=False, agent="reporting")
+    status = msgspec.structs.replace(status, nodes={**status.nodes, T4: fresh_t4, UNKNOWN: ghost})
+    assert completeness.assess(status) == (0, None)
+
+
+@pytest.mark.parametrize("read_s_ago", [None, 1.0, 60.0])
+@pytest.mark.parametrize("stale_t4", [False, True])
+def test_the_note_is_set_exactly_when_the_code_is_not_zero(
+    read_s_ago: Optional[float], stale_t4: bool
+) -> None:
+    """One rule: code 0 ⇔ no note; a note starts with the word its code means."""
+    reports = dict(SEED_REPORTS)
+    if stale_t4:
+        reports[T4] = report(T4, [gpu(0, 1.0, "Tesla T4")], "10.0.0.5", age_s=42.0)
+    sources = [GCS_DOWN if read_s_ago != 1.0 else SourceStatus(name="gcs", ok=True)]
+    read_at = None if read_s_ago is None else NOW - read_s_ago
+    status = merge(
+        scheduler_nodes(SEED_VIEWS) if read_at else {}, reports, now=NOW, stale_after_s=15.0, view="head",
+        sources=sources, scheduler_read_at=read_at,
+    )  # fmt: skip
+    code, note = completeness.assess(status)
+    assert (code == 0) == (note is None)
+    if note is not None:
+        assert note.startswith({1: "partial: ", 2: "no data: "}[code])
+    assert code == (1 if stale_t4 or read_s_ago != 1.0 else 0)
+
+
+def host_report(hostname: str) -> NodeReport:
+    """A node agent on a host without a raylet (a login node): no node id."""
+    return NodeReport(node_id="", collected_at=NOW, host=HostInfo(hostname=hostname), gpus=[gpu(0, 1.0)])
+
+
+def test_hosts_without_a_raylet_each_get_their_own_entry() -> None:
+    """Before: both collapsed into one node keyed ``""`` (the last one won), and
+    ``status --gpus`` raised KeyError in the head (exit 2 on the client)."""
+    state = HeadState(interval_s=1.0, gcs_address=None)
+    encoder = msgspec.msgpack.Encoder()
+    for name in ("login-a", "login-b"):
+        state.ingest(encoder.encode(host_report(name)), time.time())
+    for gpus in (False, True):
+        status = state.status(time.time(), gpus=gpus)
+        assert sorted(status.nodes) == ["host:login-a", "host:login-b"]
+        assert {n.hostname for n in status.nodes.values()} == {"login-a", "login-b"}
+        assert all(n.node_id == key for key, n in status.nodes.items())
+        assert all(n.total_gpu_memory == gpu(0, 1.0).memory_total_bytes for n in status.nodes.values())
+    text = metrics_text(state.status(time.time()))
+    assert 'node_id="host:login-a"' in text and 'node_id="host:login-b"' in text
+
+
+def test_a_lost_gpu_makes_its_nodes_total_unknown_not_smaller() -> None:
+    """Positive control: sum only the GPUs with memory (the old ``measured_memory``) and the
+    node shows one RTX 3090's total as if the lost one were not there."""
+    lost = GpuDevice(index=1, errors={"device": "GPU is lost"})
+    status = merge(
+        scheduler_nodes(SEED_VIEWS),
+        {T4: ReceivedReport(report=msgspec.structs.replace(SEED_REPORTS[T4].report, gpus=[gpu(0, 1.0), lost]),
+                            received_at=NOW)},
+        now=NOW, stale_after_s=15.0, view="head", sources=[SourceStatus(name="gcs", ok=True)],
+    )  # fmt: skip
+    node = status.nodes[T4]
+    assert node.total_gpu_memory is None and node.used_gpu_memory is None
+    assert node.gpus_unmeasured == 1
+    line = next(line for line in status_lines(status) if "10.0.0.5" in line)
+    assert "VRAM: NA/NA GB" in line and "1 GPU(s) not measured" in line
+    assert status.cluster.gpu_nodes_measured == 0
+
+
+def test_a_cpu_node_nobody_measured_is_null_not_zero() -> None:
+    """The scheduler gives the node no GPU and no agent reports it: unknown, not 0 bytes."""
+    status = merge(scheduler_nodes(SEED_VIEWS), {}, now=NOW, stale_after_s=15.0, view="head", sources=[])
+    assert status.nodes[CPU].total_gpu_memory is None
+    assert status.nodes[CPU].used_gpu_memory is None
+    measured = merge(
+        scheduler_nodes(SEED_VIEWS), {CPU: SEED_REPORTS[CPU]}, now=NOW, stale_after_s=15.0, view="head"
+    )
+    assert measured.nodes[CPU].total_gpu_memory == 0  # NVML answered: no GPU there
+
+
+class FailingReader:
+    """A GCS reader whose reads raise: first a bug, then a thread-killing BaseException."""
+
+    def __init__(self, raises: BaseException) -> None:
+        self.raises = raises
+        self.calls = 0
+
+    def read(self) -> tuple[list[RayNode], SourceStatus]:
+        self.calls += 1
+        raise self.raises
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+def test_a_round_that_raises_is_counted_and_the_poller_goes_on() -> None:
+    state = HeadState(interval_s=0.05, gcs_address="127.0.0.1:1")
+    reader = FailingReader(RuntimeError("bug in a GCS answer"))
+    stop = threading.Event()
+    guard = PollerGuard(state, reader, stop)  # type: ignore[arg-type]
+    guard.start()
+    try:
+        wait_for(lambda: reader.calls >= 3)
+        poller = state.health(time.time())["gcs_poller"]
+        assert poller["alive"] and poller["errors"] >= 2 and poller["restarts"] == 0
+        assert poller["last_error"] == "RuntimeError: bug in a GCS answer"
+    finally:
+        stop.set()
+
+
+def test_a_dead_poller_is_restarted_and_healthz_says_so() -> None:
+    """Positive control: make ``PollerGuard.check`` a no-op and ``alive`` stays false,
+    ``restarts`` 0 — the old head served its last view for good."""
+    state = HeadState(interval_s=0.05, gcs_address="127.0.0.1:1")
+    reader = FailingReader(SystemExit("killed from inside a library"))
+    stop = threading.Event()
+    guard = PollerGuard(state, reader, stop)  # type: ignore[arg-type]
+    guard.start()
+    try:
+        wait_for(lambda: not state.health(time.time())["gcs_poller"]["alive"])
+        dead = state.health(time.time())["gcs_poller"]
+        assert not dead["ok"] and dead["last_error"].startswith("poller died: SystemExit")
+        assert guard.check()
+        wait_for(lambda: reader.calls >= 2)
+        assert state.health(time.time())["gcs_poller"]["restarts"] == 1
+    finally:
+        stop.set()
+
+
+def test_the_view_heals_when_the_gcs_answers_again() -> None:
+    state = HeadState(interval_s=1.0, gcs_address="x:1")
+    state.set_view(SEED_VIEWS, SourceStatus(name="gcs", ok=True), read_at=NOW - 60)
+    state.set_view([], GCS_DOWN, read_at=NOW - 1)
+    assert state.status(NOW).scheduler_stale
+    state.set_view(SEED_VIEWS, SourceStatus(name="gcs", ok=True), read_at=NOW - 0.5)
+    healed = state.status(NOW)
+    assert healed.scheduler_age_s == 0.5 and not healed.scheduler_stale
+
+
+def test_the_port_check_and_the_child_share_one_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A port check that takes 0.3 s of a 0.5 s deadline leaves the child the rest, not 0.5 s
+    again. Before: ``subprocess.run(timeout=timeout_s)`` after a full check."""
+    seen: dict[str, float] = {}
+
+    def slow_check(address: str, timeout_s: float) -> None:
+        time.sleep(0.3)
+
+    def fake_run(argv: list[str], **kwargs: object) -> object:
+        seen["timeout"] = float(kwargs["timeout"])  # type: ignore[arg-type]
+        raise subprocess.TimeoutExpired(argv, seen["timeout"])
+
+    monkeypatch.setattr(gcs, "check_port", slow_check)
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    with pytest.raises(gcs.GcsUnavailable, match=r"timeout 0\.5 s"):
+        gcs._run_child("127.0.0.1:1", 0.5, "python3")
+    assert seen["timeout"] <= 0.21
+
+
+class BrokenState(HeadState):
+    """A head state whose rollup raises (a bug in one answer)."""
+
+    def status(self, now: float, gpus: bool = False) -> ClusterStatus:
+        raise KeyError("host:login-a")
+
+
+def test_a_bug_in_one_answer_is_an_http_500_and_the_head_keeps_serving() -> None:
+    """Before: the handler thread died and the client read "remote end closed connection"
+    (``status --head --gpus`` exit 2); now the client gets a status line and a reason."""
+    import http.client
+    from http.server import ThreadingHTTPServer
+
+    from agent.head import _StatusHandler
+
+    state = BrokenState(interval_s=1.0, gcs_address=None)
+    handler = type("Handler", (_StatusHandler,), {"state": state, "read_tokens": ()})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        for path in ("/v1/status?gpus=1", "/healthz"):
+            connection = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=10)
+            connection.request("GET", path)
+            response = connection.getresponse()
+            assert response.status == (500 if path.startswith("/v1") else 200)
+            response.read()
+            connection.close()
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -19,6 +19,7 @@ import logging
 import signal
 import threading
 import time
+import weakref
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Optional
 from urllib.parse import parse_qs, urlsplit
@@ -342,7 +343,14 @@ class Head:
         """Run until :meth:`stop` (or SIGTERM/SIGINT): ingest, poll, answer queries."""
         loop = asyncio.get_running_loop()
         idle = max(60.0, 10 * self.state.interval_s)
-        server = await loop.create_server(lambda: ReportProtocol(self.state, self.token, idle), *self.listen)
+        agents: weakref.WeakSet[ReportProtocol] = weakref.WeakSet()
+
+        def accept() -> ReportProtocol:
+            agent = ReportProtocol(self.state, self.token, idle)
+            agents.add(agent)
+            return agent
+
+        server = await loop.create_server(accept, *self.listen)
         self._start_http()
         poller = threading.Thread(
             target=poll_gcs, args=(self.state, self._reader, self._stop), name="rayscope-gcs", daemon=True
@@ -360,6 +368,11 @@ class Head:
         )
         async with server:
             await loop.run_in_executor(None, self._stop.wait)
+            # From Python 3.12.1 the server's exit waits for every connection to close, and
+            # node agents never hang up by themselves: close theirs first.
+            server.close()
+            for agent in list(agents):
+                agent._close()
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()

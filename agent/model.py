@@ -226,6 +226,8 @@ class RayletInfo(msgspec.Struct, kw_only=True, gc=False):
     """The Ray node's own Python, first word of ``--python_worker_command``."""
     started_at: Optional[float] = None
     """The raylet process's start time (epoch seconds): with ``pid``, tells a restart apart."""
+    ray_version: Optional[str] = None
+    """The Ray release the raylet binary belongs to (its package's dist-info); ``None`` unknown."""
 
 
 class RayNode(msgspec.Struct, kw_only=True, gc=False):

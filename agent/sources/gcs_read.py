@@ -1,10 +1,10 @@
 """Read every node's resources from a Ray GCS without ``ray.init()``: no driver, no job.
 
-Standalone on purpose — the standard library and ``ray`` only, no rayscope import — so the
-same file also runs as a script under the Ray node's own Python when the interpreter
-running rayscope cannot import ray (``python gcs_read.py ADDRESS TIMEOUT`` prints one JSON
-document; ``python gcs_read.py ADDRESS TIMEOUT actors`` adds the live actors). Ray-version
-quirks live here and in ``gcs.py`` only.
+Standalone on purpose — the standard library, ``ray`` and ``raycompat`` only — so the same
+file also runs as a script under the Ray node's own Python when the interpreter running
+rayscope cannot import ray (``gcs.py`` runs ``raycompat`` and this file joined as one
+script: ``ADDRESS TIMEOUT`` prints one JSON document; ``ADDRESS TIMEOUT actors`` adds the
+live actors). Differences between Ray releases live in ``raycompat`` only.
 
 Output, per node: ``node_id`` (hex), ``node_ip``, ``hostname``, ``is_head``, ``alive``,
 ``total``, ``available`` (``null`` when the GCS holds none, e.g. for a dead node), ``labels``.
@@ -18,6 +18,11 @@ import os
 import sys
 from collections.abc import MutableMapping
 from typing import Any, Optional
+
+if __name__ == "__main__":  # script mode: gcs.py put raycompat's source above this one
+    raycompat: Any = sys.modules[__name__]
+else:
+    from agent.sources import raycompat
 
 AUTH_MODE = "RAY_AUTH_MODE"
 DEFAULT_TOKEN_PATH = os.path.join("~", ".ray", "auth_token")
@@ -75,9 +80,7 @@ def read_nodes(client: Any, timeout_s: float) -> list[dict[str, Any]]:
         node_id = info.node_id.hex()
         alive = info.state == alive_state
         state = states.get(node_id)
-        labels = {str(k): str(v) for k, v in dict(info.labels).items()}
-        if state is not None:
-            labels.update({str(k): str(v) for k, v in dict(state.labels).items()})
+        labels = raycompat.node_labels(info, state)
         nodes.append(
             {
                 "node_id": node_id,
@@ -93,25 +96,11 @@ def read_nodes(client: Any, timeout_s: float) -> list[dict[str, Any]]:
     return nodes
 
 
-def _actor_table(client: Any, timeout_s: float) -> list[Any]:
-    """The GCS actor table's ALIVE entries (only live actors hold resources)."""
-    if hasattr(client, "get_all_actor_info"):  # a synchronous call in some Ray releases
-        infos = client.get_all_actor_info(actor_state_name="ALIVE", timeout=timeout_s)
-    else:  # Ray 2.4x-2.6x: only the asyncio variant
-        import asyncio  # here, not at the top: the CLI imports this module on every run
-
-        async def fetch() -> Any:
-            return await client.async_get_all_actor_info(actor_state_name="ALIVE", timeout=timeout_s)
-
-        infos = asyncio.run(fetch())
-    return list(infos.values()) if isinstance(infos, dict) else list(infos)
-
-
-def read_actors(client: Any, timeout_s: float) -> list[dict[str, Any]]:
+def read_actors(client: Any, address: str, timeout_s: float) -> list[dict[str, Any]]:
     """Every live actor: what it booked and where it runs, as plain JSON-ready dicts."""
     states = _ray("ray.core.generated.gcs_pb2").ActorTableData.ActorState
     actors = []
-    for info in _actor_table(client, timeout_s):
+    for info in raycompat.actor_table(client, address, timeout_s):
         node_id = info.node_id or info.address.node_id
         gpu_ids = sorted(
             {int(r.index) for m in info.resource_mapping if m.name == "GPU" for r in m.resource_ids}
@@ -145,11 +134,14 @@ def main(argv: list[str]) -> int:
         client = connect(address)
         nodes = read_nodes(client, timeout_s)
         out: dict[str, Any] = {"ok": True, "nodes": nodes, "ray_version": ray_version()}
+        out["cluster_ray_version"], out["cluster_ray_version_error"] = raycompat.cluster_ray_version(
+            client, timeout_s
+        )
     except Exception as err:  # reported to the parent as data, never a traceback
         out = {"ok": False, "error": f"{type(err).__name__}: {err}"}
     if with_actors and out["ok"]:
         try:  # the nodes stand even when the actor table does not answer
-            out["actors"] = read_actors(client, timeout_s)
+            out["actors"] = read_actors(client, address, timeout_s)
         except Exception as err:
             out["actors_error"] = f"{type(err).__name__}: {err}"
     out["python"] = sys.executable

@@ -16,6 +16,7 @@ from typing import Optional
 import psutil
 
 from agent.model import RayletInfo, SourceStatus
+from agent.sources import raycompat
 
 RAYLET_NAME = "raylet"
 
@@ -93,9 +94,11 @@ def find_raylets() -> tuple[list[RayletInfo], SourceStatus]:
         if proc.info.get("name") != RAYLET_NAME:
             continue
         try:
-            info = parse_raylet_cmdline(proc.cmdline(), proc.pid)
+            argv = proc.cmdline()
+            info = parse_raylet_cmdline(argv, proc.pid)
             if info is not None:
                 info.started_at = proc.create_time()
+                info.ray_version = raycompat.installed_ray_version(argv[0])
         except psutil.AccessDenied:
             denied += 1
             continue

@@ -1,0 +1,129 @@
+"""Every difference between the Ray releases rayscope supports (2.33-2.60), in one place.
+
+The GCS read (``gcs_read``) and the raylet scan (``raylet``) ask this module, never Ray's
+version number, how to get a fact; each function detects what the installed Ray offers and
+falls back in order. Measured with ``make compat`` (a venv per Ray release, the seed cluster
+started under it):
+
+============================================  ==============  ================================
+what                                          changed in      how it is read
+============================================  ==============  ================================
+``NodeState.labels`` (autoscaler state)       2.50            older: ``dynamic_labels`` only
+GCS client's actor table call                 2.40            older (2.33): GlobalStateAccessor
+``GcsClient`` class behind the wrapper        2.40 / 2.44     only its methods are looked up
+cluster's Ray version (KV cluster metadata)   none (2.33+)    ``CLUSTER_METADATA`` in the KV
+============================================  ==============  ================================
+
+Standalone like ``gcs_read`` (the standard library and, lazily, ``ray``): ``gcs.py`` runs
+the two joined as one script under a Ray node's own Python. A fact an old Ray cannot give is
+``None`` with a reason, never an exception that fails the whole read.
+"""
+
+import glob
+import importlib
+import json
+import os
+from typing import Any, Optional
+
+CLUSTER_METADATA_KEY = b"CLUSTER_METADATA"
+"""Written by the head at ``ray start`` (Ray's usage library) into the KV namespace below,
+in every supported release: ``{"ray_version": ..., "python_version": ...}``."""
+CLUSTER_METADATA_NAMESPACE = b"cluster"
+
+
+def _ray(module: str) -> Any:
+    return importlib.import_module(module)
+
+
+def _fields(message: Any) -> set[str]:
+    return set(message.DESCRIPTOR.fields_by_name)
+
+
+def _str_map(entries: Any) -> dict[str, str]:
+    return {str(k): str(v) for k, v in dict(entries).items()}
+
+
+def node_labels(info: Any, state: Optional[Any]) -> dict[str, str]:
+    """A node's labels: ``GcsNodeInfo.labels`` (every release) merged with the autoscaler
+    state's ``labels`` (2.50+) or ``dynamic_labels`` (before; gone in 2.60)."""
+    labels = _str_map(info.labels) if "labels" in _fields(info) else {}
+    if state is not None:
+        for name in ("labels", "dynamic_labels"):
+            if name in _fields(state):
+                labels.update(_str_map(getattr(state, name)))
+                break
+    return labels
+
+
+def actor_table(client: Any, address: str, timeout_s: float) -> list[Any]:
+    """The GCS actor table's ALIVE entries (``ActorTableData``), however this Ray offers it:
+
+    * a synchronous ``get_all_actor_info`` (not in 2.33-2.60, kept for a Ray that adds it);
+    * ``async_get_all_actor_info`` (2.40+);
+    * Ray's ``GlobalStateAccessor`` (2.33, which has no actor call on its GCS client).
+    """
+    if hasattr(client, "get_all_actor_info"):
+        infos = client.get_all_actor_info(actor_state_name="ALIVE", timeout=timeout_s)
+    elif hasattr(client, "async_get_all_actor_info"):
+        import asyncio  # here, not at the top: the CLI imports this module on every run
+
+        async def fetch() -> Any:
+            return await client.async_get_all_actor_info(actor_state_name="ALIVE", timeout=timeout_s)
+
+        infos = asyncio.run(fetch())
+    else:
+        return _actor_table_by_accessor(address)
+    return list(infos.values()) if isinstance(infos, dict) else list(infos)
+
+
+def _actor_table_by_accessor(address: str) -> list[Any]:
+    raylet = _ray("ray._raylet")
+    options = raylet.GcsClientOptions.create(address, None, True, False)
+    accessor = raylet.GlobalStateAccessor(options)
+    accessor.connect()
+    try:
+        rows = accessor.get_actor_table(None, "ALIVE")
+    finally:
+        if hasattr(accessor, "disconnect"):  # gone in 2.47
+            accessor.disconnect()
+    table = _ray("ray.core.generated.gcs_pb2").ActorTableData
+    return [table.FromString(row) for row in rows]
+
+
+def cluster_ray_version(client: Any, timeout_s: float) -> tuple[Optional[str], str]:
+    """(the Ray version the cluster's head runs, ``""``) or ``(None, why not)``."""
+    try:
+        raw = client.internal_kv_get(CLUSTER_METADATA_KEY, CLUSTER_METADATA_NAMESPACE, timeout=timeout_s)
+    except Exception as err:
+        return None, f"cluster metadata not readable: {type(err).__name__}: {err}"
+    if not raw:
+        return None, "the cluster wrote no metadata (started without Ray's usage library)"
+    try:
+        version = json.loads(raw).get("ray_version")
+    except (ValueError, AttributeError):
+        return None, "the cluster's metadata is not JSON"
+    return (str(version), "") if version else (None, "the cluster's metadata names no Ray version")
+
+
+def installed_ray_version(raylet_path: str) -> Optional[str]:
+    """The Ray release a raylet binary belongs to, from the ``ray-X.dist-info`` beside its
+    package (``.../site-packages/ray/core/src/ray/raylet/raylet``): no process started."""
+    directory = os.path.dirname(os.path.abspath(raylet_path))
+    while os.path.dirname(directory) != directory:
+        parent = os.path.dirname(directory)
+        if os.path.basename(directory) == "ray":
+            found = glob.glob(os.path.join(parent, "ray-*.dist-info"))
+            if len(found) == 1:
+                return os.path.basename(found[0])[len("ray-") : -len(".dist-info")]
+        directory = parent
+    return None
+
+
+def reader_ray_version() -> Optional[str]:
+    """The Ray this interpreter would import, from its metadata (no ``import ray``)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("ray")
+    except metadata.PackageNotFoundError:
+        return None

@@ -48,7 +48,7 @@ clean:
 bench: setup  ## the head agent's figures against peers, written to BENCHMARKS.md
 	$(BIN)/python -m tests.bench
 
-.PHONY: pyz pyz-lock pyz-bench
+.PHONY: pyz pyz-lock pyz-bench compat compat-ends
 
 pyz: setup  ## dist/rayscope.pyz + .sha256: one file for CPython 3.9-3.13 on Linux x86_64 and aarch64
 	$(BIN)/python build/pyz.py build
@@ -58,3 +58,9 @@ pyz-lock: setup  ## re-resolve build/pyz-lock.txt, the zipapp's runtime closure 
 
 pyz-bench: pyz  ## cold and warm start of dist/rayscope.pyz under every CPython 3.8-3.13 found here
 	$(BIN)/python build/bench.py dist/rayscope.pyz
+
+compat: pyz  ## dist/rayscope.pyz under a venv per Ray 2.33.0-2.60.0 (cached in ~/.cache/rayscope-compat), table into README.md
+	$(BIN)/python -m tests.compat --readme
+
+compat-ends: pyz  ## the same for the oldest and the newest Ray only (CI, every change)
+	$(BIN)/python -m tests.compat --ends

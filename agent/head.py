@@ -68,6 +68,7 @@ class HeadState:
         self._gcs_status = SourceStatus(name="gcs", ok=False, reason="not read yet", detail=gcs_address or "")
         self._actors: Optional[list[ActorBooking]] = None
         self._actors_status = SourceStatus(name="gcs_actors", ok=False, reason="not read yet")
+        self.ray_versions: Optional[SourceStatus] = None  # the GCS reader's, once connected
         self._decoder = msgspec.msgpack.Decoder(NodeReport)
         self.reports_received = 0
         self.frames_rejected = 0
@@ -132,6 +133,8 @@ class HeadState:
         with self._lock:
             base, reports, gcs_status = self._base, dict(self._reports), self._gcs_status
             actors, actors_status = self._actors, self._actors_status
+            sources = [gcs_status, actors_status] if gpus else [gcs_status]
+            sources += [self.ray_versions] if self.ray_versions else []
         status = merge(
             base,
             reports,
@@ -139,7 +142,7 @@ class HeadState:
             stale_after_s=STALE_INTERVALS * self.interval_s,
             view="head",
             gcs_address=self.gcs_address,
-            sources=[gcs_status, actors_status] if gpus else [gcs_status],
+            sources=sources,
         )
         if not gpus:
             return status
@@ -293,6 +296,7 @@ def poll_gcs(state: HeadState, reader: Optional[gcs.GcsReader], stop: threading.
             status = SourceStatus(name="gcs", ok=False, reason="no GCS address")
         else:
             views, status = reader.read()
+            state.ray_versions = reader.versions
             if status.ok:
                 state.set_actors(*reader.read_actors())
         state.set_view(views, status)

@@ -16,6 +16,7 @@ check fails. ``--ends``: the oldest and newest Ray only (what CI runs on every c
 import argparse
 import contextlib
 import glob
+import importlib.metadata
 import json
 import os
 import shutil
@@ -50,10 +51,24 @@ RUN_TIMEOUT_S = 120
 START_TIMEOUT_S = 300
 STOP_LIMIT_S = 5.0
 
+DEADLINE = (
+    "--timeout",
+    "60",
+)  # a deadline for function, not speed: `import ray` alone took 14 s on a loaded CI host
+
 EUROPA = "  127.0.0.1 [HEAD] G GPU: 0.04/1 booked: 20480/24576 MB  VRAM: NA/NA GB  CPU: 8/8"
 DENBI = "  127.0.0.1 [worker] T4 GPU: 0.33/1 VRAM: NA/NA GB  CPU: 1/8"
 EUROPA_SCHEDULER = "  scheduler: GPU: 0.04/1 booked: 20480/24576 MB  CPU: 8/8"
-COMMANDS = ["status", "status --gpus", "status --json", "node", "fit", "head + push", "SIGTERM"]
+COMMANDS = [
+    "status",
+    "status --gpus",
+    "status --json",
+    "node",
+    "fit",
+    "head + push",
+    "SIGTERM",
+    "Ray 2.60 reader",
+]
 BEGIN, END = "<!-- compat:begin -->", "<!-- compat:end -->"
 
 
@@ -202,11 +217,11 @@ def expect_lines(text: str, *wanted: str) -> None:
 
 
 def check_status(r: Runner) -> None:
-    expect_lines(r.run("status", "--gcs", r.gcs).stdout, EUROPA, DENBI)
+    expect_lines(r.run("status", "--gcs", r.gcs, *DEADLINE).stdout, EUROPA, DENBI)
 
 
 def check_json(r: Runner) -> None:
-    doc = json.loads(r.run("status", "--json", "--gcs", r.gcs).stdout)
+    doc = json.loads(r.run("status", "--json", "--gcs", r.gcs, *DEADLINE).stdout)
     head, denbi = doc["nodes"][r.node_id("head")], doc["nodes"][r.node_id("denbi")]
     got = (head["used_vram_mb"], head["total_vram_mb"], head["used_gpu"], denbi["used_gpu"])
     if got != (20480, 24576, 0.04, 0.33):
@@ -215,6 +230,24 @@ def check_json(r: Runner) -> None:
     ray = r.state["ray_version"]
     if versions.get("detail") != f"cluster Ray {ray}, reader Ray {ray}" or versions.get("reason"):
         raise Failed(f"ray source {versions}")
+
+
+def check_other_reader(r: Runner) -> None:
+    """The single file run by a Python whose Ray (this harness's, 2.60) is another release
+    than the cluster's hands the GCS read to the Ray node's own Python."""
+    ray, reader = r.state["ray_version"], importlib.metadata.version("ray")
+    done = subprocess.run(
+        [sys.executable, r.pyz, "status", "--json", "--gcs", r.gcs, *DEADLINE],
+        env=r.env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise Failed(f"exit {done.returncode}: {(done.stderr.strip().splitlines() or [''])[-1]}")
+    sources = {s["name"]: s for s in json.loads(done.stdout)["sources"]}
+    python = r.python if ray != reader else sys.executable
+    if not sources["gcs"]["detail"].endswith(f"via {python}"):
+        raise Failed(f"read by {sources['gcs']['detail']}, not {python}")
+    if sources["ray"]["detail"] != f"cluster Ray {ray}, reader Ray {ray}":
+        raise Failed(f"ray source {sources['ray']}")
 
 
 def gpu_scenario(r: Runner) -> dict[str, str]:
@@ -231,7 +264,7 @@ def gpu_scenario(r: Runner) -> dict[str, str]:
 
 def check_gpus(r: Runner) -> None:
     """The actor table (read differently per Ray release) names every seed actor on the GPU."""
-    out = r.run("status", "--gpus", "--gcs", r.gcs, env=gpu_scenario(r)).stdout
+    out = r.run("status", "--gpus", "--gcs", r.gcs, *DEADLINE, env=gpu_scenario(r)).stdout
     wanted = [
         f"    {a['name']}#{a['actor_id'][:4]} booked "
         + ("0.33 GPU" if a["name"] == "denbi-app" else "5120 MB")
@@ -242,7 +275,7 @@ def check_gpus(r: Runner) -> None:
 
 
 def check_node(r: Runner) -> None:
-    out = r.run("node", "--gcs", r.gcs).stdout
+    out = r.run("node", "--gcs", r.gcs, *DEADLINE).stdout
     head = (
         f"Ray node 127.0.0.1 [HEAD] {r.node_id('head')}  raylet pid {r.state['nodes']['head']['raylet_pid']}"
     )
@@ -250,7 +283,7 @@ def check_node(r: Runner) -> None:
 
 
 def check_fit(r: Runner) -> None:
-    out = r.run("fit", "--gpu-memory-mb", "5120", "--gcs", r.gcs, expect=1).stdout
+    out = r.run("fit", "--gpu-memory-mb", "5120", "--gcs", r.gcs, *DEADLINE, expect=1).stdout
     head, denbi = r.node_id("head")[:8], r.node_id("denbi")[:8]
     expect_lines(
         out,
@@ -265,7 +298,7 @@ def check_head(r: Runner, stop_times: list[float]) -> None:
     ``status --head``; then SIGTERM with the agents connected."""
     listen, http = free_port(), free_port()
     head = r.popen(
-        "head", "--gcs", r.gcs, "--listen", f"127.0.0.1:{listen}", "--http", f"127.0.0.1:{http}",
+        "head", "--gcs", r.gcs, *DEADLINE, "--listen", f"127.0.0.1:{listen}", "--http", f"127.0.0.1:{http}",
         "--interval", "1", log=r.root / "head.log",
     )  # fmt: skip
     agents = [
@@ -275,7 +308,10 @@ def check_head(r: Runner, stop_times: list[float]) -> None:
     ]  # fmt: skip
     try:
         url = f"http://127.0.0.1:{http}"
-        last = poll(lambda: r.run("status", "--head", url).stdout, lambda out: EUROPA in out and DENBI in out)
+        last = poll(
+            lambda: r.run("status", "--head", url, *DEADLINE).stdout,
+            lambda out: EUROPA in out and DENBI in out,
+        )
         expect_lines(last, EUROPA, DENBI)
         with urllib.request.urlopen(f"{url}/healthz", timeout=10) as answer:
             if json.load(answer)["nodes_reporting"] != 2:
@@ -330,6 +366,7 @@ def run_pair(ray: str, python: str, pyz: Path) -> Row:
                 ("node", lambda: check_node(r)),
                 ("fit", lambda: check_fit(r)),
                 ("head + push", lambda: check_head(r, stop_times)),
+                ("Ray 2.60 reader", lambda: check_other_reader(r)),
             ]
             for name, check in checks:
                 results[name] = outcome(check)

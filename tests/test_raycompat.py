@@ -143,3 +143,28 @@ def test_the_child_script_is_standalone() -> None:
         "error": "ModuleNotFoundError: No module named 'ray'",
         "python": sys.executable,
     }
+
+
+def test_the_stated_range_is_the_tested_range() -> None:
+    """pyproject.toml, README.md and --help name exactly the Rays and Pythons that
+    ``make compat`` runs (its matrix ends), nothing wider."""
+    from agent import SUPPORTED_PYTHON, SUPPORTED_RAY
+    from tests.compat import MATRIX
+    from tests.conftest import REPO, run_rayscope
+
+    oldest, newest = (
+        min(MATRIX, key=lambda p: version_key(p[0])),
+        max(MATRIX, key=lambda p: version_key(p[0])),
+    )
+    assert (oldest[0], newest[0]) == SUPPORTED_RAY
+    pythons = sorted({p for _, p in MATRIX}, key=version_key)
+    assert (pythons[0], pythons[-1]) == SUPPORTED_PYTHON
+    lo, hi = SUPPORTED_RAY
+    assert f'ray = ["ray>={lo},<={hi}"]' in (REPO / "pyproject.toml").read_text()
+    assert f"Tested with Ray {lo} to {hi} and Python 3.9 to 3.13" in (REPO / "README.md").read_text()
+    help_text = " ".join(run_rayscope("--help").stdout.replace("│", " ").split())
+    assert f"Tested with Ray {lo} to {hi} and Python 3.9 to 3.13." in help_text
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in version.split("."))

@@ -183,6 +183,8 @@ class GcsReader:
         self._client: Any = None
         self._busy: list[threading.Thread] = []
         self._token_source = gcs_read.prepare_auth_env(os.environ)
+        self.versions: Optional[SourceStatus] = None
+        """``ray``: the cluster's release and this process's, read once per connection."""
 
     def read_raw(self) -> list[dict]:  # type: ignore[type-arg]
         """Plain node dicts (``gcs_read``'s format); raises :class:`GcsUnavailable`."""
@@ -194,6 +196,13 @@ class GcsReader:
                 self._client = _with_deadline(
                     lambda: gcs_read.connect(self.address), self.timeout_s, self._busy
                 )
+                connected = self._client
+                cluster, why = _with_deadline(
+                    lambda: raycompat.cluster_ray_version(connected, self.timeout_s),
+                    self.timeout_s,
+                    self._busy,
+                )
+                self.versions = ray_versions_status(gcs_read.ray_version(), cluster, why)
             client = self._client
             return _with_deadline(
                 lambda: gcs_read.read_nodes(client, self.timeout_s), self.timeout_s, self._busy

@@ -2,17 +2,22 @@
 
 The GCS read (``gcs_read``) and the raylet scan (``raylet``) ask this module, never Ray's
 version number, how to get a fact; each function detects what the installed Ray offers and
-falls back in order. Measured with ``make compat`` (a venv per Ray release, the seed cluster
-started under it):
+falls back in order. What differs, by release (each wheel's API listed by introspection,
+the commands run against a live cluster of 2.33.0, 2.40.0, 2.44.1 and 2.60.0 by
+``make compat``):
 
-============================================  ==============  ================================
-what                                          changed in      how it is read
-============================================  ==============  ================================
-``NodeState.labels`` (autoscaler state)       2.50            older: ``dynamic_labels`` only
-GCS client's actor table call                 2.40            older (2.33): GlobalStateAccessor
-``GcsClient`` class behind the wrapper        2.40 / 2.44     only its methods are looked up
-cluster's Ray version (KV cluster metadata)   none (2.33+)    ``CLUSTER_METADATA`` in the KV
-============================================  ==============  ================================
+=========================================  ==============  ==================================
+what                                       changed in      how it is read here
+=========================================  ==============  ==================================
+``NodeState.labels`` (autoscaler state)    added 2.49      else ``dynamic_labels``; node
+                                                           labels from ``GcsNodeInfo`` in all
+GCS client's actor table call              added 2.35      ``async_get_all_actor_info``; before
+                                                           (2.33, 2.34): GlobalStateAccessor
+``GcsClient`` wraps another class          2.34 (New/Old)  only methods are looked up, never
+                                           by 2.44 (Inner) the class
+``GlobalStateAccessor.disconnect``         gone by 2.53    called only where it exists
+cluster's Ray version                      never           KV ``cluster/CLUSTER_METADATA``
+=========================================  ==============  ==================================
 
 Standalone like ``gcs_read`` (the standard library and, lazily, ``ray``): ``gcs.py`` runs
 the two joined as one script under a Ray node's own Python. A fact an old Ray cannot give is
@@ -45,7 +50,7 @@ def _str_map(entries: Any) -> dict[str, str]:
 
 def node_labels(info: Any, state: Optional[Any]) -> dict[str, str]:
     """A node's labels: ``GcsNodeInfo.labels`` (every release) merged with the autoscaler
-    state's ``labels`` (2.50+) or ``dynamic_labels`` (before; gone in 2.60)."""
+    state's ``labels`` (2.49+) or, before it had those, its ``dynamic_labels``."""
     labels = _str_map(info.labels) if "labels" in _fields(info) else {}
     if state is not None:
         for name in ("labels", "dynamic_labels"):
@@ -58,9 +63,9 @@ def node_labels(info: Any, state: Optional[Any]) -> dict[str, str]:
 def actor_table(client: Any, address: str, timeout_s: float) -> list[Any]:
     """The GCS actor table's ALIVE entries (``ActorTableData``), however this Ray offers it:
 
-    * a synchronous ``get_all_actor_info`` (not in 2.33-2.60, kept for a Ray that adds it);
-    * ``async_get_all_actor_info`` (2.40+);
-    * Ray's ``GlobalStateAccessor`` (2.33, which has no actor call on its GCS client).
+    * a synchronous ``get_all_actor_info`` (in no release 2.33-2.60; first if one adds it);
+    * ``async_get_all_actor_info`` (2.35+);
+    * Ray's ``GlobalStateAccessor`` (2.33, 2.34: no actor call on their GCS client).
     """
     if hasattr(client, "get_all_actor_info"):
         infos = client.get_all_actor_info(actor_state_name="ALIVE", timeout=timeout_s)
@@ -84,7 +89,7 @@ def _actor_table_by_accessor(address: str) -> list[Any]:
     try:
         rows = accessor.get_actor_table(None, "ALIVE")
     finally:
-        if hasattr(accessor, "disconnect"):  # gone in 2.47
+        if hasattr(accessor, "disconnect"):  # gone by 2.53
             accessor.disconnect()
     table = _ray("ray.core.generated.gcs_pb2").ActorTableData
     return [table.FromString(row) for row in rows]

@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-# Ray ignores --node-ip-address=127.0.0.1 without this (DESIGN.md): every process that
+# Ray ignores --node-ip-address=127.0.0.1 without this (docs/architecture.md): every process that
 # starts or talks to a test cluster needs it.
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
 export RAY_USAGE_STATS_ENABLED := 0
@@ -34,7 +34,7 @@ demo: setup  ## a Ray cluster on 127.0.0.1, the seed's bookings, `rayscope statu
 
 golden: setup  ## rewrite tests/golden/ from the renderers; review the diff
 	RAYSCOPE_UPDATE_GOLDEN=1 $(BIN)/python -m pytest -q -m "not live" \
-		tests/test_render.py tests/test_attribution.py tests/test_cron_output.py tests/test_fit.py
+		tests/test_render.py tests/test_attribution.py tests/test_cron_output.py tests/test_fit.py tests/test_help.py
 
 lock:  ## re-pin constraints.txt from requirements-dev.txt in a scratch venv
 	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv

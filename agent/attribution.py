@@ -35,9 +35,7 @@ from agent.model import (
     NodeReport,
     ProcessInfo,
 )
-
-MIB = 1024**2
-"""``VRAM_MB`` counts MiB: a 24 GiB RTX 3090 advertises 24576."""
+from agent.units import MIB
 
 OVER_BOOKING = "over_booking"
 UNBOOKED = "unbooked"

@@ -5,6 +5,7 @@ shows one). Exit codes: 0 = answered, 1 = failed, 2 = no data (the cluster could
 read) or bad usage.
 """
 
+import inspect
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -17,17 +18,22 @@ import typer
 # Deliberately not agent.collect here: it pulls psutil and pynvml, which `status --head`
 # (the fast path, benchmarked against `ray status`) does not need; the commands and options
 # that need collect, fit, output, watch, json or traceback import them where they are used.
-from agent import SUPPORTED_PYTHON, SUPPORTED_RAY, __version__, client, completeness, render
+from agent import SUPPORTED_PYTHON, SUPPORTED_RAY, __version__, client, completeness
 from agent.addresses import DEFAULT_TIMEOUT_S, GCS_ADDRESS_ENV, parse_address, split_address
 from agent.errors import EXIT_FAILED, EXIT_NO_DATA, AgentError
 from agent.model import ClusterStatus, FitRequest, SourceStatus
+from agent.render.fit import fit_json, fit_lines
+from agent.render.gpus import status_gpu_lines
+from agent.render.metrics import metrics_text
+from agent.render.node import node_json, node_lines
+from agent.render.status import completeness_note, source_details, status_json, status_lines, status_ndjson
 
 app = typer.Typer(
     name="rayscope",
     help=(
         "Booked vs measured GPU state of a Ray cluster. Shows, per node and for the"
         " cluster, the three GPU numbers that differ: device handles (Ray's GPU"
-        " fraction), booked VRAM (the VRAM_MB resource, MB) and measured VRAM (NVML)."
+        " fraction), booked VRAM (the VRAM_MB resource, in MiB) and measured VRAM (NVML)."
         f" Tested with Ray {SUPPORTED_RAY[0]} to {SUPPORTED_RAY[1]} and Python"
         f" {SUPPORTED_PYTHON[0]} to {SUPPORTED_PYTHON[1]}."
     ),
@@ -212,7 +218,7 @@ def _print_sources(sources: list[SourceStatus]) -> None:
     """With ``--verbose``: which sources answered, and through what (the GCS read names the
     interpreter it ran under), on stderr so that ``--json`` output stays one document."""
     if _verbose:
-        sys.stderr.write("\n".join(render.source_details(sources)) + "\n")
+        sys.stderr.write("\n".join(source_details(sources)) + "\n")
 
 
 class Format(str, Enum):
@@ -241,15 +247,15 @@ def _status_format(json_out: bool, format_: Optional[Format]) -> Format:
 
 
 def _status_lines(result: ClusterStatus, include_dead: bool, gpus: bool) -> list[str]:
-    lines = render.status_lines(result, include_dead=include_dead)
-    return lines + render.status_gpu_lines(result, include_dead=include_dead) if gpus else lines
+    lines = status_lines(result, include_dead=include_dead)
+    return lines + status_gpu_lines(result, include_dead=include_dead) if gpus else lines
 
 
 def _render_status(result: ClusterStatus, fmt: Format, include_dead: bool, gpus: bool) -> str:
     if fmt is Format.json:
-        return render.status_json(result, include_dead=include_dead) + "\n"
+        return status_json(result, include_dead=include_dead) + "\n"
     if fmt is Format.prom:
-        return render.metrics_text(result)
+        return metrics_text(result)
     return "\n".join(_status_lines(result, include_dead, gpus)) + "\n"
 
 
@@ -302,14 +308,17 @@ def status(
         ),
     ] = None,
 ) -> None:
-    """Cluster status: per node and summed, GPU fraction booked, VRAM_MB booked, NVML memory.
+    """Cluster status: GPU and VRAM_MB booked, VRAM measured, per node.
 
-    With --head (or $RAYSCOPE_HEAD) it asks a head agent, which merges every node agent's
-    NVML with the scheduler's view. Without, it reads the scheduler's view of every node
-    from the GCS (no ray.init, no job) and NVML on this host only. The JSON's "view" says
-    which. Exit codes: 0 = complete; 1 = partial (the report of a node whose agent was
-    reporting is stale, or the scheduler's view is missing while agents report); 2 = no
-    data (head or GCS unreachable, no address) or bad usage; 3 = --output/--append FILE
+    Per node and summed for the cluster: the GPU fraction booked, the VRAM_MB booked and
+    the GPU memory NVML measures. With --head (or $RAYSCOPE_HEAD) it asks a head agent,
+    which merges every node agent's NVML with the scheduler's view. Without, it reads the
+    scheduler's view of every node from the GCS (no ray.init, no job) and NVML on this
+    host only. The JSON's "view" says which.
+
+    Exit 0: complete. Exit 1: partial (the report of a node whose agent was reporting is
+    stale, or the scheduler's view is missing while agents report). Exit 2: no data (head
+    or GCS unreachable, no address) or bad usage. Exit 3: the --output or --append FILE
     could not be written. Nodes that run no agent are not partial data.
     """
     fmt = _status_format(json_out, format_)
@@ -333,7 +342,7 @@ def status(
     with _one_line_errors():
         result = _read_cluster(head, token_file, gcs, timeout, gpus)
         code = completeness.status_exit_code(result)
-        note = render.completeness_note(result)
+        note = completeness_note(result)
         if code == EXIT_NO_DATA:  # never an empty document over a good one
             raise AgentError(note or "no data", code)
         text = _render_status(result, fmt, all_nodes, gpus)
@@ -342,7 +351,7 @@ def status(
         if output_file:
             output.write_atomic(output_file, text)
         if append_file:
-            output.append_line(append_file, render.status_ndjson(result, include_dead=all_nodes))
+            output.append_line(append_file, status_ndjson(result, include_dead=all_nodes))
         if not output_file and not append_file:
             sys.stdout.write(text)
         if note:
@@ -446,13 +455,15 @@ def fit(
     token_file: TokenFileOption = None,
     timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
 ) -> None:
-    """Will another app fit? Books R replicas the way BioEngine's AppBuilder sizes them
-    (VRAM_MB: GPU 0.01 + VRAM_MB = MB; else GPU = MB / smallest GPU, up to 10% over clamped
-    to 1, more refused), places them greedily on what each node has free, and checks NVML's
-    free memory on the chosen GPUs where it is measured.
+    """Will another app fit? Places R replicas as Ray would book them.
 
-    Exit codes: 0 = fits; 1 = does not fit (by booking, by measured memory, or refused);
-    2 = could not tell (cluster unreadable, a GPU size unknown) or bad usage.
+    Sizes each replica the way BioEngine's AppBuilder does: where a node advertises
+    VRAM_MB, GPU 0.01 plus VRAM_MB = MB; else GPU = MB / smallest GPU, clamped to 1 when up
+    to 10% over, refused when more. Places the replicas greedily on what each node has
+    free, then checks NVML's free memory on the chosen GPUs where it is measured.
+
+    Exit 0: fits. Exit 1: does not fit (by booking, by measured memory, or refused).
+    Exit 2: could not tell (cluster unreadable, a GPU size unknown) or bad usage.
     """
     if (gpu_memory_mb is None) == (shape is None):
         raise click.UsageError("give one of --gpu-memory-mb MB or --shape JSON")
@@ -477,7 +488,7 @@ def fit(
 
     with _one_line_errors():
         result = fitting.fit(_read_cluster(head, token_file, gcs, timeout), request)
-        _print([render.fit_json(result)] if json_out else render.fit_lines(result))
+        _print([fit_json(result)] if json_out else fit_lines(result))
     raise typer.Exit(fitting.exit_code(result))
 
 
@@ -488,14 +499,17 @@ def node(
     timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
     gpus: GpusOption = False,
 ) -> None:
-    """This node's diagnostics: raylet identity and booking, GPUs (NVML), host, and which
-    sources answered. Runs on any node, with or without Ray importable; exit code 0 unless
-    rayscope itself fails."""
+    """This node's diagnostics: raylet, booking, GPUs, host, sources.
+
+    Shows the raylet's identity and what the scheduler booked on it, the GPUs as NVML sees
+    them, the host, and which sources answered. Runs on any node, with or without Ray
+    importable. Exit code 0 unless rayscope itself fails.
+    """
     with _one_line_errors():
         from agent import collect
 
         diag = collect.node_diagnostics(gcs, timeout, gpus=gpus)
-        _print([render.node_json(diag)] if json_out else render.node_lines(diag, gpus=gpus))
+        _print([node_json(diag)] if json_out else node_lines(diag, gpus=gpus))
         _print_sources(diag.sources)
 
 
@@ -521,9 +535,12 @@ def head_agent(
     token_file: TokenFileOption = None,
     timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
 ) -> None:
-    """The head agent: takes node agents' reports, reads the scheduler once per interval,
-    serves the merged rollup over HTTP. A report older than 3 intervals is stale. Listening
-    beyond loopback requires --token-file. Stops cleanly on SIGTERM."""
+    """The head agent: merges node reports with the scheduler's view.
+
+    Takes the node agents' reports, reads the scheduler once per interval and serves the
+    merged rollup over HTTP. A report older than 3 intervals is stale. Listening beyond
+    loopback requires --token-file. Stops cleanly on SIGTERM.
+    """
     import asyncio
 
     from agent import collect
@@ -562,9 +579,12 @@ def push(
         ),
     ] = None,
 ) -> None:
-    """The node agent: every interval (with jitter) sends this node's raylet, NVML and host
-    facts to the head agent over one persistent connection; reconnects with backoff; never
-    queues old reports; stops cleanly on SIGTERM."""
+    """The node agent: sends this node's facts to the head agent.
+
+    Every interval (with jitter) it sends this node's raylet, NVML and host facts over one
+    persistent connection. It reconnects with backoff, never queues old reports, and stops
+    cleanly on SIGTERM.
+    """
     from agent.push import Pusher
 
     with _one_line_errors():
@@ -588,6 +608,17 @@ def optional_watch_value(argv: Sequence[str]) -> list[str]:
             except ValueError:
                 out.append(f"{WATCH_DEFAULT_S:g}")
     return out
+
+
+def reflow(doc: str) -> str:
+    """A docstring as help text: paragraphs kept, the source's line breaks inside them
+    dropped, so the terminal wraps each paragraph once, at its own width."""
+    return "\n\n".join(" ".join(p.split()) for p in inspect.cleandoc(doc).split("\n\n"))
+
+
+for _command in app.registered_commands:
+    if _command.callback is not None and _command.callback.__doc__:
+        _command.help = reflow(_command.callback.__doc__)
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ from agent.model import (
     ReceivedReport,
     SourceStatus,
 )
-from agent.rollup import rollup
+from agent.rollup import merge, scheduler_nodes
 from agent.sources import gcs, host, nvml, procs, raylet
 
 
@@ -115,8 +115,8 @@ def embedded_status(
         raise AgentError(gcs_statuses[0].reason, EXIT_NO_DATA)
     now = clock()
     reports, local_sources = _attach_local(raylets, views, now)
-    status = rollup(
-        views,
+    status = merge(
+        scheduler_nodes(views),
         reports,
         now=now,
         stale_after_s=math.inf,
@@ -159,7 +159,7 @@ def node_diagnostics(
         sources += gcs_statuses
         local_ids = {r.node_id for r in raylets}
         mine = [v for v in views if v.node_id in local_ids]
-        status = rollup(mine, {}, now=clock(), stale_after_s=math.inf, view="gcs")
+        status = merge(scheduler_nodes(mine), {}, now=clock(), stale_after_s=math.inf, view="gcs")
         booking = dict(status.nodes)
     report = local_report(None, clock())
     diag = NodeDiagnostics(

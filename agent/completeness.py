@@ -11,6 +11,7 @@ partial data: its booking is complete, its NVML numbers are ``NA`` and say so.
 
 from agent.errors import EXIT_FAILED, EXIT_NO_DATA
 from agent.model import ClusterStatus, NodeStatus
+from agent.rollup import schedulable_nodes, scheduler_view_ok
 
 EXIT_COMPLETE = 0
 EXIT_PARTIAL = EXIT_FAILED
@@ -20,16 +21,12 @@ def stale_nodes(status: ClusterStatus) -> list[NodeStatus]:
     """Alive scheduler nodes whose agent was reporting and stopped (a stale report is kept,
     marked). A stale report for a node the scheduler does not know is a node that is gone,
     not missing data: the head agent forgets it after a while."""
-    return [n for n in status.nodes.values() if n.in_scheduler and n.alive and n.stale]
+    return [n for n in schedulable_nodes(status) if n.stale]
 
 
 def reporting_nodes(status: ClusterStatus) -> list[NodeStatus]:
     """Nodes with an agent's (or this host's own) measurement attached."""
     return [n for n in status.nodes.values() if n.agent != "none"]
-
-
-def scheduler_view_ok(status: ClusterStatus) -> bool:
-    return any(s.name == "gcs" and s.ok for s in status.sources)
 
 
 def status_exit_code(status: ClusterStatus) -> int:

@@ -32,6 +32,8 @@ from typing import NamedTuple, Optional
 
 from agent.errors import AgentError
 from agent.model import ClusterStatus, FitRequest, FitResult, GpuFit, NodeFit, NodeStatus
+from agent.rollup import SCHEDULER_STEMS, schedulable_nodes, scheduler_failure, scheduler_view_ok
+from agent.units import MIB
 
 EXIT_FITS = 0
 EXIT_DOES_NOT_FIT = 1
@@ -42,20 +44,9 @@ GPU_HANDLE = 0.01
 WHOLE_GPU = -1
 OVERSHOOT = 1.10
 """A request up to 10% over the smallest GPU is clamped to one GPU; more is refused."""
-MIB = 1024**2
 RESOURCE_UNIT = 10_000
 """Ray books resources in fixed point with 1e-4 resolution."""
 ACCELERATOR_PREFIX = "accelerator_type:"
-SIZINGS = ("auto", "vram", "fraction")
-
-# Ray resource name -> the NodeStatus stem (total_<stem> / used_<stem>) that carries it.
-SCHEDULER_STEMS: dict[str, str] = {
-    "CPU": "cpu",
-    "GPU": "gpu",
-    "VRAM_MB": "vram_mb",
-    "memory": "memory",
-    "object_store_memory": "object_store_memory",
-}
 
 
 def validate_shape(shape: Mapping[str, object]) -> dict[str, float]:
@@ -76,11 +67,6 @@ def validate_shape(shape: Mapping[str, object]) -> dict[str, float]:
     if not any(amount > 0 for amount in clean.values()):
         raise ValueError("the shape requests nothing: every replica would fit anywhere")
     return clean
-
-
-def schedulable_nodes(status: ClusterStatus) -> list[NodeStatus]:
-    """Alive nodes the scheduler knows, in display order: the only places Ray can book."""
-    return [n for n in status.nodes.values() if n.alive and n.in_scheduler]
 
 
 def advertises_vram(status: ClusterStatus) -> bool:
@@ -306,10 +292,6 @@ def request_sizing(status: ClusterStatus, request: FitRequest) -> Sizing:
     return sizing
 
 
-def scheduler_view_ok(status: ClusterStatus) -> bool:
-    return any(s.name == "gcs" and s.ok for s in status.sources)
-
-
 def fit(status: ClusterStatus, request: FitRequest) -> FitResult:
     """The answer to "will R more replicas fit?", by booking and by measured memory.
 
@@ -319,8 +301,7 @@ def fit(status: ClusterStatus, request: FitRequest) -> FitResult:
     if request.replicas < 1:
         raise AgentError("--replicas must be at least 1", EXIT_COULD_NOT_TELL)
     if not scheduler_view_ok(status):
-        reasons = [s.reason for s in status.sources if s.name == "gcs" and not s.ok]
-        why = f" ({reasons[0]})" if reasons else ""
+        why = scheduler_failure(status)
         raise AgentError(f"could not tell: no scheduler view of the cluster{why}", EXIT_COULD_NOT_TELL)
     nodes = schedulable_nodes(status)
     if not nodes:

@@ -26,7 +26,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import msgspec
 
-from agent import render, wire
+from agent import wire
 from agent.addresses import DEFAULT_TIMEOUT_S
 from agent.attribution import attribute_cluster
 from agent.model import (
@@ -39,6 +39,8 @@ from agent.model import (
     ReceivedReport,
     SourceStatus,
 )
+from agent.render.metrics import metrics_text
+from agent.render.status import status_json
 from agent.rollup import STALE_INTERVALS, merge, scheduler_nodes
 from agent.sources import gcs
 
@@ -251,9 +253,9 @@ class _StatusHandler(BaseHTTPRequestHandler):
         gpus = query.get("gpus", ["0"])[0] in ("1", "true", "yes")
         status = self.state.status(time.time(), gpus=gpus)
         if url.path == "/metrics":
-            return self._send(200, PROMETHEUS_TEXT, render.metrics_text(status).encode())
+            return self._send(200, PROMETHEUS_TEXT, metrics_text(status).encode())
         include_dead = query.get("all", ["0"])[0] in ("1", "true", "yes")
-        document = render.status_json(status, include_dead, indent=0)
+        document = status_json(status, include_dead, indent=0)
         return self._send(200, "application/json", document.encode())
 
     def _authorized(self) -> bool:

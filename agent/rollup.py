@@ -24,7 +24,7 @@ from agent.model import (
 )
 
 STALE_INTERVALS = 3
-"""A report older than this many reporting intervals is stale (DESIGN.md, head agent)."""
+"""A report older than this many reporting intervals is stale (docs/architecture.md, agents)."""
 
 RESOURCE_DECIMALS = 4
 """Ray stores resources as fixed point with 1e-4 resolution; more digits are float noise."""
@@ -38,6 +38,26 @@ SCHEDULER_RESOURCES: tuple[tuple[str, str], ...] = (
     ("memory", "memory"),
     ("object_store_memory", "object_store_memory"),
 )
+
+
+SCHEDULER_STEMS: dict[str, str] = {ray_name: stem for stem, ray_name in SCHEDULER_RESOURCES}
+"""Ray resource name -> the stem of the ``total_<stem>`` / ``used_<stem>`` fields that carry it."""
+
+
+def scheduler_view_ok(status: ClusterStatus) -> bool:
+    """Whether the scheduler's view (the GCS read) is part of ``status``."""
+    return any(s.name == "gcs" and s.ok for s in status.sources)
+
+
+def scheduler_failure(status: ClusterStatus) -> str:
+    """`` (why the GCS could not be read)``, or ``""`` when it gave no reason."""
+    reasons = [s.reason for s in status.sources if s.name == "gcs" and not s.ok and s.reason]
+    return f" ({reasons[0]})" if reasons else ""
+
+
+def schedulable_nodes(status: ClusterStatus) -> list[NodeStatus]:
+    """Alive nodes the scheduler knows, in display order: the only places Ray can book."""
+    return [n for n in status.nodes.values() if n.alive and n.in_scheduler]
 
 
 def used_amount(total: float, available: float) -> float:
@@ -265,26 +285,4 @@ def merge(
         sources=list(sources),
         cluster=totals(ordered),
         nodes={n.node_id: n for n in ordered},
-    )
-
-
-def rollup(
-    views: Sequence[RayNode],
-    reports: Mapping[str, ReceivedReport],
-    *,
-    now: float,
-    stale_after_s: float,
-    view: str,
-    gcs_address: Optional[str] = None,
-    sources: Sequence[SourceStatus] = (),
-) -> ClusterStatus:
-    """The scheduler's nodes merged with the latest report per node id (see :func:`merge`)."""
-    return merge(
-        scheduler_nodes(views),
-        reports,
-        now=now,
-        stale_after_s=stale_after_s,
-        view=view,
-        gcs_address=gcs_address,
-        sources=sources,
     )

@@ -20,9 +20,9 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Callable, Optional, TextIO
 
-from agent import render
 from agent.errors import AgentError
 from agent.model import ClusterStatus
+from agent.render.watch import fit_screen, highlight_changes, watch_header
 
 ENTER = "\x1b[?1049h\x1b[?25l"  # alternate screen on, cursor hidden
 LEAVE = "\x1b[?25h\x1b[?1049l"  # cursor shown, alternate screen off
@@ -98,12 +98,12 @@ def run(
                 except AgentError as err:
                     error = f"rayscope: {err} (retrying every {interval_s:g} s)"
                 columns, rows = screen_size()
-                header = [render.watch_header(interval_s, generated_at), ""]
+                header = [watch_header(interval_s, generated_at), ""]
                 if error is not None:
                     header += [error, ""]
-                shown = render.fit_screen(body, columns, rows - len(header) - 1)
-                marked = shown if error is not None else render.highlight_changes(previous, shown)
-                draw(stream, render.fit_screen(header, columns, rows) + marked)
+                shown = fit_screen(body, columns, rows - len(header) - 1)
+                marked = shown if error is not None else highlight_changes(previous, shown)
+                draw(stream, fit_screen(header, columns, rows) + marked)
                 if error is None:
                     previous = shown
                 drawn += 1

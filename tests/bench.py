@@ -28,9 +28,11 @@ from typing import Any
 import msgspec
 import psutil
 
-from agent import render, wire
+from agent import wire
 from agent.head import HeadState
 from agent.model import GpuDevice, HostInfo, NodeReport, RayletInfo, RayNode, SourceStatus
+from agent.render.metrics import metrics_text
+from agent.render.status import status_json, status_lines
 from tests.conftest import REPO, HeadDaemon, LiveCluster, base_env, push_agent, start_cluster
 
 NODES = 10_000
@@ -157,9 +159,9 @@ def bench_rollup(reports: list[NodeReport]) -> dict[str, float]:
 
     return {
         "rollup": median_s(lambda: state.status(2.0), 15),
-        "json": median_s(lambda: render.status_json(status, indent=0), 15),
-        "lines": median_s(lambda: render.status_lines(status), 15),
-        "metrics": median_s(lambda: render.metrics_text(status), 5),
+        "json": median_s(lambda: status_json(status, indent=0), 15),
+        "lines": median_s(lambda: status_lines(status), 15),
+        "metrics": median_s(lambda: metrics_text(status), 5),
         "peer": median_s(peer, 15),
     }
 

@@ -25,7 +25,7 @@ import tempfile
 import time
 from typing import Any
 
-os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # honour 127.0.0.1 (DESIGN.md)
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # honour 127.0.0.1 (docs/architecture.md)
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 LOOPBACK = "127.0.0.1"

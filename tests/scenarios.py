@@ -1,6 +1,6 @@
 """Recorded cluster states for the pure tests and the golden files.
 
-``seed`` is the cluster of DESIGN.md's status example (Europa head booked by VRAM_MB, a T4
+``seed`` is the cluster of the status example in docs/architecture.md (Europa head booked by VRAM_MB, a T4
 worker booked by fraction, a CPU-only worker), every node reporting to a head agent.
 ``mixed`` is what goes wrong in real clusters: a stale agent, a node without agent, an
 agent whose node the scheduler does not know, a dead node, a lost GPU.
@@ -23,7 +23,7 @@ from agent.model import (
     ReceivedReport,
     SourceStatus,
 )
-from agent.rollup import rollup
+from agent.rollup import merge, scheduler_nodes
 
 DATA = Path(__file__).resolve().parent / "data"
 NOW = 1_796_000_000.0
@@ -129,8 +129,8 @@ def head_view(
     views: list[RayNode], reports: dict[str, ReceivedReport], gcs: str = "172.17.0.3:6379"
 ) -> ClusterStatus:
     """The rollup a head agent serves at ``NOW`` (interval 5 s: stale after 15 s)."""
-    return rollup(
-        views,
+    return merge(
+        scheduler_nodes(views),
         reports,
         now=NOW,
         stale_after_s=15.0,
@@ -141,7 +141,7 @@ def head_view(
 
 
 def seed_status() -> ClusterStatus:
-    """DESIGN.md's example cluster, every node's agent reporting."""
+    """The example cluster of docs/architecture.md, every node's agent reporting."""
     return head_view(SEED_VIEWS, SEED_REPORTS)
 
 
@@ -260,8 +260,8 @@ def fraction_status() -> ClusterStatus:
 def embedded_seed_status() -> ClusterStatus:
     """The seed's scheduler view as ``status`` reads it without a head agent, on a host
     where no raylet of the cluster runs: no node has NVML numbers."""
-    return rollup(
-        SEED_VIEWS,
+    return merge(
+        scheduler_nodes(SEED_VIEWS),
         {},
         now=NOW,
         stale_after_s=float("inf"),

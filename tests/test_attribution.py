@@ -8,7 +8,6 @@ from typing import Optional
 
 import msgspec
 
-from agent import render
 from agent.attribution import attribute_cluster, attribute_node
 from agent.model import (
     ActorBooking,
@@ -20,7 +19,9 @@ from agent.model import (
     ReceivedReport,
     SourceStatus,
 )
-from agent.rollup import rollup
+from agent.render.gpus import gpu_block_lines, status_gpu_lines
+from agent.render.status import status_json, status_lines
+from agent.rollup import merge, scheduler_nodes
 from tests.golden import check_golden
 from tests.scenarios import EUROPA, NOW, SEED_REPORTS, SEED_VIEWS, T4
 
@@ -111,7 +112,7 @@ EUROPA_PROCESSES = [worker(101), worker(102), worker(103), worker(104)]
 
 def test_the_issue_example_lines() -> None:
     gpus, node = attribute_node([EUROPA_GPU], EUROPA_PROCESSES, EUROPA_ACTORS, {NODE})
-    assert render.gpu_block_lines(gpus, node) == [
+    assert gpu_block_lines(gpus, node) == [
         "GPU0 NVIDIA GeForce RTX 3090  booked 20480 MB by 4 actors  used 21.3 GB  util 87%",
         "  federated-unet#0789 booked 5120 MB used 4.8 GB",
         "  federated-unet#a1b2 booked 5120 MB used 5.4 GB  over booking",
@@ -140,7 +141,7 @@ def test_processes_outside_ray_and_actors_that_booked_nothing_are_unbooked() -> 
     gpu = device(0, 8.0, [gpu_process(105, 1.5), gpu_process(7000, 2.0), gpu_process(101, 4.0)])
     processes = [worker(105, "ray::Preprocess"), outsider(7000, "jupyter-lab"), worker(101)]
     gpus, _ = attribute_node([gpu], processes, [*EUROPA_ACTORS, cpu_actor], {NODE})
-    lines = render.gpu_block_lines(gpus, None)
+    lines = gpu_block_lines(gpus, None)
     assert lines[0] == "GPU0 NVIDIA GeForce RTX 3090  booked 20480 MB by 4 actors  used 8.0 GB  util 87%"
     assert "  preprocess#dead booked nothing used 1.5 GB  unbooked" in lines
     assert "  pid 7000 jupyter-lab booked nothing used 2.0 GB  unbooked" in lines
@@ -151,7 +152,7 @@ def test_booked_actors_without_gpu_memory_show_on_the_gpu_ray_gave_them() -> Non
     """Booked but idle: listed with 0 used on the GPU Ray assigned, so the booking adds up."""
     gpu = device(0, 5.4, [gpu_process(101, 5.4)])
     gpus, _ = attribute_node([gpu], [worker(101)], EUROPA_ACTORS, {NODE})
-    assert render.gpu_block_lines(gpus, None)[:3] == [
+    assert gpu_block_lines(gpus, None)[:3] == [
         "GPU0 NVIDIA GeForce RTX 3090  booked 20480 MB by 4 actors  used 5.4 GB  util 87%",
         "  federated-unet#0789 booked 5120 MB used 0.0 GB",
         "  federated-unet#a1b2 booked 5120 MB used 5.4 GB  over booking",
@@ -162,14 +163,13 @@ def test_a_ray_worker_the_actor_table_does_not_name_has_unknown_booking() -> Non
     gpu = device(0, 3.0, [gpu_process(300, 3.0)])
     gpus, _ = attribute_node([gpu], [worker(300, "ray::train_step")], EUROPA_ACTORS, {NODE})
     assert (
-        render.gpu_block_lines(gpus, None)[-1]
-        == "  ray::train_step pid 300 booked NA used 3.0 GB  booking unknown"
+        gpu_block_lines(gpus, None)[-1] == "  ray::train_step pid 300 booked NA used 3.0 GB  booking unknown"
     )
 
 
 def test_without_the_actor_table_bookings_are_na_not_zero() -> None:
     gpus, node = attribute_node([EUROPA_GPU], EUROPA_PROCESSES, None, {NODE})
-    lines = render.gpu_block_lines(gpus, node)
+    lines = gpu_block_lines(gpus, node)
     assert lines[0] == "GPU0 NVIDIA GeForce RTX 3090  booked NA  used 21.3 GB  util 87%"
     assert (
         lines[1] == "  ray::ServeReplica:unet:federated-unet pid 101 booked NA used 5.4 GB  booking unknown"
@@ -182,7 +182,7 @@ def test_a_pid_of_another_node_is_not_that_nodes_actor() -> None:
     elsewhere = [actor("f00d" + "0" * 28, 101, vram_mb=5120, gpu=0.01, node_id=OTHER_NODE)]
     gpu = device(0, 5.4, [gpu_process(101, 5.4)])
     gpus, _ = attribute_node([gpu], [outsider(101)], elsewhere, {NODE})
-    assert render.gpu_block_lines(gpus, None) == [
+    assert gpu_block_lines(gpus, None) == [
         "GPU0 NVIDIA GeForce RTX 3090  booked nothing  used 5.4 GB  util 87%",
         "  pid 101 python booked nothing used 5.4 GB  unbooked",
     ]
@@ -191,7 +191,7 @@ def test_a_pid_of_another_node_is_not_that_nodes_actor() -> None:
 def test_from_a_container_nothing_is_mapped_and_nothing_is_flagged() -> None:
     """Host pids unmappable: listed as such, bookings on the GPUs Ray gave, used unknown."""
     gpus, node = attribute_node([EUROPA_GPU], None, EUROPA_ACTORS[:1], {NODE})
-    assert render.gpu_block_lines(gpus, node) == [
+    assert gpu_block_lines(gpus, node) == [
         "GPU0 NVIDIA GeForce RTX 3090  booked 5120 MB by 1 actor  used 21.3 GB  util 87%",
         "  federated-unet#a1b2 booked 5120 MB used NA GB",
         "  pid 101 booked NA used 5.4 GB  not mapped",
@@ -207,7 +207,7 @@ def test_a_fraction_booked_actor_is_judged_on_its_share_of_the_device() -> None:
     t4 = device(0, 5.0, [gpu_process(200, 5.0)], total_gib=15, name="Tesla T4")
     booked = [actor("beef" + "0" * 28, 200, name="denbi-app", gpu=0.25)]
     gpus, _ = attribute_node([t4], [worker(200, "ray::App")], booked, {NODE})
-    assert render.gpu_block_lines(gpus, None) == [
+    assert gpu_block_lines(gpus, None) == [
         "GPU0 Tesla T4  booked 0.25 GPU by 1 actor  used 5.0 GB  util 87%",
         "  denbi-app#beef booked 0.25 GPU used 5.0 GB  over booking",
     ]
@@ -217,7 +217,7 @@ def test_an_actor_on_two_gpus_books_half_on_each() -> None:
     big = actor("cafe" + "0" * 28, 400, name="llm", vram_mb=40960, gpu=2, gpu_ids=[0, 1])
     gpus = [device(0, 19.0, [gpu_process(400, 19.0)]), device(1, 19.0, [gpu_process(400, 19.0)])]
     attributed, _ = attribute_node(gpus, [worker(400, "ray::LLM")], [big], {NODE})
-    assert [render.gpu_block_lines([g], None) for g in attributed] == [
+    assert [gpu_block_lines([g], None) for g in attributed] == [
         [
             "GPU0 NVIDIA GeForce RTX 3090  booked 20480 MB by 1 actor  used 19.0 GB  util 87%",
             "  llm#cafe booked 20480 MB used 19.0 GB",
@@ -240,7 +240,7 @@ def test_node_wide_vram_booking_that_hides_a_full_device() -> None:
     attributed, node = attribute_node(
         gpus, processes, booked, {NODE}, total_vram_mb=49152, used_vram_mb=24576
     )
-    lines = render.gpu_block_lines(attributed, node)
+    lines = gpu_block_lines(attributed, node)
     assert (
         lines[0] == "GPU0 NVIDIA GeForce RTX 3090  booked 24576 MB by 3 actors  used 20.0 GB  util 87%  full"
     )
@@ -255,7 +255,7 @@ def test_node_wide_vram_booking_that_hides_a_full_device() -> None:
 def test_an_actor_that_booked_vram_but_no_gpu_is_on_no_gpu() -> None:
     stray = actor("abba" + "0" * 28, 600, name="cache", vram_mb=2048)
     gpus, node = attribute_node([device(0, 0.0, [])], [], [stray], {NODE})
-    assert render.gpu_block_lines(gpus, node) == [
+    assert gpu_block_lines(gpus, node) == [
         "GPU0 NVIDIA GeForce RTX 3090  booked nothing  used 0.0 GB  util 87%",
         "on no GPU: cache#abba booked 2048 MB used NA GB",
     ]
@@ -279,7 +279,7 @@ def test_mig_processes_are_attributed_on_their_instance() -> None:
         mig_devices=[instance],
     )
     gpus, _ = attribute_node([a100], [worker(101)], EUROPA_ACTORS[:1], {NODE})
-    assert render.gpu_block_lines(gpus, None) == [
+    assert gpu_block_lines(gpus, None) == [
         "GPU0 NVIDIA A100-SXM4-40GB  MIG on  booked 5120 MB by 1 actor  used 4.0 GB  util NA",
         "  GPU0/MIG0 NVIDIA A100-SXM4-40GB MIG 3g.20gb  booked 5120 MB by 1 actor  used 4.0 GB  util NA",
         "    federated-unet#a1b2 booked 5120 MB used 4.0 GB",
@@ -298,10 +298,12 @@ def seed_with_gpus() -> tuple[ClusterStatus, str]:
         processes=[*EUROPA_PROCESSES, outsider(7000, "jupyter-lab")],
     )
     reports = {**SEED_REPORTS, NODE: ReceivedReport(report=europa, received_at=NOW - 2)}
-    status = rollup(SEED_VIEWS, reports, now=NOW, stale_after_s=15.0, view="head", sources=SEED_SOURCES)
+    status = merge(
+        scheduler_nodes(SEED_VIEWS), reports, now=NOW, stale_after_s=15.0, view="head", sources=SEED_SOURCES
+    )
     denbi = actor("d00d" + "0" * 28, 900, name="denbi-app", gpu=0.99, node_id=T4)
     attributed = attribute_cluster(status, {n: r.report for n, r in reports.items()}, [*EUROPA_ACTORS, denbi])
-    lines = render.status_lines(attributed) + render.status_gpu_lines(attributed)
+    lines = status_lines(attributed) + status_gpu_lines(attributed)
     return attributed, "\n".join(lines) + "\n"
 
 
@@ -311,7 +313,7 @@ def test_status_gpus_golden() -> None:
     assert "GPUs of 172.17.0.3 [HEAD] e0e0e0e0e0e0:" in text
     assert "  GPU0 NVIDIA GeForce RTX 3090  booked 20480 MB by 4 actors  used 22.5 GB  util 87%" in text
     assert "    pid 7000 jupyter-lab booked nothing used 1.2 GB  unbooked" in text
-    check_golden("status_gpus_seed.json", render.status_json(attributed) + "\n")
+    check_golden("status_gpus_seed.json", status_json(attributed) + "\n")
 
 
 def test_an_older_report_without_the_new_fields_still_decodes() -> None:

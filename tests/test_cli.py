@@ -8,13 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from agent import __version__
-from tests.conftest import run_rayscope
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.conftest import free_port, run_rayscope
 
 
 @pytest.fixture

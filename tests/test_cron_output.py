@@ -20,9 +20,11 @@ from typing import Any
 import msgspec
 import pytest
 
-from agent import completeness, output, render
+from agent import completeness, output
 from agent.errors import AgentError
 from agent.model import ClusterStatus, SourceStatus
+from agent.render.metrics import metrics_text
+from agent.render.status import completeness_note, status_json, status_ndjson
 from tests.conftest import REPO, base_env, run_rayscope
 from tests.golden import check_golden
 from tests.scenarios import (
@@ -39,7 +41,7 @@ from tests.scenarios import (
 
 def test_every_agent_fresh_is_complete() -> None:
     assert completeness.status_exit_code(seed_status()) == 0
-    assert render.completeness_note(seed_status()) is None
+    assert completeness_note(seed_status()) is None
 
 
 def test_embedded_default_without_agents_is_complete() -> None:
@@ -52,7 +54,7 @@ def test_embedded_default_without_agents_is_complete() -> None:
 def test_a_stale_agent_report_is_partial() -> None:
     status = mixed_status()
     assert completeness.status_exit_code(status) == 1
-    assert render.completeness_note(status) == "partial: stale report from 1 node(s): 10.0.0.5 (42s)"
+    assert completeness_note(status) == "partial: stale report from 1 node(s): 10.0.0.5 (42s)"
 
 
 def test_a_dead_nodes_stale_report_is_not_partial() -> None:
@@ -67,7 +69,7 @@ def test_scheduler_view_missing_while_agents_report_is_partial() -> None:
         sources=[SourceStatus(name="gcs", ok=False, reason="GCS unreachable at x:1 (timeout 5 s)")],
     )
     assert completeness.status_exit_code(status) == 1
-    assert render.completeness_note(status) == (
+    assert completeness_note(status) == (
         "partial: no scheduler view (GCS unreachable at x:1 (timeout 5 s)):"
         " only the agents' reports are shown"
     )
@@ -76,11 +78,11 @@ def test_scheduler_view_missing_while_agents_report_is_partial() -> None:
 def test_nothing_at_all_is_no_data() -> None:
     empty = ClusterStatus(generated_at=NOW, view="head", cluster=seed_status().cluster, nodes={})
     assert completeness.status_exit_code(empty) == 2
-    assert render.completeness_note(empty) == "no data: no node in the scheduler's view and no agent report"
+    assert completeness_note(empty) == "no data: no node in the scheduler's view and no agent report"
     failed = [SourceStatus(name="gcs", ok=False, reason="GCS unreachable at x:1 (timeout 5 s)")]
     no_view_no_agent = msgspec.structs.replace(embedded_seed_status(), sources=failed)
     assert completeness.status_exit_code(no_view_no_agent) == 2
-    assert render.completeness_note(no_view_no_agent) == (
+    assert completeness_note(no_view_no_agent) == (
         "no data: no node in the scheduler's view (GCS unreachable at x:1 (timeout 5 s)) and no agent report"
     )
 
@@ -88,9 +90,10 @@ def test_nothing_at_all_is_no_data() -> None:
 def test_help_documents_the_exit_codes() -> None:
     env = base_env(COLUMNS="200")
     status = " ".join(run_rayscope("status", "--help", env=env).stdout.split())
-    assert "0 = complete; 1 = partial" in status and "2 = no data" in status
+    assert all(code in status for code in ("Exit 0: complete", "Exit 1: partial", "Exit 2: no data"))
+    assert "Exit 3: the --output or --append FILE could not be written" in status
     fit = " ".join(run_rayscope("fit", "--help", env=env).stdout.split())
-    assert "0 = fits; 1 = does not fit" in fit and "2 = could not tell" in fit
+    assert all(code in fit for code in ("Exit 0: fits", "Exit 1: does not fit", "Exit 2: could not tell"))
 
 
 # --- node_exporter textfile format ---------------------------------------------------------
@@ -101,10 +104,10 @@ SAMPLE = re.compile(
 
 
 def test_prom_textfile_is_well_formed() -> None:
-    """``status --format prom`` writes the head's /metrics text (render.metrics_text): what
+    """``status --format prom`` writes the head's /metrics text (metrics_text): what
     node_exporter's textfile collector requires of it — HELP and TYPE once per family, before
     its samples, samples of a family together, valid names, labels and numbers."""
-    text = render.metrics_text(mixed_status())
+    text = metrics_text(mixed_status())
     assert text.endswith("\n")
     seen: list[str] = []
     current = None
@@ -124,7 +127,7 @@ def test_prom_textfile_is_well_formed() -> None:
 
 
 def test_prom_carries_the_three_gpu_numbers_with_units_and_node_labels() -> None:
-    text = render.metrics_text(seed_status())
+    text = metrics_text(seed_status())
     labels = 'node_id="' + "e0" * 28 + '",node_ip="172.17.0.3"'
     assert f"rayscope_gpus_booked{{{labels}}} 0.04" in text
     assert f"rayscope_vram_booked_megabytes{{{labels}}} 20480" in text
@@ -134,14 +137,14 @@ def test_prom_carries_the_three_gpu_numbers_with_units_and_node_labels() -> None
 
 def test_prom_leaves_out_what_nobody_measured() -> None:
     """No NVML sample for the node no agent reports: absent, not 0."""
-    text = render.metrics_text(mixed_status())
+    text = metrics_text(mixed_status())
     assert 'rayscope_gpus_total{node_id="' + "0a" * 28 in text
     assert 'rayscope_gpu_memory_used_bytes{node_id="' + "0a" * 28 not in text
 
 
 def test_prom_leaves_out_a_stale_reports_memory() -> None:
     """The T4's report is 42 s old: flagged stale, its NVML numbers absent (not old values)."""
-    text = render.metrics_text(mixed_status())
+    text = metrics_text(mixed_status())
     assert f'rayscope_report_stale{{node_id="{T4}",node_ip="10.0.0.5"}} 1' in text
     assert f'rayscope_gpu_memory_used_bytes{{node_id="{T4}"' not in text
 
@@ -158,24 +161,24 @@ def test_a_gone_nodes_stale_report_is_not_partial() -> None:
 def test_prom_label_values_are_escaped() -> None:
     status = seed_status()
     node = msgspec.structs.replace(status.nodes[T4], node_ip='odd "ip"\\name')
-    text = render.metrics_text(msgspec.structs.replace(status, nodes={T4: node}))
+    text = metrics_text(msgspec.structs.replace(status, nodes={T4: node}))
     assert 'node_ip="odd \\"ip\\"\\\\name"' in text
 
 
 def test_golden_prom() -> None:
-    check_golden("status_mixed.prom", render.metrics_text(mixed_status()))
+    check_golden("status_mixed.prom", metrics_text(mixed_status()))
 
 
 # --- NDJSON -------------------------------------------------------------------------------
 
 
 def test_ndjson_line_is_one_document_with_a_timestamp() -> None:
-    line = render.status_ndjson(seed_status())
+    line = status_ndjson(seed_status())
     assert "\n" not in line
     doc = json.loads(line)
     assert doc["timestamp"] == "2026-11-30T00:53:20.000Z"
     assert doc["generated_at"] == NOW
-    assert doc["nodes"] == json.loads(render.status_json(seed_status()))["nodes"]
+    assert doc["nodes"] == json.loads(status_json(seed_status()))["nodes"]
 
 
 # --- atomic files -------------------------------------------------------------------------
@@ -239,7 +242,7 @@ def _big_documents(tmp_path: Path) -> list[str]:
         nodes = {
             f"{i:056x}": msgspec.structs.replace(template, node_id=f"{i:056x}") for i in range(int(count))
         }
-        doc = render.status_json(msgspec.structs.replace(base, nodes=nodes, generated_at=float(count)))
+        doc = status_json(msgspec.structs.replace(base, nodes=nodes, generated_at=float(count)))
         path = tmp_path / f"doc-{count}.json"
         path.write_text(doc)
         paths.append(str(path))

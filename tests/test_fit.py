@@ -16,10 +16,11 @@ from typing import Any
 import msgspec
 import pytest
 
-from agent import fit, render
+from agent import fit
 from agent.errors import AgentError
 from agent.fit import gpu_fraction, validate_shape
 from agent.model import FitRequest, FitResult, NodeFit, SourceStatus
+from agent.render.fit import fit_json, fit_lines, fit_node_line
 from tests.golden import check_golden
 from tests.scenarios import (
     A100,
@@ -98,7 +99,7 @@ def test_more_than_ten_percent_over_is_refused() -> None:
     result = answer(fraction_status(), gpu_memory_mb=16897)
     assert result.refused == "16897 MB is more than 10% over the smallest GPU (15360 MB, NVML on 10.0.0.5)"
     assert (result.fits, fit.exit_code(result), result.nodes) == (False, 1, [])
-    assert render.fit_lines(result)[1] == f"Fits: no, refused: {result.refused}"
+    assert fit_lines(result)[1] == f"Fits: no, refused: {result.refused}"
 
 
 def test_whole_gpu_ignores_vram_packing() -> None:
@@ -140,7 +141,7 @@ def test_cpus_and_memory_join_the_shape() -> None:
     assert result.shape == {"GPU": 0.01, "VRAM_MB": 4096, "CPU": 1, "memory": 512 * 1024**2}
     europa = by_node(result)[EUROPA]
     assert (europa.capacity, europa.limited_by) == (0, "CPU")  # the four replicas hold all 8 CPUs
-    assert render.fit_node_line(europa, result.shape).endswith("(CPU: 0 free, needs 1)")
+    assert fit_node_line(europa, result.shape).endswith("(CPU: 0 free, needs 1)")
 
 
 # --- placement ---------------------------------------------------------------------------
@@ -202,7 +203,7 @@ def test_booking_fits_but_measured_memory_does_not() -> None:
     assert fit.exit_code(result) == 1
     europa = by_node(result)[EUROPA]
     assert europa.measured == "short" and europa.gpus[0].short
-    lines = render.fit_lines(result)
+    lines = fit_lines(result)
     assert lines[1] == "Fits: no, 1/1 replica(s) placed by booking, not by measured memory"
     assert (
         "    fits by booking, not by measured memory: GPU0 has 1.2 GB free (needs 4.0 GB per replica)"
@@ -230,7 +231,7 @@ def test_without_head_agent_other_nodes_are_not_measured_and_it_says_so() -> Non
     result = answer(embedded_seed_status(), gpu_memory_mb=4096)
     assert result.fits and result.fits_measured is None
     assert by_node(result)[EUROPA].measured == "unknown"
-    assert render.fit_lines(result)[-1] == (
+    assert fit_lines(result)[-1] == (
         "Measured memory: NA on 1 node(s) given replicas: not measured: without a head agent only"
         " this host's NVML is read (run `rayscope head` and `rayscope push` on every node)"
     )
@@ -246,22 +247,20 @@ def test_stale_report_is_not_a_measurement() -> None:
 
 
 def test_golden_fit_outputs() -> None:
-    check_golden(
-        "fit_seed_4096.txt", "\n".join(render.fit_lines(answer(seed_status(), gpu_memory_mb=4096))) + "\n"
-    )
+    check_golden("fit_seed_4096.txt", "\n".join(fit_lines(answer(seed_status(), gpu_memory_mb=4096))) + "\n")
     busy = answer(busy_gpu_status(), gpu_memory_mb=4096)
-    check_golden("fit_busy_4096.txt", "\n".join(render.fit_lines(busy)) + "\n")
+    check_golden("fit_busy_4096.txt", "\n".join(fit_lines(busy)) + "\n")
     spread = answer(fraction_status(), gpu_memory_mb=7680, replicas=3)
-    check_golden("fit_fraction_3x7680.txt", "\n".join(render.fit_lines(spread)) + "\n")
-    check_golden("fit_fraction_3x7680.json", render.fit_json(spread) + "\n")
+    check_golden("fit_fraction_3x7680.txt", "\n".join(fit_lines(spread)) + "\n")
+    check_golden("fit_fraction_3x7680.json", fit_json(spread) + "\n")
 
 
 def test_fit_json_round_trips() -> None:
     result = answer(fraction_status(), gpu_memory_mb=7680, replicas=3)
-    doc = json.loads(render.fit_json(result))
+    doc = json.loads(fit_json(result))
     assert doc["fits"] is True and doc["shape"] == {"GPU": 0.5}
     assert {n["node_id"]: n["placed"] for n in doc["nodes"]} == {T4: 1, A100: 2, CPU: 0}
-    assert msgspec.json.decode(render.fit_json(result), type=FitResult) == result
+    assert msgspec.json.decode(fit_json(result), type=FitResult) == result
 
 
 def test_an_agent_whose_nvml_failed_says_why() -> None:

@@ -3,20 +3,13 @@ against the real Ray cluster and against a cluster that cannot be reached."""
 
 import json
 import os
-import socket
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import LiveCluster, run_rayscope
+from tests.conftest import LiveCluster, free_port, run_rayscope
 
 pytestmark = pytest.mark.live
-
-
-def closed_port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
 
 
 def test_output_is_replaced_by_rename_and_silent(
@@ -40,7 +33,7 @@ def test_unreachable_cluster_writes_nothing(rayscope_env: dict[str, str], tmp_pa
     good.write_text('{"good": true}\n')
     log = tmp_path / "status.ndjson"
     log.write_text('{"good": true}\n')
-    address = closed_port()
+    address = f"127.0.0.1:{free_port()}"
     for args in (
         ["--json", "--output", str(good)],
         ["--append", str(log)],

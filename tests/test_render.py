@@ -1,12 +1,14 @@
-"""Rendering: DESIGN.md's exact status lines, golden outputs, and each marker's reason."""
+"""Rendering: the exact status lines of docs/architecture.md, golden outputs, and each marker's reason."""
 
 import json
 
 import msgspec
 import pytest
 
-from agent import render
 from agent.model import NodeStatus
+from agent.render.fmt import booking, gib
+from agent.render.node import node_json, node_lines
+from agent.render.status import node_line, status_json, status_lines
 from tests.golden import check_golden
 from tests.scenarios import CPU, EUROPA, T4, mixed_status, seed_node_diagnostics, seed_status
 
@@ -24,27 +26,25 @@ CPU-only nodes:
 
 def test_status_lines_are_exactly_the_design_example() -> None:
     """Written out here, not in a golden file: `make golden` must not be able to move it."""
-    assert "\n".join(render.status_lines(seed_status())) + "\n" == DESIGN_EXAMPLE
+    assert "\n".join(status_lines(seed_status())) + "\n" == DESIGN_EXAMPLE
 
 
 def test_golden_status_outputs() -> None:
-    check_golden("status_seed.txt", "\n".join(render.status_lines(seed_status())) + "\n")
-    check_golden("status_seed.json", render.status_json(seed_status()) + "\n")
-    check_golden("status_mixed.txt", "\n".join(render.status_lines(mixed_status())) + "\n")
-    check_golden(
-        "status_mixed_all.txt", "\n".join(render.status_lines(mixed_status(), include_dead=True)) + "\n"
-    )
-    check_golden("status_mixed.json", render.status_json(mixed_status(), include_dead=True) + "\n")
+    check_golden("status_seed.txt", "\n".join(status_lines(seed_status())) + "\n")
+    check_golden("status_seed.json", status_json(seed_status()) + "\n")
+    check_golden("status_mixed.txt", "\n".join(status_lines(mixed_status())) + "\n")
+    check_golden("status_mixed_all.txt", "\n".join(status_lines(mixed_status(), include_dead=True)) + "\n")
+    check_golden("status_mixed.json", status_json(mixed_status(), include_dead=True) + "\n")
 
 
 def test_golden_node_outputs() -> None:
-    check_golden("node_seed.txt", "\n".join(render.node_lines(seed_node_diagnostics())) + "\n")
-    check_golden("node_seed.json", render.node_json(seed_node_diagnostics()) + "\n")
+    check_golden("node_seed.txt", "\n".join(node_lines(seed_node_diagnostics())) + "\n")
+    check_golden("node_seed.json", node_json(seed_node_diagnostics()) + "\n")
 
 
 def line_for(node_id: str) -> str:
     status = mixed_status()
-    return render.node_line(status.nodes[node_id], status.view)
+    return node_line(status.nodes[node_id], status.view)
 
 
 def test_stale_report_is_marked_with_its_age() -> None:
@@ -63,16 +63,16 @@ def test_report_for_a_node_the_scheduler_does_not_know() -> None:
 
 def test_dead_nodes_hidden_unless_all() -> None:
     status = mixed_status()
-    assert not any("10.0.0.9" in line for line in render.status_lines(status))
-    dead = [line for line in render.status_lines(status, include_dead=True) if "10.0.0.9" in line]
+    assert not any("10.0.0.9" in line for line in status_lines(status))
+    dead = [line for line in status_lines(status, include_dead=True) if "10.0.0.9" in line]
     assert len(dead) == 1 and dead[0].endswith("  dead")
-    assert "de" * 28 not in json.loads(render.status_json(status))["nodes"]
+    assert "de" * 28 not in json.loads(status_json(status))["nodes"]
 
 
 def test_no_booking_segment_without_vram_mb() -> None:
     status = seed_status()
-    assert "booked:" not in render.node_line(status.nodes[T4])
-    assert "booked: 20480/24576 MB  VRAM" in render.node_line(status.nodes[EUROPA])
+    assert "booked:" not in node_line(status.nodes[T4])
+    assert "booked: 20480/24576 MB  VRAM" in node_line(status.nodes[EUROPA])
 
 
 @pytest.mark.parametrize(
@@ -86,21 +86,21 @@ def test_no_booking_segment_without_vram_mb() -> None:
 )
 def test_gpu_fraction_has_two_decimals(used: float, expected: str) -> None:
     node = msgspec.structs.replace(seed_status().nodes[T4], used_gpu=used)
-    assert render.booking(node) == expected
+    assert booking(node) == expected
 
 
 def test_unknown_numbers_render_as_na_never_zero() -> None:
     node: NodeStatus = msgspec.structs.replace(seed_status().nodes[EUROPA], used_gpu_memory=None)
-    assert "VRAM: NA/24.0 GB" in render.node_line(node)
-    assert render.gib(0) == "0.0" and render.gib(None) == "NA"
+    assert "VRAM: NA/24.0 GB" in node_line(node)
+    assert gib(0) == "0.0" and gib(None) == "NA"
 
 
 def test_cpu_only_line_has_no_gpu_words() -> None:
-    assert render.node_line(seed_status().nodes[CPU]) == "10.0.0.7 [worker] CPU: 2/16"
+    assert node_line(seed_status().nodes[CPU]) == "10.0.0.7 [worker] CPU: 2/16"
 
 
 def test_json_numbers_stay_numbers() -> None:
-    doc = json.loads(render.status_json(mixed_status(), include_dead=True))
+    doc = json.loads(status_json(mixed_status(), include_dead=True))
     for node in doc["nodes"].values():
         assert node["total_gpu_memory"] is None or isinstance(node["total_gpu_memory"], int)
     assert doc["nodes"][CPU]["slurm_job_id"] == "8812"

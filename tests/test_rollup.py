@@ -9,7 +9,7 @@ still passes; summing dead nodes fails ``test_dead_nodes_are_not_summed``.
 import math
 
 from agent.model import GpuDevice, RayNode
-from agent.rollup import accelerator_type, measured_memory, rollup, slurm_job_id, used_amount
+from agent.rollup import accelerator_type, measured_memory, merge, scheduler_nodes, slurm_job_id, used_amount
 from tests.scenarios import (
     CPU,
     DEAD,
@@ -34,7 +34,7 @@ def test_used_is_total_minus_available_rounded_to_rays_unit() -> None:
 
 def test_recorded_gcs_europa_and_denbi() -> None:
     """The live cluster's recorded GCS answer (Ray 2.60.0), through the rollup."""
-    status = rollup(recorded_gcs_nodes(), {}, now=NOW, stale_after_s=math.inf, view="gcs")
+    status = merge(scheduler_nodes(recorded_gcs_nodes()), {}, now=NOW, stale_after_s=math.inf, view="gcs")
     by_role = {(n.head, n.total_gpu > 0): n for n in status.nodes.values()}
     europa = by_role[(True, True)]
     assert (europa.used_vram_mb, europa.total_vram_mb, europa.used_gpu) == (20480, 24576, 0.04)
@@ -63,7 +63,7 @@ def test_cluster_sums_alive_nodes_only() -> None:
 
 def test_dead_nodes_are_not_summed() -> None:
     dead = RayNode(node_id=DEAD, node_ip="10.0.0.9", alive=False, total={"CPU": 64, "GPU": 8}, available=None)
-    status = rollup([*SEED_VIEWS, dead], {}, now=NOW, stale_after_s=15, view="gcs")
+    status = merge(scheduler_nodes([*SEED_VIEWS, dead]), {}, now=NOW, stale_after_s=15, view="gcs")
     assert status.cluster.total_gpu == 2 and status.cluster.total_cpu == 32
     assert status.nodes[DEAD].used_gpu == 0 and not status.nodes[DEAD].alive
 
@@ -90,7 +90,7 @@ def test_report_for_unknown_node_is_not_in_scheduler() -> None:
 
 
 def test_cpu_only_node_without_report_has_zero_gpu_memory_like_bioengine() -> None:
-    status = rollup(SEED_VIEWS, {}, now=NOW, stale_after_s=15, view="head")
+    status = merge(scheduler_nodes(SEED_VIEWS), {}, now=NOW, stale_after_s=15, view="head")
     assert status.nodes[CPU].total_gpu_memory == 0
     assert status.nodes[EUROPA].total_gpu_memory is None  # a GPU node nobody measured
 
@@ -112,6 +112,6 @@ def test_order_is_head_then_ip_numerically_then_id() -> None:
 def test_local_report_is_never_stale() -> None:
     local = report(EUROPA, [], "172.17.0.3", age_s=3600)
     local.local = True
-    status = rollup(SEED_VIEWS, {EUROPA: local}, now=NOW, stale_after_s=15, view="gcs")
+    status = merge(scheduler_nodes(SEED_VIEWS), {EUROPA: local}, now=NOW, stale_after_s=15, view="gcs")
     assert status.nodes[EUROPA].agent == "local" and not status.nodes[EUROPA].stale
     assert SEED_REPORTS[EUROPA].local is False

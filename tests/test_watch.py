@@ -14,27 +14,29 @@ import msgspec
 import pexpect
 import pytest
 
-from agent import render, watch
+from agent import watch
 from agent.cli import optional_watch_value
 from agent.errors import AgentError
 from agent.model import ClusterStatus
+from agent.render.status import status_lines
+from agent.render.watch import HIGHLIGHT_OFF, HIGHLIGHT_ON, fit_screen, highlight_changes
 from tests.conftest import REPO, LiveCluster
 from tests.scenarios import T4, seed_status
 
-ON, OFF = render.HIGHLIGHT_ON, render.HIGHLIGHT_OFF
+ON, OFF = HIGHLIGHT_ON, HIGHLIGHT_OFF
 
 
 def test_first_frame_has_no_highlight() -> None:
-    lines = render.status_lines(seed_status())
-    assert render.highlight_changes(None, lines) == lines
+    lines = status_lines(seed_status())
+    assert highlight_changes(None, lines) == lines
 
 
 def test_only_the_changed_value_is_highlighted() -> None:
-    before = render.status_lines(seed_status())
+    before = status_lines(seed_status())
     status = seed_status()
     t4 = msgspec.structs.replace(status.nodes[T4], used_gpu=0.58)
-    after = render.status_lines(msgspec.structs.replace(status, nodes={**status.nodes, T4: t4}))
-    marked = render.highlight_changes(before, after)
+    after = status_lines(msgspec.structs.replace(status, nodes={**status.nodes, T4: t4}))
+    marked = highlight_changes(before, after)
     assert marked[4] == f"  10.0.0.5 [worker] T4 GPU: {ON}0.58{OFF}/1 VRAM: 5.8/24.0 GB  CPU: 6/8"
     assert [line for line in marked if ON in line] == [marked[4]]
 
@@ -42,7 +44,7 @@ def test_only_the_changed_value_is_highlighted() -> None:
 def test_a_new_node_lights_up_whole_and_shifts_nothing_else() -> None:
     before = ["Cluster: 2/8 CPUs", "", "CPU-only nodes:", "  10.0.0.7 [worker] CPU: 2/16"]
     after = [*before[:3], "  10.0.0.6 [worker] CPU: 0/4", before[3]]
-    assert render.highlight_changes(before, after) == [
+    assert highlight_changes(before, after) == [
         *before[:3],
         f"{ON}  10.0.0.6 [worker] CPU: 0/4{OFF}",
         before[3],
@@ -50,7 +52,7 @@ def test_a_new_node_lights_up_whole_and_shifts_nothing_else() -> None:
 
 
 def test_screen_cut_never_wraps() -> None:
-    assert render.fit_screen(["x" * 30, "y", "z"], columns=10, rows=2) == ["x" * 10, "y"]
+    assert fit_screen(["x" * 30, "y", "z"], columns=10, rows=2) == ["x" * 10, "y"]
 
 
 @pytest.mark.parametrize(
@@ -87,7 +89,7 @@ def test_loop_draws_frames_in_place_and_survives_a_failed_read() -> None:
     screen = io.StringIO()
     code = watch.run(
         read,
-        render.status_lines,
+        status_lines,
         2.0,
         stream=screen,
         frames=3,

@@ -121,13 +121,18 @@ def test_garbage_payloads_never_escape_as_anything_but_report_error(payload: byt
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.binary(max_size=4096), st.binary(min_size=1, max_size=64))
-def test_any_body_is_accepted_only_with_its_mac(body: bytes, token: bytes) -> None:
-    try:
-        payload = wire.open_body(body, token)
-    except wire.FrameError:
-        return
-    assert body[: wire.TAG_BYTES] == wire.tag(payload, token)
+@given(st.binary(max_size=4096), st.binary(min_size=1, max_size=64), st.data())
+def test_a_sealed_frame_opens_and_any_flipped_bit_is_refused(
+    payload: bytes, token: bytes, data: st.DataObject
+) -> None:
+    """Positive control: a MAC that skipped part of the body would accept some flipped bit."""
+    body = wire.seal(payload, token)[wire.LENGTH.size :]
+    assert wire.open_body(body, token) == payload
+    bit = data.draw(st.integers(min_value=0, max_value=len(body) * 8 - 1))
+    flipped = bytearray(body)
+    flipped[bit // 8] ^= 1 << (bit % 8)
+    with pytest.raises(wire.FrameError):
+        wire.open_body(bytes(flipped), token)
 
 
 # A live head process, fed hostile frames over TCP: it must drop them and keep serving.
@@ -168,6 +173,9 @@ def test_hostile_frames_do_not_kill_the_head(head_daemon: Any, frame: bytes) -> 
 
 @pytest.mark.live
 def test_after_hostile_frames_a_good_report_is_still_taken(head_daemon: Any) -> None:
+    """Sets up its own hostile frames: it must not lean on the test above having run."""
+    _send(head_daemon.listen_port, wire.seal(msgspec.msgpack.encode(a_report()), b"wrong token"))
+    _send(head_daemon.listen_port, b"\x00\x00\x00\x40" + b"x" * 10)
     report = msgspec.structs.replace(a_report(), node_id="f00d" * 14)
     with socket.create_connection(("127.0.0.1", head_daemon.listen_port), timeout=5) as s:
         s.sendall(wire.seal(msgspec.msgpack.encode(report), TOKEN))

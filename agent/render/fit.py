@@ -1,0 +1,114 @@
+"""``rayscope fit``: the shape, the answer, per node how many replicas fit."""
+
+from typing import Optional
+
+from agent.model import FitResult, NodeFit
+from agent.render.fmt import encode, gib, number, size
+
+FIT_SIZING_WORDS = {
+    "vram_mb": "VRAM_MB booking",
+    "fraction": "GPU fraction",
+    "whole_gpu": "a whole GPU",
+    "shape": "a raw Ray shape",
+}
+
+
+def shape_text(shape: dict[str, float]) -> str:
+    """``{"GPU": 0.01, "VRAM_MB": 4096}``: the request in the same words as ``--shape``."""
+    return "{" + ", ".join(f'"{name}": {number(value)}' for name, value in shape.items()) + "}"
+
+
+def resource_amount(name: str, value: float) -> str:
+    """An amount of a Ray resource in its unit: memory sizes readable, VRAM_MB in MB."""
+    if name in ("memory", "object_store_memory"):
+        return size(value)
+    if name == "VRAM_MB":
+        return f"{value:.0f} MB"
+    return number(round(value, 4))
+
+
+def fit_node_label(fit: NodeFit) -> str:
+    """``127.0.0.1 [HEAD] G e0e0e0e0``: IP, role, accelerator, node id (IPs repeat on one host)."""
+    words = [fit.node_ip or fit.node_id[:12], "[HEAD]" if fit.head else "[worker]"]
+    if fit.accelerator_type:
+        words.append(fit.accelerator_type)
+    words.append(fit.node_id[:8])
+    return " ".join(words)
+
+
+def fit_node_line(fit: NodeFit, shape: dict[str, float]) -> str:
+    """``127.0.0.1 [HEAD] G e0e0e0e0: fits 0, gets 0 (VRAM_MB: 4096 MB free, needs 5120 MB)``."""
+    line = f"{fit_node_label(fit)}: fits {fit.capacity}, gets {fit.placed}"
+    if fit.missing:
+        return line + " (" + ", ".join(f"no {name}" for name in fit.missing) + ")"
+    if fit.limited_by is None:
+        return line
+    name = fit.limited_by
+    free = resource_amount(name, fit.available.get(name, 0.0))
+    if fit.capacity == 0:
+        return line + f" ({name}: {free} free, needs {resource_amount(name, shape[name])})"
+    return line + f" (limited by {name}: {free} free)"
+
+
+def gpu_free_text(fit: NodeFit) -> str:
+    """``GPU0 has 1.2 GB free`` for every GPU the check used (or could have used)."""
+    return ", ".join(f"GPU{g.index} has {gib(g.free_bytes)} GB free" for g in fit.gpus)
+
+
+def fit_measured_line(fit: NodeFit) -> Optional[str]:
+    """The driver's view under a node given replicas; ``None`` where it has nothing to say."""
+    need = f" (needs {size(fit.need_bytes)} per replica)" if fit.need_bytes is not None else ""
+    if fit.measured == "short":
+        return f"fits by booking, not by measured memory: {gpu_free_text(fit)}{need}"
+    if fit.measured == "ok":
+        return f"measured: {gpu_free_text(fit)}{need}"
+    return None
+
+
+def fit_answer_line(result: FitResult) -> str:
+    """``Fits: yes, 2/2 replicas placed`` — the overall answer first, as the exit code says."""
+    if result.refused is not None:
+        return f"Fits: no, refused: {result.refused}"
+    answer = "yes" if result.fits else "no"
+    line = f"Fits: {answer}, {result.placed}/{result.replicas} replica(s) placed by booking"
+    if result.fits_booking and result.fits_measured is False:
+        line += ", not by measured memory"
+    return line
+
+
+def fit_sizing_line(result: FitResult) -> str:
+    """``Shape: {"GPU": 0.01, "VRAM_MB": 4096} per replica (VRAM_MB booking: ...)``."""
+    words = FIT_SIZING_WORDS.get(result.sizing, result.sizing)
+    mb = result.request.gpu_memory_mb
+    if result.sizing == "fraction" and result.smallest_gpu_mb is not None and mb is not None:
+        words += f" {mb}/{result.smallest_gpu_mb:.0f} MB of the smallest GPU ({result.smallest_gpu_from})"
+    return f"Shape: {shape_text(result.shape)} per replica ({words}: {result.sizing_reason})"
+
+
+def fit_lines(result: FitResult) -> list[str]:
+    """``rayscope fit``: the shape, the answer, per node how many fit, the driver's view."""
+    lines = [fit_sizing_line(result), fit_answer_line(result)]
+    if result.nodes:
+        lines += ["", "Nodes:"]
+    unmeasured: dict[str, int] = {}
+    for fit in result.nodes:
+        lines.append("  " + fit_node_line(fit, result.shape))
+        measured = fit_measured_line(fit)
+        if measured is not None:
+            lines.append("    " + measured)
+        if fit.measured == "unknown":
+            unmeasured[fit.measured_reason] = unmeasured.get(fit.measured_reason, 0) + 1
+    notes = []
+    for reason, count in unmeasured.items():
+        note = f"Measured memory: NA on {count} node(s) given replicas: {reason}"
+        if result.view == "gcs" and "head agent" in reason:
+            note += " (run `rayscope head` and `rayscope push` on every node)"
+        notes.append(note)
+    if notes:
+        lines += ["", *notes]
+    return lines
+
+
+def fit_json(result: FitResult) -> str:
+    """``rayscope fit --json``."""
+    return encode(result)

@@ -1,0 +1,59 @@
+"""Formatting shared by every output: sizes, numbers, JSON, which nodes to show.
+
+Units come from :mod:`agent.units`; thresholds and wording of one output live in its module.
+"""
+
+from collections.abc import Sequence
+from typing import Optional
+
+import msgspec
+
+from agent.model import ClusterStatus, NodeStatus, SourceStatus
+from agent.units import GIB, MIB
+
+
+def gib(value: Optional[float]) -> str:
+    """Bytes as GiB with one decimal (labelled ``GB`` like nvidia-smi does), ``NA`` if unknown."""
+    return "NA" if value is None else f"{value / GIB:.1f}"
+
+
+def size(value: float) -> str:
+    """Bytes for reading, not for columns: ``23.2 GB`` or ``150 MB`` (binary units)."""
+    return f"{value / GIB:.1f} GB" if value >= GIB else f"{value / MIB:.0f} MB"
+
+
+def visible_nodes(status: ClusterStatus, include_dead: bool) -> list[NodeStatus]:
+    """The nodes to show, in display order (the rollup already sorted them)."""
+    return [n for n in status.nodes.values() if include_dead or n.alive]
+
+
+def has_gpus(node: NodeStatus) -> bool:
+    """Scheduler GPUs, or — for a node the scheduler does not know — GPUs its agent saw
+    (or could not count)."""
+    if node.in_scheduler:
+        return node.total_gpu > 0
+    return node.gpus is None or len(node.gpus) > 0
+
+
+def booking(node: NodeStatus) -> str:
+    """``GPU: 0.04/1 booked: 20480/24576 MB`` — the scheduler's two GPU numbers."""
+    text = f"GPU: {node.used_gpu:.2f}/{node.total_gpu:.0f}"
+    if node.total_vram_mb > 0:
+        text += f" booked: {node.used_vram_mb:.0f}/{node.total_vram_mb:.0f} MB"
+    return text
+
+
+def source_notes(sources: Sequence[SourceStatus]) -> list[str]:
+    """``NVML: NVML library not found ...`` for every source that did not answer."""
+    return [f"{s.name.upper()}: {s.reason}" for s in sources if not s.ok]
+
+
+def number(value: float) -> str:
+    """``8`` for a whole number, ``0.5`` otherwise (``%g``)."""
+    return f"{value:.0f}" if value == int(value) else f"{value:g}"
+
+
+def encode(value: object, indent: int = 2) -> str:
+    """A Struct as JSON: indented, or compact with ``indent=0``."""
+    raw = msgspec.json.encode(value)
+    return (msgspec.json.format(raw, indent=indent) if indent else raw).decode()

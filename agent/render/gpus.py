@@ -1,0 +1,183 @@
+"""GPUs: bookings beside measured memory (``status --gpus``, ``node --gpus``)."""
+
+from collections.abc import Sequence
+from typing import Optional
+
+from agent.model import ClusterStatus, GpuDevice, GpuUser, NodeAttribution
+from agent.render.fmt import gib, has_gpus, visible_nodes
+
+FLAG_WORDS = {
+    "over_booking": "over booking",
+    "unbooked": "unbooked",
+    "booking_unknown": "booking unknown",
+    "not_mapped": "not mapped",
+    "full": "full",
+}
+
+
+def _flags_text(flags: Sequence[str]) -> str:
+    return ("  " + ", ".join(FLAG_WORDS.get(f, f) for f in flags)) if flags else ""
+
+
+def _errors_text(gpu: GpuDevice) -> str:
+    if not gpu.errors:
+        return ""
+    return "  (" + "; ".join(f"{k}: {v}" for k, v in sorted(gpu.errors.items())) + ")"
+
+
+def gpu_label(gpu: GpuDevice) -> str:
+    """``GPU0``, or ``GPU0/MIG1`` for MIG instance 1 of GPU 0."""
+    return f"GPU{gpu.index}" if gpu.parent_index is None else f"GPU{gpu.parent_index}/MIG{gpu.index}"
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def booked_text(gpu: GpuDevice) -> str:
+    """``booked 20480 MB by 4 actors``: ``VRAM_MB`` where booked, else the ``GPU`` fraction
+    (on a ``VRAM_MB`` node the fraction is a device handle, not the reservation)."""
+    att = gpu.attribution
+    if att is None:
+        return "booked NA"
+    users = att.users or [u for mig in gpu.mig_devices if mig.attribution for u in mig.attribution.users]
+    return _booked_words(att.booked_vram_mb, users, att.booked_actors)
+
+
+def _booked_words(vram_mb: Optional[float], users: Sequence[GpuUser], actors: int) -> str:
+    """``booked 20480 MB + 0.33 GPU by 5 actors``: the ``GPU`` fraction counts only actors
+    that booked no ``VRAM_MB``."""
+    if vram_mb is None:
+        return "booked NA"
+    if actors == 0:
+        return "booked nothing"
+    fraction = sum(u.booked_gpu or 0.0 for u in users if u.kind == "actor" and not u.booked_vram_mb)
+    parts = [f"{vram_mb:.0f} MB"] if vram_mb else []
+    if fraction > 0:
+        parts.append(f"{fraction:.2f} GPU")
+    return f"booked {' + '.join(parts)} by {_count(actors, 'actor')}"
+
+
+def gpu_booking_line(gpu: GpuDevice) -> str:
+    """``GPU0 NVIDIA GeForce RTX 3090  booked 20480 MB by 4 actors  used 21.3 GB  util 87%``."""
+    util = "NA" if gpu.utilization_gpu_pct is None else f"{gpu.utilization_gpu_pct}%"
+    name = gpu.name or "NA"
+    mig = "  MIG on" if gpu.mig_enabled else ""
+    flags = _flags_text(gpu.attribution.flags) if gpu.attribution else ""
+    used = f"used {gib(gpu.memory_used_bytes)} GB"
+    return f"{gpu_label(gpu)} {name}{mig}  {booked_text(gpu)}  {used}  util {util}{flags}{_errors_text(gpu)}"
+
+
+def _watts(milliwatts: Optional[int]) -> str:
+    return "NA" if milliwatts is None else f"{milliwatts / 1000:.0f}"
+
+
+def gpu_details_line(gpu: GpuDevice) -> str:
+    """``bus 00000000:01:00.0  temp 61 C  power 245/350 W  memory 21.3/24.0 GB, 0.3 GB reserved (v2)``."""
+    memory = f"memory {gib(gpu.memory_used_bytes)}/{gib(gpu.memory_total_bytes)} GB"
+    if gpu.memory_reserved_bytes is not None:
+        memory += f", {gib(gpu.memory_reserved_bytes)} GB reserved"
+    if gpu.memory_info_version is not None:
+        memory += f" (v{gpu.memory_info_version})"
+    if gpu.parent_index is not None:
+        ids = f"GI {'NA' if gpu.gpu_instance_id is None else gpu.gpu_instance_id}"
+        ids += f" CI {'NA' if gpu.compute_instance_id is None else gpu.compute_instance_id}"
+        return f"{ids}  {memory}"
+    temp = "NA" if gpu.temperature_c is None else f"{gpu.temperature_c}"
+    power = f"power {_watts(gpu.power_draw_mw)}/{_watts(gpu.power_limit_mw)} W"
+    return f"bus {gpu.pci_bus_id or 'NA'}  temp {temp} C  {power}  {memory}"
+
+
+def user_label(user: GpuUser) -> str:
+    """``federated-unet#a1b2`` (actor and its id's first 4 hex digits), ``ray::train pid 42``,
+    ``pid 42 python``."""
+    if user.kind == "actor" and user.actor_id:
+        return f"{user.name}#{user.actor_id[:4]}"
+    pids = ",".join(str(p) for p in user.pids)
+    if user.kind == "ray worker":
+        return f"{user.name or 'ray worker'} pid {pids}"
+    return f"pid {pids} {user.name}".rstrip()
+
+
+def _booking(user: GpuUser) -> str:
+    if user.booked_vram_mb is None or user.booked_gpu is None:
+        return "NA"
+    if user.booked_vram_mb > 0:
+        return f"{user.booked_vram_mb:.0f} MB"
+    if user.booked_gpu > 0:
+        return f"{user.booked_gpu:.2f} GPU"
+    return "nothing"
+
+
+def user_line(user: GpuUser) -> str:
+    """``federated-unet#a1b2 booked 5120 MB used 5.4 GB  over booking``."""
+    used = f"{gib(user.used_memory_bytes)} GB"
+    return f"{user_label(user)} booked {_booking(user)} used {used}{_flags_text(user.flags)}"
+
+
+def node_attribution_lines(attribution: Optional[NodeAttribution], gpus: Sequence[GpuDevice]) -> list[str]:
+    """What no single GPU line shows: a full device hidden by the node-wide ``VRAM_MB``, and
+    actors that booked a GPU but are on none."""
+    if attribution is None:
+        return []
+    lines = []
+    if len(gpus) > 1:
+        users = [
+            u
+            for leaf in gpus
+            for g in (leaf.mig_devices or [leaf])
+            if g.attribution
+            for u in g.attribution.users
+        ]
+        booked = _booked_words(attribution.booked_vram_mb, users, attribution.booked_actors)
+        mapped = attribution.processes_mapped
+        actors_use = gib(attribution.actors_used_bytes if mapped and attribution.actors_read else None)
+        unbooked = gib(attribution.unbooked_bytes if mapped else None)
+        lines.append(f"all GPUs: {booked}  actors use {actors_use} GB  unbooked {unbooked} GB")
+    if "hidden_full" in attribution.flags:
+        full = []
+        for gpu in gpus:
+            att = gpu.attribution
+            if gpu.index in attribution.full_gpus and att is not None:
+                full.append(f"GPU{gpu.index} ({att.booked_vram_mb or 0:.0f}/{att.capacity_mb or 0:.0f} MB)")
+        node = f"{attribution.node_used_vram_mb:.0f}/{attribution.node_total_vram_mb:.0f} MB"
+        lines.append(f"VRAM_MB booked node-wide {node} hides a full device: {', '.join(full)}")
+    lines += [f"on no GPU: {user_line(u)}" for u in attribution.off_gpu]
+    return lines
+
+
+def gpu_block_lines(
+    gpus: Sequence[GpuDevice], attribution: Optional[NodeAttribution], details: bool = False
+) -> list[str]:
+    """Per GPU its booking line, (details,) then one line per actor or process on it."""
+    lines: list[str] = []
+    for gpu in gpus:
+        lines.append(gpu_booking_line(gpu))
+        if details and "device" not in gpu.errors:
+            lines.append("  " + gpu_details_line(gpu))
+        for mig in gpu.mig_devices:
+            lines.append("  " + gpu_booking_line(mig))
+            if details:
+                lines.append("    " + gpu_details_line(mig))
+            users = mig.attribution.users if mig.attribution else []
+            lines += ["    " + user_line(u) for u in users]
+        users = gpu.attribution.users if gpu.attribution else []
+        lines += ["  " + user_line(u) for u in users]
+    return lines + node_attribution_lines(attribution, gpus)
+
+
+def status_gpu_lines(status: ClusterStatus, include_dead: bool = False) -> list[str]:
+    """``status --gpus``: after the status, per GPU node its GPUs, bookings and processes."""
+    lines: list[str] = []
+    for node in visible_nodes(status, include_dead):
+        if not has_gpus(node):
+            continue
+        role = "[HEAD]" if node.head else "[worker]"
+        lines += ["", f"GPUs of {node.node_ip or node.hostname or ''} {role} {node.node_id[:12]}:"]
+        if node.gpus is None:
+            lines.append("  NA: no NVML report for this node")
+        elif not node.gpus:
+            lines.append("  none: NVML found no GPU")
+        else:
+            lines += ["  " + line for line in gpu_block_lines(node.gpus, node.attribution)]
+    return lines

@@ -1,0 +1,135 @@
+"""``rayscope status``: the status lines, the JSON document, NDJSON lines for ``--append``,
+and the completeness note.
+
+The status lines are a contract (the seed's format, see ARCHITECTURE.md): GPU fractions
+``.2f``, GPU totals and CPUs ``.0f``, ``booked: used/total MB`` only where the node advertises
+``VRAM_MB``, NVML memory in GiB ``.1f`` labelled ``GB`` with ``NA`` for unknown numbers.
+"""
+
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import Optional
+
+import msgspec
+
+from agent.model import ClusterStatus, NodeStatus, SourceStatus
+from agent.render.fmt import booking, encode, gib, has_gpus, source_notes, visible_nodes
+from agent.rollup import scheduler_failure, scheduler_view_ok
+
+
+def node_markers(node: NodeStatus, view: str, scheduler_ok: bool) -> list[str]:
+    """What to append to a node's line so old or missing numbers are never silent."""
+    markers = []
+    if not node.alive:
+        markers.append("dead")
+    if not node.in_scheduler:
+        markers.append("no raylet" if scheduler_ok else "not in scheduler view")
+    if node.stale and node.report_age_s is not None:
+        markers.append(f"stale {node.report_age_s:.0f}s")
+    if view == "head" and node.agent == "none" and node.alive:
+        markers.append("no agent")
+    return markers
+
+
+def node_line(node: NodeStatus, view: str = "gcs", scheduler_ok: bool = True) -> str:
+    """One node, e.g. ``10.0.0.5 [worker] T4 GPU: 0.99/1 VRAM: 5.8/24.0 GB  CPU: 6/8``."""
+    words = [node.node_ip or node.hostname or node.node_id[:12], "[HEAD]" if node.head else "[worker]"]
+    cpu = f"CPU: {node.used_cpu:.0f}/{node.total_cpu:.0f}"
+    memory = f"VRAM: {gib(node.used_gpu_memory)}/{gib(node.total_gpu_memory)} GB"
+    if not node.in_scheduler:  # an agent's node the scheduler does not know: nothing booked to show
+        words.append(memory)
+    elif node.total_gpu > 0:
+        if node.accelerator_type:
+            words.append(node.accelerator_type)
+        # The seed's format: a booking segment is followed by two spaces, a bare fraction by one.
+        gap = "  " if node.total_vram_mb > 0 else " "
+        words.append(f"{booking(node)}{gap}{memory}  {cpu}")
+    else:
+        words.append(cpu)
+    line = " ".join(words)
+    markers = node_markers(node, view, scheduler_ok)
+    return line + ("  " + ", ".join(markers) if markers else "")
+
+
+def cluster_line(status: ClusterStatus) -> str:
+    """``Cluster: 16/32 CPUs, 1.03/2 GPUs, booked: 20480/24576 MB``."""
+    c = status.cluster
+    line = f"Cluster: {c.used_cpu:.0f}/{c.total_cpu:.0f} CPUs, {c.used_gpu:.2f}/{c.total_gpu:.0f} GPUs"
+    if c.total_vram_mb > 0:
+        line += f", booked: {c.used_vram_mb:.0f}/{c.total_vram_mb:.0f} MB"
+    return line
+
+
+def source_details(sources: Sequence[SourceStatus]) -> list[str]:
+    """``--verbose``: each source, whether it answered, and what answered
+    (``gcs: ok, 10.0.0.1:6379 via /opt/ray/bin/python``), or why it did not."""
+    lines = ["sources:"]
+    for s in sources:
+        line = f"  {s.name}: {'ok' if s.ok else 'no'}"
+        line += f", {s.detail}" if s.detail else ""
+        line += f" ({s.reason})" if s.reason else ""
+        lines.append(line)
+    return lines
+
+
+def status_lines(status: ClusterStatus, include_dead: bool = False) -> list[str]:
+    """The human status: cluster line, GPU nodes, CPU-only nodes, then notes."""
+    scheduler_ok = scheduler_view_ok(status)
+    nodes = visible_nodes(status, include_dead)
+    gpu_nodes = [n for n in nodes if has_gpus(n)]
+    cpu_nodes = [n for n in nodes if not has_gpus(n)]
+    lines = [cluster_line(status)]
+    for title, group in (("GPU nodes:", gpu_nodes), ("CPU-only nodes:", cpu_nodes)):
+        if group:
+            lines += ["", title]
+            lines += ["  " + node_line(n, status.view, scheduler_ok) for n in group]
+    notes = source_notes(status.sources)
+    unmeasured = status.cluster.gpu_nodes - status.cluster.gpu_nodes_measured
+    if status.view == "gcs" and unmeasured > 0:
+        notes.append(
+            f"VRAM: NA on {unmeasured} GPU node(s): without a head agent only this host's"
+            " NVML is read (run `rayscope head` and `rayscope push` on every node)"
+        )
+    if notes:
+        lines += ["", *notes]
+    return lines
+
+
+def status_json(status: ClusterStatus, include_dead: bool = False, indent: int = 2) -> str:
+    """The JSON document: BioEngine's ``{"cluster": ..., "nodes": ...}`` plus our keys.
+    ``indent=0`` is compact (what the head agent serves)."""
+    if not include_dead:
+        nodes = {n.node_id: n for n in visible_nodes(status, include_dead)}
+        status = msgspec.structs.replace(status, nodes=nodes)
+    return encode(status, indent)
+
+
+def status_ndjson(status: ClusterStatus, include_dead: bool = False) -> str:
+    """One line of ``--append``: the JSON document, compact, led by an ISO-8601 UTC
+    ``timestamp`` (``generated_at`` is the same instant in epoch seconds)."""
+    if not include_dead:
+        status = msgspec.structs.replace(
+            status, nodes={n.node_id: n for n in visible_nodes(status, include_dead)}
+        )
+    stamp = datetime.fromtimestamp(status.generated_at, tz=timezone.utc)
+    timestamp = stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return msgspec.json.encode({"timestamp": timestamp, **msgspec.to_builtins(status)}).decode()
+
+
+def completeness_note(status: ClusterStatus) -> Optional[str]:
+    """Why ``status`` exits 2 (``no data: ...``) or 1 (``partial: stale report from 1
+    node(s): 10.0.0.5 (42s)``); ``None`` when complete. Mirrors ``completeness``."""
+    scheduler_ok = scheduler_view_ok(status)
+    why = scheduler_failure(status)
+    reporting = any(n.agent != "none" for n in status.nodes.values())
+    if not status.nodes or (not scheduler_ok and not reporting):
+        return f"no data: no node in the scheduler's view{why} and no agent report"
+    if not scheduler_ok:
+        return f"partial: no scheduler view{why}: only the agents' reports are shown"
+    stale = [n for n in status.nodes.values() if n.alive and n.stale]
+    if stale:
+        names = ", ".join(
+            f"{n.node_ip or n.hostname or n.node_id[:12]} ({n.report_age_s or 0:.0f}s)" for n in stale
+        )
+        return f"partial: stale report from {len(stale)} node(s): {names}"
+    return None

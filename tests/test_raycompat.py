@@ -168,3 +168,9 @@ def test_the_stated_range_is_the_tested_range() -> None:
 
 def version_key(version: str) -> tuple[int, ...]:
     return tuple(int(x) for x in version.split("."))
+
+
+def test_this_pythons_ray_is_read_without_importing_it() -> None:
+    from importlib import metadata
+
+    assert raycompat.reader_ray_version() == metadata.version("ray")

@@ -111,8 +111,9 @@ def cluster_ray_version(client: Any, timeout_s: float) -> tuple[Optional[str], s
 
 
 def installed_ray_version(raylet_path: str) -> Optional[str]:
-    """The Ray release a raylet binary belongs to, from the ``ray-X.dist-info`` beside its
-    package (``.../site-packages/ray/core/src/ray/raylet/raylet``): no process started."""
+    """The Ray release a file of Ray's package belongs to (the raylet binary,
+    ``.../site-packages/ray/core/src/ray/raylet/raylet``), from the ``ray-X.dist-info``
+    beside the package: no process started."""
     directory = os.path.dirname(os.path.abspath(raylet_path))
     while os.path.dirname(directory) != directory:
         parent = os.path.dirname(directory)
@@ -125,10 +126,9 @@ def installed_ray_version(raylet_path: str) -> Optional[str]:
 
 
 def reader_ray_version() -> Optional[str]:
-    """The Ray this interpreter would import, from its metadata (no ``import ray``)."""
-    from importlib import metadata
+    """The Ray this interpreter would import, from the dist-info beside its package (no
+    ``import ray``, no scan of every installed distribution)."""
+    import importlib.util
 
-    try:
-        return metadata.version("ray")
-    except metadata.PackageNotFoundError:
-        return None
+    spec = importlib.util.find_spec("ray")
+    return installed_ray_version(spec.origin) if spec is not None and spec.origin else None

@@ -227,9 +227,11 @@ def test_agent_started_before_its_head_connects_when_it_comes_up(
                 return bool(json.loads(body)["nodes"][live_cluster.node_id("cpu")]["agent"] == "reporting")
 
             eventually(reporting, timeout_s=20, what="the early agent reporting")
+            # Read before the head stops: its stop closes the agent's connection, a new state
+            # change the agent rightly logs.
+            log = agent.log_text()
         finally:
             head.stop()
-        log = agent.log_text()
         assert log.count("unreachable") == 1  # one line per state change, not one per retry
         assert "connected to head" in log
     finally:

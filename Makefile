@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed-stamp
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup test lint demo golden lock clean bench
+.PHONY: setup test lint demo golden lock clean bench fuzz
 
 setup: $(STAMP)  ## .venv with rayscope (editable), ray and the test tools, pinned by constraints.txt
 
@@ -34,7 +34,8 @@ demo: setup  ## a Ray cluster on 127.0.0.1, the seed's bookings, `rayscope statu
 
 golden: setup  ## rewrite tests/golden/ from the renderers; review the diff
 	RAYSCOPE_UPDATE_GOLDEN=1 $(BIN)/python -m pytest -q -m "not live" \
-		tests/test_render.py tests/test_attribution.py tests/test_cron_output.py tests/test_fit.py tests/test_help.py
+		tests/test_render.py tests/test_attribution.py tests/test_cron_output.py tests/test_fit.py tests/test_help.py \
+		tests/test_pending.py
 
 lock:  ## re-pin constraints.txt from requirements-dev.txt in a scratch venv
 	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
@@ -44,6 +45,9 @@ lock:  ## re-pin constraints.txt from requirements-dev.txt in a scratch venv
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
+
+fuzz: setup  ## 100,000 generated inputs to the head's frame and report decoders: none unhandled, every rejection counted
+	$(BIN)/python -m tests.fuzz_wire 100000 $${FUZZ_SEED:-0}
 
 bench: setup  ## the head agent's figures against peers, written to BENCHMARKS.md
 	$(BIN)/python -m tests.bench

@@ -27,6 +27,8 @@ from agent.render.gpus import status_gpu_lines
 from agent.render.metrics import metrics_text
 from agent.render.node import node_json, node_lines
 from agent.render.status import completeness_note, source_details, status_json, status_lines, status_ndjson
+from agent.tls import TlsFiles
+from agent.validate import printable
 
 app = typer.Typer(
     name="rayscope",
@@ -75,7 +77,7 @@ def _one_line_errors() -> Iterator[None]:
             import traceback
 
             traceback.print_exc()
-        typer.echo(f"rayscope: {err}", err=True)
+        typer.echo(f"rayscope: {printable(str(err))}", err=True)
         raise typer.Exit(err.exit_code) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
@@ -84,7 +86,8 @@ def _one_line_errors() -> Iterator[None]:
             import traceback
 
             traceback.print_exc()
-        typer.echo(f"rayscope: internal error: {type(err).__name__}: {err} (--verbose shows where)", err=True)
+        reason = printable(f"{type(err).__name__}: {err}")
+        typer.echo(f"rayscope: internal error: {reason} (--verbose shows where)", err=True)
         raise typer.Exit(1) from None
 
 
@@ -129,6 +132,28 @@ TokenFileOption = Annotated[
         help="Shared secret of the head and its agents (the same file everywhere).",
     ),
 ]
+TlsCertOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--tls-cert",
+        metavar="PEM",
+        envvar="RAYSCOPE_TLS_CERT",
+        help="TLS certificate (the head's; an agent's or client's for mutual TLS).",
+    ),
+]
+TlsKeyOption = Annotated[
+    Optional[str],
+    typer.Option("--tls-key", metavar="PEM", envvar="RAYSCOPE_TLS_KEY", help="The --tls-cert's private key."),
+]
+TlsCaOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--tls-ca",
+        metavar="PEM",
+        envvar="RAYSCOPE_TLS_CA",
+        help="CA that signed the head's certificate (on the head: its clients', then required).",
+    ),
+]
 IntervalOption = Annotated[
     float, typer.Option("--interval", metavar="SECONDS", callback=_positive, help="Seconds between reports.")
 ]
@@ -157,10 +182,10 @@ def _endpoint(default_port: int) -> Callable[[str], str]:
 def _token(path: Optional[str]) -> bytes:
     if path is None:
         return b""
-    from agent import wire  # hashlib and hmac: only worth importing when a token is used
+    from agent import tokens
 
     try:
-        return wire.read_token(path)
+        return tokens.read_token_file(path)
     except ValueError as err:
         raise AgentError(str(err), EXIT_NO_DATA) from None
 
@@ -199,12 +224,19 @@ HeadOption = Annotated[
 
 
 def _read_cluster(
-    head: Optional[str], token_file: Optional[str], gcs: Optional[str], timeout: float, gpus: bool = False
+    head: Optional[str],
+    token_file: Optional[str],
+    gcs: Optional[str],
+    timeout: float,
+    gpus: bool = False,
+    tls: Optional[TlsFiles] = None,
 ) -> ClusterStatus:
     """The cluster as ``status`` (every mode) and ``fit`` read it, the one place that picks
-    the source: a head agent (--head / $RAYSCOPE_HEAD), else the embedded default."""
+    the source: a head agent (--head / $RAYSCOPE_HEAD), else the embedded default. ``tls``:
+    the --tls-* files (None: from $RAYSCOPE_TLS_*)."""
     if head:
-        return client.head_status(head, _token(token_file), timeout, gpus=gpus)
+        files = TlsFiles.from_env() if tls is None else tls
+        return client.head_status(head, _token(token_file), timeout, gpus=gpus, tls=files)
     from agent import collect
 
     return collect.embedded_status(gcs, timeout, gpus=gpus)
@@ -268,6 +300,9 @@ def status(
     token_file: TokenFileOption = None,
     timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
     gpus: GpusOption = False,
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
+    tls_ca: TlsCaOption = None,
     format_: Annotated[
         Optional[Format],
         typer.Option(
@@ -322,6 +357,7 @@ def status(
     could not be written. Nodes that run no agent are not partial data.
     """
     fmt = _status_format(json_out, format_)
+    tls = TlsFiles(tls_cert, tls_key, tls_ca)
     if watch_s is not None:
         if fmt is not Format.text or output_file or append_file:
             raise click.UsageError(
@@ -333,14 +369,14 @@ def status(
             from agent import watch
 
             code = watch.run(
-                lambda: _read_cluster(head, token_file, gcs, timeout, gpus),
+                lambda: _read_cluster(head, token_file, gcs, timeout, gpus, tls),
                 lambda result: _status_lines(result, all_nodes, gpus),
                 watch_s,
                 keyboard_fd=sys.stdin.fileno() if sys.stdin and sys.stdin.isatty() else None,
             )
         raise typer.Exit(code)
     with _one_line_errors():
-        result = _read_cluster(head, token_file, gcs, timeout, gpus)
+        result = _read_cluster(head, token_file, gcs, timeout, gpus, tls)
         code = completeness.status_exit_code(result)
         note = completeness_note(result)
         if code == EXIT_NO_DATA:  # never an empty document over a good one
@@ -534,6 +570,29 @@ def head_agent(
     interval: IntervalOption = 5.0,
     token_file: TokenFileOption = None,
     timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
+    read_token_file: Annotated[
+        Optional[str],
+        typer.Option(
+            "--read-token-file",
+            metavar="FILE",
+            envvar="RAYSCOPE_READ_TOKEN_FILE",
+            help=(
+                "A read-only token: GET /v1/status and /metrics only (dashboards, status --head),"
+                " never accepted for reports. Must differ from --token-file."
+            ),
+        ),
+    ] = None,
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
+    tls_ca: TlsCaOption = None,
+    max_pending: Annotated[
+        int,
+        typer.Option(
+            "--max-pending",
+            metavar="N",
+            help="Connections per source address before their first good frame.",
+        ),
+    ] = 256,
 ) -> None:
     """The head agent: merges node reports with the scheduler's view.
 
@@ -548,10 +607,21 @@ def head_agent(
 
     with _one_line_errors():
         _daemon_logging()
-        token = _token(token_file)
+        token, read_token = _token(token_file), _token(read_token_file)
         address = collect.resolve_gcs_here(gcs)
         try:
-            server = Head(split_address(listen), split_address(http), address, interval, token, timeout)
+            tls = TlsFiles(tls_cert, tls_key, tls_ca)
+            server = Head(
+                split_address(listen),
+                split_address(http),
+                address,
+                interval,
+                token,
+                timeout,
+                read_token,
+                tls,
+                max_pending,
+            )
             asyncio.run(server.serve())
         except ValueError as err:
             raise AgentError(str(err), EXIT_NO_DATA) from None
@@ -578,6 +648,9 @@ def push(
             "--node-id", metavar="ID", help="The Ray node to report for (default: the local raylet's)."
         ),
     ] = None,
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
+    tls_ca: TlsCaOption = None,
 ) -> None:
     """The node agent: sends this node's facts to the head agent.
 
@@ -589,7 +662,13 @@ def push(
 
     with _one_line_errors():
         _daemon_logging()
-        Pusher(split_address(head), _token(token_file), interval, node_id).run()
+        from agent.tls import client_context
+
+        try:
+            context = client_context(TlsFiles(tls_cert, tls_key, tls_ca))
+        except ValueError as err:
+            raise AgentError(str(err), EXIT_NO_DATA) from None
+        Pusher(split_address(head), _token(token_file), interval, node_id, ssl_context=context).run()
 
 
 def optional_watch_value(argv: Sequence[str]) -> list[str]:

@@ -10,6 +10,7 @@ import msgspec
 
 from agent.errors import EXIT_NO_DATA, AgentError
 from agent.model import ClusterStatus
+from agent.tls import NO_TLS, TlsFiles
 
 HEAD_ENV = "RAYSCOPE_HEAD"
 DEFAULT_HEAD_PORT = 7532
@@ -28,17 +29,29 @@ def parse_head_url(text: str) -> str:
     return f"{url.scheme}://{host}:{port}"
 
 
-def head_status(url: str, token: bytes, timeout_s: float, gpus: bool = False) -> ClusterStatus:
+def head_status(
+    url: str, token: bytes, timeout_s: float, gpus: bool = False, tls: TlsFiles = NO_TLS
+) -> ClusterStatus:
     """The rollup a head agent serves (``GET /v1/status?all=1``, ``&gpus=1`` for the per-GPU
     attribution); :class:`AgentError` (exit 2) when it cannot be had. No ray import on this
     path: it is the fast one (``http.client`` itself, not ``urllib.request``, for the same
-    reason)."""
+    reason). HTTPS when the URL says ``https://`` or any ``tls`` file is given."""
     import http.client
 
     parts = urlsplit(url)
     host, port = parts.hostname or "", parts.port or DEFAULT_HEAD_PORT
-    connection_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    connection = connection_class(host, port, timeout=timeout_s)
+    connection: http.client.HTTPConnection
+    if parts.scheme == "https" or tls.enabled:
+        from agent.tls import client_context
+
+        try:
+            context = client_context(tls)
+        except ValueError as err:
+            raise AgentError(str(err), EXIT_NO_DATA) from None
+        connection = http.client.HTTPSConnection(host, port, timeout=timeout_s, context=context)
+        url = f"https://{parts.netloc}"
+    else:
+        connection = http.client.HTTPConnection(host, port, timeout=timeout_s)
     headers = {"Authorization": "Bearer " + token.decode()} if token else {}
     try:
         connection.request("GET", "/v1/status?all=1" + ("&gpus=1" if gpus else ""), headers=headers)

@@ -8,6 +8,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Callable, Optional
 
+from agent import pending
 from agent.addresses import parse_address
 from agent.attribution import attribute_cluster, attribute_node, leaf_devices
 from agent.errors import EXIT_NO_DATA, AgentError
@@ -110,7 +111,7 @@ def embedded_status(
     raylets, raylet_status = raylet.find_raylets()
     address = resolve_gcs(explicit_gcs, raylets)
     python = gcs.gcs_python(raylets, address, gcs.ray_importable())
-    views, actors, gcs_statuses = gcs.read_cluster(address, timeout_s, python, actors=gpus)
+    views, actors, waiting, gcs_statuses = gcs.read_pending_too(address, timeout_s, python, actors=gpus)
     if not gcs_statuses[0].ok:
         raise AgentError(gcs_statuses[0].reason, EXIT_NO_DATA)
     now = clock()
@@ -124,6 +125,7 @@ def embedded_status(
         gcs_address=address,
         sources=[*gcs_statuses, raylet_status, *local_sources],
     )
+    status = pending.attach(status, waiting)
     if not gpus:
         return status
     # Every raylet of this cluster on this host shares its GPUs: their actors may hold them.

@@ -136,19 +136,32 @@ def node_capacity(node: NodeStatus, shape: Mapping[str, float]) -> NodeFit:
         accelerator_type=node.accelerator_type,
         capacity=0,
     )
+    free = {resource: available(node, resource) for resource, amount in shape.items() if amount > 0}
+    fit.capacity, fit.limited_by, fit.missing = replicas_in(free, shape)
+    fit.available = {resource: round(amount, 4) for resource, amount in free.items() if amount is not None}
+    return fit
+
+
+def replicas_in(
+    free: Mapping[str, Optional[float]], shape: Mapping[str, float]
+) -> tuple[int, Optional[str], list[str]]:
+    """(how many replicas of ``shape`` fit in ``free``, the resource that bounds it, the
+    requested resources ``free`` does not have at all: ``None`` or absent). Node sums, in
+    Ray's 1e-4 fixed point; the one placement rule ``fit`` and ``pending`` share."""
+    missing: list[str] = []
     counts: list[tuple[int, str]] = []
     for resource, amount in shape.items():
         if amount <= 0:
             continue
-        free = available(node, resource)
-        if free is None:
-            fit.missing.append(resource)
+        have = free.get(resource)
+        if have is None:
+            missing.append(resource)
             continue
-        fit.available[resource] = round(free, 4)
-        counts.append((_units(free) // _units(amount), resource))
-    if not fit.missing and counts:
-        fit.capacity, fit.limited_by = min(counts, key=lambda c: c[0])
-    return fit
+        counts.append((_units(have) // _units(amount), resource))
+    if missing or not counts:
+        return 0, None, missing
+    capacity, limited_by = min(counts, key=lambda c: c[0])
+    return capacity, limited_by, missing
 
 
 def spread(fits: Sequence[NodeFit], replicas: int) -> int:

@@ -3,20 +3,24 @@
 Three parts around one :class:`HeadState` (the latest report per node, stamped with the head's
 own receive time, and the latest scheduler view):
 
-* report ingest — an asyncio protocol, one persistent connection per node agent, frames from
-  :mod:`agent.wire` decoded by one reused typed msgspec decoder;
+* report ingest — :mod:`agent.ingest`, an asyncio protocol, one persistent connection per
+  node agent, frames from :mod:`agent.wire` decoded by one reused typed msgspec decoder;
 * scheduler poll — one GCS read per interval in a thread (never one per report);
 * queries — ``GET /v1/status`` (the JSON of ``status --json``), ``GET /metrics``
-  (Prometheus text), ``GET /healthz`` (counters), from the standard library's threading
-  HTTP server.
+  (Prometheus text), ``GET /healthz`` (counters), from the standard library's HTTP server
+  with a bounded number of worker threads.
 
 A bad frame is logged and its connection dropped; the head keeps serving everyone else.
 """
 
 import asyncio
+import errno
 import hmac
 import logging
+import resource
 import signal
+import socket
+import ssl
 import threading
 import time
 import weakref
@@ -26,7 +30,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import msgspec
 
-from agent import wire
+from agent import ingest, pending, validate
 from agent.addresses import DEFAULT_TIMEOUT_S
 from agent.attribution import attribute_cluster
 from agent.model import (
@@ -35,6 +39,7 @@ from agent.model import (
     ClusterStatus,
     NodeReport,
     NodeStatus,
+    PendingRead,
     RayNode,
     ReceivedReport,
     SourceStatus,
@@ -43,6 +48,8 @@ from agent.render.metrics import metrics_text
 from agent.render.status import status_json
 from agent.rollup import STALE_INTERVALS, merge, scheduler_nodes
 from agent.sources import gcs
+from agent.tls import NO_TLS, TlsFiles, server_context
+from agent.validate import ReportError as ReportError  # noqa: PLC0414 (re-exported: the head raises it)
 
 log = logging.getLogger("rayscope.head")
 
@@ -50,12 +57,8 @@ TEXT = "text/plain; charset=utf-8"
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 FORGET_INTERVALS = 20
 """A report for a node the scheduler does not know is dropped once this many intervals old."""
-FRAME_BODY_TIMEOUT_S = 30.0
-"""A peer that started a frame must finish it in this time (slowloris guard)."""
-
-
-class ReportError(Exception):
-    """A frame that authenticated but does not hold a report this head accepts."""
+HTTP_WORKERS = 16
+"""Requests served at once; more are closed unanswered (a client retries)."""
 
 
 class HeadState:
@@ -70,21 +73,28 @@ class HeadState:
         self._gcs_status = SourceStatus(name="gcs", ok=False, reason="not read yet", detail=gcs_address or "")
         self._actors: Optional[list[ActorBooking]] = None
         self._actors_status = SourceStatus(name="gcs_actors", ok=False, reason="not read yet")
+        self._pending: Optional[PendingRead] = None
+        self._pending_status: Optional[SourceStatus] = None
         self.ray_versions: Optional[SourceStatus] = None  # the GCS reader's, once connected
         self._decoder = msgspec.msgpack.Decoder(NodeReport)
         self.reports_received = 0
         self.frames_rejected = 0
+        self.net: Optional[ingest.IngestCounters] = None  # the report port's, once it serves
 
     def ingest(self, payload: bytes, received_at: float) -> NodeReport:
         """Decode one report (typed) and keep it as its node's latest."""
         try:
             report = self._decoder.decode(payload)
-        except msgspec.DecodeError as err:  # ValidationError included
+        # ValidationError included; nesting; bad UTF-8 in a str raises UnicodeDecodeError (fuzz_wire)
+        except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as err:
             raise ReportError(f"malformed report: {err}") from None
         if report.schema > SCHEMA_VERSION:
             raise ReportError(f"report schema {report.schema} is newer than this head's {SCHEMA_VERSION}")
+        validate.check_report(report)  # bounds, numbers, strings (SECURITY.md rule 4)
         key = report.node_id or f"host:{report.host.hostname if report.host else '?'}"
         with self._lock:
+            evicted = validate.make_room(self._reports, self._base, key)
+            self._reports.pop(evicted or key, None)
             self._reports[key] = ReceivedReport(report=report, received_at=received_at)
             self.reports_received += 1
         return report
@@ -93,14 +103,21 @@ class HeadState:
         with self._lock:
             self.frames_rejected += 1
 
-    def health(self) -> dict[str, int]:
+    def health(self) -> dict[str, Any]:
         """Cheap counters for ``/healthz``: is the head taking reports at all?"""
         with self._lock:
-            return {
+            counts: dict[str, Any] = {
                 "nodes_reporting": len(self._reports),
                 "reports_received": self.reports_received,
                 "frames_rejected": self.frames_rejected,
             }
+        if self.net is not None:
+            counts.update(self.net.as_dict())
+        return counts
+
+    def take(self, payload: bytes, received_at: float) -> Optional[str]:
+        """:meth:`ingest` for the report port: the node id reported for."""
+        return self.ingest(payload, received_at).node_id
 
     def set_view(self, views: list[RayNode], status: SourceStatus) -> None:
         """A new scheduler view (a failed read keeps the last good one, flagged by status)."""
@@ -129,12 +146,19 @@ class HeadState:
                 self._actors = actors
             self._actors_status = status
 
+    def set_pending(self, read: Optional[PendingRead], status: SourceStatus) -> None:
+        """What waits to be placed, read with the scheduler view; a failed read drops it
+        (an old demand would name actors long placed), and the status says why."""
+        with self._lock:
+            self._pending, self._pending_status = read, status
+
     def status(self, now: float, gpus: bool = False) -> ClusterStatus:
         """The rollup as of ``now``: reports older than 3 intervals are stale. ``gpus``: also
         attribute each fresh report's GPU memory to the actors on it (agent.attribution)."""
         with self._lock:
             base, reports, gcs_status = self._base, dict(self._reports), self._gcs_status
             actors, actors_status = self._actors, self._actors_status
+            waiting, pending_status = self._pending, self._pending_status
             sources = [gcs_status, actors_status] if gpus else [gcs_status]
             sources += [self.ray_versions] if self.ray_versions else []
         status = merge(
@@ -146,96 +170,22 @@ class HeadState:
             gcs_address=self.gcs_address,
             sources=sources,
         )
+        if pending_status is not None:
+            status.sources.append(pending_status)
+        status = pending.attach(status, waiting)
         if not gpus:
             return status
         fresh = {node_id: r.report for node_id, r in reports.items() if not status.nodes[node_id].stale}
         return attribute_cluster(status, fresh, actors, co_hosted(fresh))
 
 
-class ReportProtocol(asyncio.Protocol):
-    """One agent's connection. Frames are cut from a byte buffer as data arrives — no
-    coroutine and no timer per frame, so one core takes tens of thousands of reports a
-    second. The connection is closed on a bad frame, at EOF, or after a silence."""
-
-    def __init__(self, state: HeadState, token: bytes, idle_timeout_s: float) -> None:
-        self._state, self._token, self._idle_timeout_s = state, token, idle_timeout_s
-        self._buffer = bytearray()
-        self._body_length: Optional[int] = None  # of the frame whose body is awaited
-        self._node: Optional[str] = None
-        self._peer = "?"
-        self._last_data = time.monotonic()
-        self._transport: Optional[asyncio.BaseTransport] = None
-        self._timer: Optional[asyncio.TimerHandle] = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport
-        peer = transport.get_extra_info("peername")
-        self._peer = f"{peer[0]}:{peer[1]}" if peer else "?"
-        self._timer = asyncio.get_running_loop().call_later(self._idle_timeout_s, self._check_silence)
-
-    def data_received(self, data: bytes) -> None:
-        self._last_data = time.monotonic()
-        buffer = self._buffer
-        buffer += data
-        received_at = time.time()
-        used = 0
-        try:
-            while True:
-                if self._body_length is None:
-                    if len(buffer) - used < wire.LENGTH.size:
-                        break
-                    self._body_length = wire.body_length(bytes(buffer[used : used + wire.LENGTH.size]))
-                    used += wire.LENGTH.size
-                if len(buffer) - used < self._body_length:
-                    break
-                body = bytes(buffer[used : used + self._body_length])
-                used += self._body_length
-                self._body_length = None
-                report = self._state.ingest(wire.open_body(body, self._token), received_at)
-                if report.node_id != self._node:
-                    self._node = report.node_id
-                    log.info("agent %s reports node %s", self._peer, self._node or "(no raylet)")
-        except (wire.FrameError, ReportError) as err:
-            self._state.count_rejected()
-            log.warning("agent %s: rejected frame: %s; connection dropped", self._peer, err)
-            self._close()
-        finally:
-            del buffer[:used]
-
-    def eof_received(self) -> bool:
-        if self._buffer or self._body_length is not None:
-            self._state.count_rejected()
-            log.warning("agent %s: truncated frame at end of stream; connection dropped", self._peer)
-        return False  # close our side too
-
-    def connection_lost(self, exc: Optional[Exception]) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        log.info("agent %s disconnected%s", self._peer, f": {exc}" if exc else "")
-
-    def _check_silence(self) -> None:
-        """Drop a peer silent for the idle timeout, or stuck inside a frame (slowloris)."""
-        silent = time.monotonic() - self._last_data
-        inside_frame = bool(self._buffer) or self._body_length is not None
-        limit = FRAME_BODY_TIMEOUT_S if inside_frame else self._idle_timeout_s
-        if silent >= limit:
-            where = " inside a frame" if inside_frame else ""
-            log.warning("agent %s: silent for %.0f s%s; connection dropped", self._peer, silent, where)
-            self._close()
-            return
-        self._timer = asyncio.get_running_loop().call_later(limit - silent, self._check_silence)
-
-    def _close(self) -> None:
-        if self._transport is not None:
-            self._transport.close()
-
-
 class _StatusHandler(BaseHTTPRequestHandler):
-    """``/v1/status``, ``/metrics``, ``/healthz``; bearer token required when the head has one
-    (``/healthz`` excepted: it says only whether reports arrive)."""
+    """``/v1/status``, ``/metrics``, ``/healthz``; a bearer token required when the head has one
+    (``/healthz`` excepted: it says only whether reports arrive). ``read_tokens``: the agents'
+    write token and the read-only token (``--read-token-file``), either reads."""
 
     state: HeadState
-    token: bytes
+    read_tokens: tuple[bytes, ...]
     timeout = 10  # seconds a client may take to send its request
     server_version = "rayscope-head"
 
@@ -247,7 +197,7 @@ class _StatusHandler(BaseHTTPRequestHandler):
             )
         if url.path not in ("/v1/status", "/metrics"):
             return self._send(404, TEXT, b"not found: try /v1/status, /metrics, /healthz\n")
-        if self.token and not self._authorized():
+        if self.read_tokens and not self._authorized():
             return self._send(401, TEXT, b"bearer token required\n")
         query = parse_qs(url.query)
         gpus = query.get("gpus", ["0"])[0] in ("1", "true", "yes")
@@ -259,8 +209,12 @@ class _StatusHandler(BaseHTTPRequestHandler):
         return self._send(200, "application/json", document.encode())
 
     def _authorized(self) -> bool:
-        offered = self.headers.get("Authorization", "")
-        return hmac.compare_digest(offered.encode(), b"Bearer " + self.token)
+        """``Bearer TOKEN``, the scheme in any case (RFC 9110); every token compared in
+        constant time. The header arrives latin-1 decoded: encoded back, byte for byte."""
+        scheme, _, offered = self.headers.get("Authorization", "").strip().partition(" ")
+        offered_bytes = offered.strip().encode("latin-1", "replace")
+        matches = [hmac.compare_digest(offered_bytes, token) for token in self.read_tokens]
+        return scheme.lower() == "bearer" and any(matches)
 
     def _send(self, code: int, content_type: str, body: bytes) -> None:
         self.send_response(code)
@@ -301,6 +255,7 @@ def poll_gcs(state: HeadState, reader: Optional[gcs.GcsReader], stop: threading.
             state.ray_versions = reader.versions
             if status.ok:
                 state.set_actors(*reader.read_actors())
+                state.set_pending(*reader.read_pending())
         state.set_view(views, status)
         for node_id in state.forget_gone(time.time()):
             log.info(
@@ -315,6 +270,73 @@ def poll_gcs(state: HeadState, reader: Optional[gcs.GcsReader], stop: threading.
         stop.wait(state.interval_s)
 
 
+class BoundedHTTPServer(ThreadingHTTPServer):
+    """The threading HTTP server with at most ``HTTP_WORKERS`` requests at once (more are
+    closed unanswered), TLS done in the worker (a slow handshake holds no accept), and an
+    ``accept`` that neither spins nor floods the log when file descriptors run out."""
+
+    daemon_threads = True
+    ssl_context: Optional[ssl.SSLContext] = None
+    throttle: Optional[ingest.LogThrottle] = None
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(HTTP_WORKERS)
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        try:
+            return super().get_request()
+        except OSError as err:
+            if err.errno in (errno.EMFILE, errno.ENFILE) and self.throttle is not None:
+                self.throttle.note("http:accept", "HTTP port: %s", err.strerror)
+                time.sleep(0.1)  # the listening socket stays readable: do not spin
+            raise
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            if self.throttle is not None:
+                self.throttle.note(
+                    "http:busy", "HTTP port: %d requests in progress; closing one", HTTP_WORKERS
+                )
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            if self.ssl_context is not None:
+                request.settimeout(_StatusHandler.timeout)
+                try:
+                    request = self.ssl_context.wrap_socket(request, server_side=True)
+                except (OSError, ssl.SSLError) as err:
+                    if self.throttle is not None:
+                        self.throttle.note(
+                            "http:tls", "HTTP port: TLS handshake with %s failed: %s", client_address[0], err
+                        )
+                    request.close()
+                    return
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+def raise_fd_limit() -> int:
+    """Raise the soft ``RLIMIT_NOFILE`` to the hard limit; the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (OSError, ValueError) as err:
+            log.warning("cannot raise the file limit from %d to %d: %s", soft, target, err)
+    return int(soft)
+
+
 class Head:
     """The head agent's servers: :meth:`serve` runs them until :meth:`stop` or a signal."""
 
@@ -326,6 +348,9 @@ class Head:
         interval_s: float,
         token: bytes,
         gcs_timeout_s: float = DEFAULT_TIMEOUT_S,
+        read_token: bytes = b"",
+        tls: TlsFiles = NO_TLS,
+        max_pending_per_address: int = ingest.MAX_UNAUTH_PER_HOST,
     ) -> None:
         for host, _ in (listen, http):
             if not token and not is_loopback(host):
@@ -333,30 +358,51 @@ class Head:
                     f"refusing to listen on {host} without a token: anyone who reaches it could"
                     " send reports or read the cluster; pass --token-file (the same file on every agent)"
                 )
-        self.listen, self.http, self.token = listen, http, token
+        if read_token and (not token or hmac.compare_digest(read_token, token)):
+            raise ValueError("the read-only token must differ from the agents' token (--token-file)")
+        self.listen, self.http, self.token, self.read_token = listen, http, token, read_token
+        if max_pending_per_address < 1:
+            raise ValueError(f"--max-pending must be at least 1, not {max_pending_per_address}")
+        self.ssl_context = server_context(tls)
+        self.max_pending_per_address = max_pending_per_address
         self.state = HeadState(interval_s, gcs_address)
         self._reader = gcs.GcsReader(gcs_address, gcs_timeout_s) if gcs_address else None
         self._stop = threading.Event()
-        self._httpd: Optional[ThreadingHTTPServer] = None
+        self._httpd: Optional[BoundedHTTPServer] = None
+        self.throttle = ingest.LogThrottle(log)
 
     def _start_http(self) -> None:
-        handler = type("Handler", (_StatusHandler,), {"state": self.state, "token": self.token})
-        self._httpd = ThreadingHTTPServer(self.http, handler)
-        self._httpd.daemon_threads = True
+        read_tokens = tuple(t for t in (self.token, self.read_token) if t)
+        handler = type("Handler", (_StatusHandler,), {"state": self.state, "read_tokens": read_tokens})
+        self._httpd = BoundedHTTPServer(self.http, handler)
+        self._httpd.ssl_context, self._httpd.throttle = self.ssl_context, self.throttle
         threading.Thread(target=self._httpd.serve_forever, name="rayscope-http", daemon=True).start()
 
     async def serve(self) -> None:
         """Run until :meth:`stop` (or SIGTERM/SIGINT): ingest, poll, answer queries."""
         loop = asyncio.get_running_loop()
+        loop.set_exception_handler(ingest.fd_exception_handler(self.throttle))
+        nofile = raise_fd_limit()
+        max_total = max(16, min(ingest.MAX_CONNECTIONS, nofile - ingest.FD_RESERVE - HTTP_WORKERS))
+        guard = ingest.ConnectionGuard(
+            max_total, self.max_pending_per_address, self.throttle, self.state.count_rejected
+        )
+        self.state.net = guard.counters
         idle = max(60.0, 10 * self.state.interval_s)
-        agents: weakref.WeakSet[ReportProtocol] = weakref.WeakSet()
+        agents: weakref.WeakSet[ingest.ReportProtocol] = weakref.WeakSet()
 
-        def accept() -> ReportProtocol:
-            agent = ReportProtocol(self.state, self.token, idle)
+        def accept() -> ingest.ReportProtocol:
+            agent = ingest.ReportProtocol(self.state.take, self.token, idle, guard)
             agents.add(agent)
             return agent
 
-        server = await loop.create_server(accept, *self.listen)
+        server = await loop.create_server(
+            accept,
+            *self.listen,
+            ssl=self.ssl_context,
+            backlog=ingest.ACCEPT_BACKLOG,
+            ssl_handshake_timeout=ingest.FRAME_DEADLINE_S if self.ssl_context else None,
+        )
         self._start_http()
         poller = threading.Thread(
             target=poll_gcs, args=(self.state, self._reader, self._stop), name="rayscope-gcs", daemon=True
@@ -365,13 +411,21 @@ class Head:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         log.info(
-            "head agent: reports on %s:%d, HTTP on %s:%d, GCS %s, interval %g s%s",
+            "head agent: reports on %s:%d, HTTP on %s:%d, GCS %s, interval %g s%s%s; up to %d agents",
             *self.listen,
             *self.http,
             self.state.gcs_address or "(none)",
             self.state.interval_s,
             ", token required" if self.token else "",
+            ", TLS" if self.ssl_context else "",
+            max_total,
         )
+
+        def flush() -> None:
+            self.throttle.flush()
+            loop.call_later(ingest.THROTTLE_S, flush)
+
+        loop.call_later(ingest.THROTTLE_S, flush)
         async with server:
             await loop.run_in_executor(None, self._stop.wait)
             # From Python 3.12.1 the server's exit waits for every connection to close, and

@@ -1,17 +1,22 @@
 """The node agent: collect this node's report every interval and send it to the head.
 
-One persistent TCP connection; one reused msgspec encoder; no queue — each cycle collects a
-fresh report, so after an outage the head gets the latest state, never a backlog. When the
-head is away the agent retries with capped exponential backoff. It logs one line per state
-change (connected, lost, raylet found or gone), not one per cycle, and stops cleanly on
-SIGTERM.
+One persistent TCP (or TLS) connection; one reused msgspec encoder; no queue — each cycle
+collects a fresh report, so after an outage the head gets the latest state, never a backlog.
+The head greets each connection with a challenge and acknowledges each frame
+(:mod:`agent.wire`). When the head is away, rejects a report (a wrong token) or stops
+acknowledging (stalled, or the network cut: TCP keepalive plus an acknowledgement deadline of
+two intervals), the agent drops the connection and retries with capped exponential backoff.
+It logs one line per state change (connected, rejected, lost, raylet found or gone), not one
+per cycle, and stops cleanly on SIGTERM.
 """
 
+import errno
 import logging
 import random
 import select
 import signal
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -20,7 +25,7 @@ from typing import Optional
 import msgspec
 
 from agent import collect, wire
-from agent.model import NodeReport, RayletInfo
+from agent.model import GpuDevice, NodeReport, RayletInfo
 from agent.sources import raylet
 
 log = logging.getLogger("rayscope.push")
@@ -29,7 +34,9 @@ JITTER = 0.1
 """Each wait is the interval ± 10%, so a fleet started together does not report in lockstep."""
 BACKOFF_START_S = 1.0
 BACKOFF_MAX_S = 30.0
-SOCKET_TIMEOUT_S = 10.0
+ACK_POLL_S = 0.25
+ACK_WAIT_S = 0.5
+"""After a send, how long to wait for its acknowledgement before the next cycle checks again."""
 RESCAN_CYCLES = 10
 """While no raylet is found, look again every this many cycles (a scan costs ~7 ms)."""
 
@@ -44,6 +51,7 @@ class Pusher:
         interval_s: float,
         node_id: Optional[str] = None,
         clock: Callable[[], float] = time.time,
+        ssl_context: Optional[ssl.SSLContext] = None,
     ) -> None:
         self.head = head
         self.token = token
@@ -51,7 +59,15 @@ class Pusher:
         self.node_id = node_id
         self.clock = clock
         self._encoder = msgspec.msgpack.Encoder()
+        self.ssl_context = ssl_context
+        self.ack_deadline_s = max(1.5 * interval_s, 1.0)
+        """A frame not acknowledged this long after it was sent means a stalled head."""
         self._sock: Optional[socket.socket] = None
+        self._sealer = wire.Sealer(token, b"")
+        self._acks = wire.AckReader()
+        self._acked = 0
+        self._unacked_since: Optional[float] = None
+        self._trimmed = False
         self._stop = threading.Event()
         self._backoff_s = BACKOFF_START_S
         self._head_state = ""
@@ -97,22 +113,21 @@ class Pusher:
             (log.warning if warning else log.info)("%s", state)
             self._head_state = state
 
-    def _peer_closed(self, sock: socket.socket) -> bool:
-        """The head never writes: a readable socket means it closed or reset the connection."""
-        readable, _, _ = select.select([sock], [], [], 0)
-        if not readable:
-            return False
-        try:
-            return sock.recv(1, socket.MSG_PEEK) == b""
-        except OSError:
-            return True
-
     def _connection(self) -> socket.socket:
-        if self._sock is not None and self._peer_closed(self._sock):
-            self._close()
+        """The connection to the head, greeted: a new one when there is none."""
         if self._sock is None:
-            self._sock = socket.create_connection(self.head, timeout=SOCKET_TIMEOUT_S)
-            self._note_head(f"connected to head {self.head[0]}:{self.head[1]}")
+            sock = socket.create_connection(self.head, timeout=self.ack_deadline_s)
+            try:
+                keepalive(sock, self.interval_s)
+                if self.ssl_context is not None:
+                    sock = self.ssl_context.wrap_socket(sock, server_hostname=self.head[0])
+                greeting = _recv_exactly(sock, wire.GREETING_BYTES)
+                self._sealer = wire.Sealer(self.token, wire.parse_greeting(greeting))
+            except BaseException:
+                sock.close()
+                raise
+            self._sock, self._acks = sock, wire.AckReader()
+            self._acked, self._unacked_since = 0, None
         return self._sock
 
     def _close(self) -> None:
@@ -120,19 +135,92 @@ class Pusher:
             self._sock.close()
             self._sock = None
 
+    def _read_acks(self, wait_s: float) -> Optional[str]:
+        """Take what the head sent back (waiting up to ``wait_s`` for the latest frame's ack);
+        the reason if it rejected a frame. ``OSError`` if it closed the connection."""
+        sock = self._sock
+        assert sock is not None
+        deadline = time.monotonic() + wait_s
+        while True:
+            ready = sock.pending() if isinstance(sock, ssl.SSLSocket) else 0
+            if not ready:
+                ready = bool(select.select([sock], [], [], max(0.0, deadline - time.monotonic()))[0])
+            if not ready:
+                return None
+            sock.settimeout(self.ack_deadline_s)
+            data = sock.recv(4096)
+            if not data:
+                raise ConnectionResetError(errno.ECONNRESET, "the head closed the connection")
+            for seq, reason in self._acks.feed(data):
+                if reason is not None:
+                    return reason
+                self._acked = max(self._acked, seq)
+            if self._acked >= self._sealer.seq:
+                self._unacked_since = None
+                return None
+            if time.monotonic() >= deadline:
+                return None
+
     def send(self, report: NodeReport) -> bool:
-        """Send one report; ``False`` (and the connection dropped) if the head is away."""
-        frame = wire.seal(self._encoder.encode(report), self.token)
+        """Send one report; ``False`` (and the connection dropped) if the head is away, stalled
+        or rejected it."""
+        where = f"{self.head[0]}:{self.head[1]}"
+        payload = self.encode(report)
         try:
-            self._connection().sendall(frame)
-        except OSError as err:
+            sock = self._connection()
+            rejected = self._read_acks(0.0)  # the previous frame's answer
+            if rejected is None and self._stalled():
+                raise TimeoutError(errno.ETIMEDOUT, f"no acknowledgement for {self.ack_deadline_s:g} s")
+            if rejected is None:
+                sock.settimeout(self.ack_deadline_s)
+                sock.sendall(self._sealer.seal(payload))
+                if self._unacked_since is None:
+                    self._unacked_since = time.monotonic()
+                rejected = self._read_acks(min(ACK_WAIT_S, self.interval_s / 2))
+        except (OSError, wire.FrameError) as err:
             self._close()
-            reason = err.strerror or type(err).__name__
-            where = f"{self.head[0]}:{self.head[1]}"
+            reason = getattr(err, "strerror", None) or str(err) or type(err).__name__
             self._note_head(f"head {where} unreachable: {reason} (retrying with backoff)", warning=True)
             return False
+        if rejected is not None:
+            self._close()
+            self._note_head(
+                f"head {where} rejected the report: {_explain(rejected)} (retrying with backoff)",
+                warning=True,
+            )
+            return False
+        self._note_head(f"connected to head {where}")
         self._backoff_s = BACKOFF_START_S
         return True
+
+    def _stalled(self) -> bool:
+        """The oldest frame not acknowledged is older than the deadline: the head stopped
+        taking reports, or the network between is cut."""
+        return (
+            self._unacked_since is not None and time.monotonic() - self._unacked_since > self.ack_deadline_s
+        )
+
+    def encode(self, report: NodeReport) -> bytes:
+        """The report's bytes; a report too big for a frame loses its process lists (logged)."""
+        payload = self._encoder.encode(report)
+        if len(payload) <= wire.MAX_PAYLOAD_BYTES:
+            self._trimmed = False
+            return payload
+        trimmed = msgspec.structs.replace(
+            report,
+            processes=None,
+            gpus=[_without_processes(g) for g in report.gpus] if report.gpus is not None else None,
+        )
+        smaller = self._encoder.encode(trimmed)
+        if not self._trimmed:
+            self._trimmed = True
+            log.warning(
+                "report of %d bytes exceeds the %d-byte frame: sent without its process lists (%d bytes)",
+                len(payload),
+                wire.MAX_PAYLOAD_BYTES,
+                len(smaller),
+            )
+        return smaller
 
     def next_wait(self, sent: bool) -> float:
         """The interval with jitter after a send; 1, 2, 4 … 30 s while the head is away."""
@@ -149,10 +237,91 @@ class Pusher:
         try:
             while not self._stop.is_set():
                 sent = self.send(self.collect())
-                self._stop.wait(self.next_wait(sent))
+                if not self._wait(self.next_wait(sent)):
+                    self._stop.wait(self.next_wait(False))
         finally:
             self._close()
             log.info("node agent stopped")
 
+    def _wait(self, seconds: float) -> bool:
+        """Sleep until the next cycle, watching for the acknowledgement of the frame just sent:
+        if it is late past the deadline, drop the connection at once (the next cycle connects
+        anew), so a stalled head is noticed within the deadline, not a cycle later. ``False``
+        if the connection broke meanwhile."""
+        until = time.monotonic() + seconds
+        while not self._stop.is_set():
+            left = until - time.monotonic()
+            if left <= 0:
+                return True
+            if self._sock is None or self._unacked_since is None:
+                self._stop.wait(left)
+                return True
+            self._stop.wait(
+                min(left, ACK_POLL_S, max(0.0, self._unacked_since + self.ack_deadline_s - time.monotonic()))
+            )
+            where = f"{self.head[0]}:{self.head[1]}"
+            try:
+                rejected = self._read_acks(0.0)
+            except (OSError, wire.FrameError) as err:
+                self._close()
+                reason = getattr(err, "strerror", None) or str(err) or type(err).__name__
+                self._note_head(f"head {where} unreachable: {reason} (retrying with backoff)", warning=True)
+                return False
+            if rejected is not None:
+                self._close()
+                self._note_head(
+                    f"head {where} rejected the report: {_explain(rejected)} (retrying with backoff)",
+                    warning=True,
+                )
+                return False
+            if self._stalled():
+                self._close()
+                self._note_head(
+                    f"head {where} stalled: no acknowledgement for {self.ack_deadline_s:g} s (reconnecting)",
+                    warning=True,
+                )
+                return False
+        return True
+
     def stop(self) -> None:
         self._stop.set()
+
+
+def _recv_exactly(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise ConnectionResetError(errno.ECONNRESET, "the head closed the connection before greeting")
+        data += chunk
+    return data
+
+
+def keepalive(sock: socket.socket, interval_s: float) -> None:
+    """TCP keepalive probes after one interval of silence, three unanswered = dead, and
+    unacknowledged data given up after three intervals (Linux): a cut network is noticed
+    even between frames."""
+    seconds = max(1, int(interval_s))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", seconds), ("TCP_KEEPINTVL", seconds), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+    if hasattr(socket, "TCP_USER_TIMEOUT"):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(3 * interval_s * 1000))
+
+
+def _without_processes(gpu: GpuDevice) -> GpuDevice:
+    return msgspec.structs.replace(
+        gpu, processes=None, mig_devices=[_without_processes(m) for m in gpu.mig_devices]
+    )
+
+
+def _explain(reason: str) -> str:
+    """The head's short rejection word, said so that an operator knows what to fix."""
+    if reason == wire.BAD_TOKEN:
+        return "token rejected (bad token): the head holds a different token; check --token-file"
+    if reason == wire.TOO_BIG:
+        return "too big: the report exceeds the head's frame cap"
+    if reason == wire.BAD_REPORT:
+        return "bad report: the head could not take it (is it older than this agent?)"
+    return reason

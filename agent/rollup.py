@@ -198,9 +198,8 @@ def _node_from_report(report: NodeReport) -> NodeStatus:
 def _apply_report(node: NodeStatus, received: ReceivedReport, now: float, stale_after_s: float) -> None:
     report = received.report
     age = round(max(0.0, now - received.received_at), 1)
-    # An agent that reports less often than the head expects is judged by its own interval.
-    limit = max(stale_after_s, STALE_INTERVALS * (report.interval_s or 0.0))
-    stale = not received.local and age > limit
+    # The head's interval only: a report's own interval_s must not decide its freshness.
+    stale = not received.local and age > stale_after_s
     total, used = measured_memory(report.gpus)
     node.total_gpu_memory = total
     node.used_gpu_memory = used

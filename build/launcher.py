@@ -10,6 +10,10 @@ The cache: ``$RAYSCOPE_CACHE``, else ``$XDG_CACHE_HOME/rayscope``, else
 every Python and every copy of the same file. Each running rayscope holds a shared lock on
 its build's ``.in-use`` file for its lifetime; any run prunes the other builds that no
 process holds (a ``push`` agent still running an old build keeps it).
+
+The cache holds code this process runs, so it must be this user's (or root's) and writable by
+nobody else (SECURITY.md, rule 1): a cache someone else created or can write is refused in one
+line that names the fix, before anything in it is imported.
 """
 
 import contextlib
@@ -88,6 +92,29 @@ def prepare_root(root: str) -> None:
         )
     if flags & os.ST_RDONLY or not os.access(root, os.W_OK | os.X_OK):
         raise LaunchError(f"its cache {root} is read-only: {REMEDY}")
+
+
+def check_root_owner(root: str) -> None:
+    """Refuse a cache (and a symlink to one) that another user owns or that group or others
+    may write: whatever is in it would run as this user."""
+    me = os.geteuid()
+    try:
+        link, target = os.lstat(root), os.stat(root)
+    except FileNotFoundError:
+        return  # prepare_root creates it, private
+    except OSError as err:
+        raise LaunchError(f"cannot inspect its cache {root} ({err.strerror}): {REMEDY}") from None
+    for st in (link, target):
+        if st.st_uid not in (me, 0):
+            raise LaunchError(
+                f"its cache {root} belongs to uid {st.st_uid}, not to you (uid {me}), so its code"
+                f" cannot be trusted: remove it, or `chown -R {me} {root}` if it is yours, or {REMEDY}"
+            )
+    if target.st_mode & 0o022:
+        raise LaunchError(
+            f"its cache {root} is writable by group or others, so its code cannot be trusted:"
+            f" `chmod go-w {root}`, or {REMEDY}"
+        )
 
 
 def unpack(archive_path: str, build: str) -> None:
@@ -190,6 +217,7 @@ def run(info: Mapping[str, Any], archive_path: str, environ: Mapping[str, str]) 
     check_supported(info, importlib.machinery.EXTENSION_SUFFIXES[0], machine)
     root = cache_root(environ, os.path.expanduser("~"))
     build = build_dir(root, info["build_id"])
+    check_root_owner(root)
     fd = open_build(archive_path, root, build)
     if fd is not None:
         with contextlib.suppress(OSError):  # housekeeping: never a reason not to answer

@@ -106,13 +106,17 @@ def synthetic_views(reports: list[NodeReport]) -> list[RayNode]:
 def bench_ingest_in_process(reports: list[NodeReport]) -> tuple[float, float]:
     """(ours, peer) reports/s. Peer: the same reports as JSON, ``json.loads`` + dict store."""
     encoder = msgspec.msgpack.Encoder()
-    frames = [wire.seal(encoder.encode(r), TOKEN) for r in reports]
+    challenge = wire.new_challenge()
+    sealer = wire.Sealer(TOKEN, challenge)
+    frames = [sealer.seal(encoder.encode(r)) for r in reports]
     state = HeadState(5.0, None)
+    h = wire.V2_HEADER_BYTES
 
     def ours() -> None:
+        opener = wire.Opener(TOKEN, challenge)  # version 2: header MAC, frame MAC, order
         for frame in frames:
-            wire.body_length(frame[:4])
-            state.ingest(wire.open_body(frame[4:], TOKEN), 1.0)
+            seq, _ = opener.open_header(frame[:h])
+            state.ingest(opener.open_body(frame[h:], seq), 1.0)
 
     documents = [msgspec.json.encode(r) for r in reports]
     latest: dict[str, Any] = {}
@@ -171,19 +175,26 @@ def bench_ingest_tcp(reports: list[NodeReport], logs: Path) -> float:
     env = base_env(RAY_AUTH_MODE="disabled")
     token_file = logs / "token"
     token_file.write_bytes(TOKEN)
+    token_file.chmod(0o600)
     extra = ["--gcs", "127.0.0.1:9", "--interval", "5"]  # no GCS: ingest alone is measured
     head = HeadDaemon(env, logs / "head-tcp.log", extra, token_file)
     psutil.Process(head.process.pid).cpu_affinity([0])
     encoder = msgspec.msgpack.Encoder()
-    frames = [wire.seal(encoder.encode(r), TOKEN) for r in reports]
+    payloads = [encoder.encode(r) for r in reports]
     rounds, agents = 3, 100
     try:
         socks = [socket.create_connection(("127.0.0.1", head.listen_port)) for _ in range(agents)]
+        sealers = [
+            wire.Sealer(TOKEN, wire.parse_greeting(recv_exactly(s, wire.GREETING_BYTES))) for s in socks
+        ]
+        frames = [
+            [sealers[i % agents].seal(payload) for i, payload in enumerate(payloads)] for _ in range(rounds)
+        ]  # sealed in the order they are sent: sequence numbers go up per connection
         started = time.perf_counter()
-        for _ in range(rounds):
-            for i, frame in enumerate(frames):
+        for batch in frames:
+            for i, frame in enumerate(batch):
                 socks[i % agents].sendall(frame)
-        expected = rounds * len(frames)
+        expected = rounds * len(payloads)
         while json.loads(head.get("/healthz")[1])["reports_received"] < expected:
             time.sleep(0.01)
         elapsed = time.perf_counter() - started
@@ -191,7 +202,17 @@ def bench_ingest_tcp(reports: list[NodeReport], logs: Path) -> float:
             s.close()
     finally:
         head.stop()
-    return rounds * len(frames) / elapsed
+    return rounds * len(payloads) / elapsed
+
+
+def recv_exactly(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise ConnectionError("closed early")
+        data += chunk
+    return data
 
 
 # Live cluster --------------------------------------------------------------------------------
@@ -223,6 +244,7 @@ def bench_live(cluster: LiveCluster, logs: Path, runs: int) -> dict[str, float]:
     env = base_env(RAY_AUTH_MODE="disabled", RAY_TMPDIR=str(cluster.root))
     token_file = logs / "token"
     token_file.write_bytes(TOKEN)
+    token_file.chmod(0o600)
     interval = 1.0
     head = HeadDaemon(env, logs / "head.log", ["--gcs", cluster.gcs_address, "--interval", "5"], token_file)
     agents = [

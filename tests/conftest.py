@@ -309,6 +309,7 @@ def push_agent(
 def wire_token(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("token") / "token"
     path.write_text("0123456789abcdef0123456789abcdef\n")
+    path.chmod(0o600)  # a token file open to others is refused (SECURITY.md rule 5)
     return path
 
 

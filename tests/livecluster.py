@@ -36,10 +36,15 @@ REPLY = "@@"
 HEAD = {"num_cpus": 8, "num_gpus": 1, "resources": {"VRAM_MB": 24576, "accelerator_type:G": 1}}
 DENBI = {"num_cpus": 8, "num_gpus": 1, "resources": {"accelerator_type:T4": 1}}
 CPU_ONLY = {"num_cpus": 16, "num_gpus": 0}
+# The pending-demand cases: a 2-GPU node (two 0.6 replicas leave 0.4 on each device) and a
+# VRAM_MB node that two 8192 MB replicas fill.
+TWO_GPUS = {"num_cpus": 4, "num_gpus": 2, "resources": {"accelerator_type:A10G": 1}}
+VRAM_FULL = {"num_cpus": 4, "num_gpus": 1, "resources": {"VRAM_MB": 16384, "accelerator_type:T4": 1}}
 TOPOLOGIES: dict[str, list[tuple[str, dict[str, Any]]]] = {
     "seed": [("head", HEAD), ("denbi", DENBI), ("cpu", CPU_ONLY)],
     "demo": [("head", HEAD), ("denbi", DENBI)],
     "single": [("head", HEAD)],
+    "pending": [("head", TWO_GPUS), ("vram", VRAM_FULL)],
 }
 # name -> (node, ray options): four federated-unet replicas of 5120 MB on Europa, one
 # deNBI app holding a third of the T4.
@@ -50,6 +55,15 @@ SEED_ACTORS: list[tuple[str, str, dict[str, Any]]] = [
     ],
     ("denbi-app", "denbi", {"num_gpus": 0.33, "num_cpus": 1}),
 ]
+PENDING_ACTORS: list[tuple[str, str, dict[str, Any]]] = [
+    *[(f"frag-{i}", "head", {"num_gpus": 0.6, "num_cpus": 0, "accelerator_type": "A10G"}) for i in range(2)],
+    *[
+        (f"vram-{i}", "vram", {"num_gpus": 0.01, "num_cpus": 0, "resources": {"VRAM_MB": 8192}})
+        for i in range(2)
+    ],
+]
+ACTORS = {"pending": PENDING_ACTORS}
+"""The actors each topology starts with (the seed's by default)."""
 
 
 def _node_pids(node: Any) -> list[int]:
@@ -80,6 +94,8 @@ class LiveCluster:
         self.cluster.wait_for_nodes()
         ray.init(address=self.cluster.address, log_to_driver=False, logging_level="ERROR")
         self.actors: dict[str, Any] = {}
+        self.waiting: dict[str, Any] = {}
+        self.groups: dict[str, Any] = {}
         self.temp_dir = temp_dir
 
     def place(self, name: str, node: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -98,7 +114,33 @@ class LiveCluster:
         self.settle()
         return {"name": name, "node": node, "pid": pid, "actor_id": actor._actor_id.hex()}
 
+    def submit(self, name: str, options: dict[str, Any], placement_group: str = "") -> dict[str, Any]:
+        """An actor created and not waited for (it may never be placed: the pending cases),
+        in the named placement group if one is given."""
+        strategies: Any = importlib.import_module("ray.util.scheduling_strategies")
+
+        class Replica:
+            def pid(self) -> int:
+                return os.getpid()
+
+        if placement_group:
+            group = self.groups[placement_group]
+            options = {**options, "scheduling_strategy": strategies.PlacementGroupSchedulingStrategy(group)}
+        actor = self.ray.remote(Replica).options(name=name, **options).remote()
+        self.waiting[name] = actor
+        return {"name": name, "actor_id": actor._actor_id.hex()}
+
+    def placement_group(self, name: str, bundles: list[dict[str, float]], strategy: str) -> dict[str, Any]:
+        """A placement group created and not waited for."""
+        util: Any = importlib.import_module("ray.util.placement_group")
+        group = util.placement_group(bundles, strategy=strategy, name=name)
+        self.groups[name] = group
+        return {"name": name, "placement_group_id": group.id.hex()}
+
     def kill(self, name: str) -> dict[str, Any]:
+        if name in self.waiting:  # never placed: nothing booked to settle
+            self.ray.kill(self.waiting.pop(name))
+            return {"name": name}
         self.ray.kill(self.actors.pop(name)[0])
         self.settle()
         return {"name": name}
@@ -167,7 +209,8 @@ def serve(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_sigterm)
     try:
-        placed = [cluster.place(*actor) for actor in SEED_ACTORS if actor[1] in cluster.nodes]
+        actors = ACTORS.get(args.topology, SEED_ACTORS)
+        placed = [cluster.place(*actor) for actor in actors if actor[1] in cluster.nodes]
         state = {**cluster.state(), "actors": placed}
         tmp = args.state + ".tmp"
         with open(tmp, "w") as f:
@@ -184,6 +227,12 @@ def serve(args: argparse.Namespace) -> int:
                     reply = cluster.place(request["name"], request["node"], request.get("options", {}))
                 elif op == "kill_actor":
                     reply = cluster.kill(request["name"])
+                elif op == "submit":
+                    reply = cluster.submit(
+                        request["name"], request.get("options", {}), request.get("placement_group", "")
+                    )
+                elif op == "placement_group":
+                    reply = cluster.placement_group(request["name"], request["bundles"], request["strategy"])
                 else:
                     reply = {"state": cluster.state()}
                 out = {"ok": True, **reply}

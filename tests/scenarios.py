@@ -7,17 +7,20 @@ agent whose node the scheduler does not know, a dead node, a lost GPU.
 """
 
 import json
+import math
 from pathlib import Path
 from typing import Optional
 
 import msgspec
 
+from agent import pending
 from agent.model import (
     ClusterStatus,
     GpuDevice,
     HostInfo,
     NodeDiagnostics,
     NodeReport,
+    PendingRead,
     RayletInfo,
     RayNode,
     ReceivedReport,
@@ -269,3 +272,25 @@ def embedded_seed_status() -> ClusterStatus:
         gcs_address="172.17.0.3:6379",
         sources=[SourceStatus(name="gcs", ok=True, detail="172.17.0.3:6379")],
     )
+
+
+def recorded_pending_read() -> tuple[list[RayNode], PendingRead]:
+    """``gcs_read.py ADDRESS TIMEOUT pending`` on the live ``pending`` topology (Ray 2.60.0),
+    as recorded with the waiting actors and placement group of tests/test_live_pending.py."""
+    raw = json.loads((DATA / "gcs_pending_read.json").read_text())
+    return msgspec.convert(raw["nodes"], list[RayNode]), msgspec.convert(raw["pending"], PendingRead)
+
+
+def pending_status() -> ClusterStatus:
+    """The embedded status of the recorded pending cluster: a fragmented 2-GPU node, a full
+    VRAM_MB node, an accelerator type nobody has, a placement group that cannot be placed."""
+    nodes, read = recorded_pending_read()
+    status = merge(
+        scheduler_nodes(nodes),
+        {},
+        now=NOW,
+        stale_after_s=math.inf,
+        view="gcs",
+        sources=[SourceStatus(name="gcs", ok=True), SourceStatus(name="gcs_pending", ok=True)],
+    )
+    return pending.attach(status, read)

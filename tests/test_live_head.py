@@ -154,9 +154,12 @@ def test_agents_reconnect_to_a_restarted_head_by_themselves(fleet: Fleet) -> Non
 def test_wrong_token_is_rejected_and_the_head_keeps_serving(fleet: Fleet, tmp_path: Path) -> None:
     wrong = tmp_path / "wrong"
     wrong.write_text("not the shared secret")
+    wrong.chmod(0o600)
     impostor = fleet.start_agent("impostor", token_file=wrong, node_id="baad" * 14)
     try:
-        eventually(lambda: "bad MAC" in fleet.head.log_text(), what="the head logs the bad MAC")
+        eventually(
+            lambda: "rejected frame (bad token)" in fleet.head.log_text(), what="the head logs the bad MAC"
+        )
         doc = fleet.status()
         assert "baad" * 14 not in doc["nodes"]
         assert all(doc["nodes"][fleet.cluster.node_id(n)]["agent"] == "reporting" for n in NODES)
@@ -227,9 +230,7 @@ def test_agent_started_before_its_head_connects_when_it_comes_up(
                 return bool(json.loads(body)["nodes"][live_cluster.node_id("cpu")]["agent"] == "reporting")
 
             eventually(reporting, timeout_s=20, what="the early agent reporting")
-            # Read before the head stops: its stop closes the agent's connection, a new state
-            # change the agent rightly logs.
-            log = agent.log_text()
+            log = agent.log_text()  # before the head stops: losing it again is a new state change
         finally:
             head.stop()
         assert log.count("unreachable") == 1  # one line per state change, not one per retry

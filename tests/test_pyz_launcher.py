@@ -122,3 +122,43 @@ def test_guard_refuses_old_pythons_in_one_line() -> None:
     )
     expected = (1, "", "rayscope needs Python 3.9+, this is 3.8.18\n")
     assert (done.returncode, done.stdout, done.stderr) == expected
+
+
+PLANTED = "rayscope_planted"
+
+
+@pytest.mark.parametrize(
+    ("owner", "mode"), [(65534, 0o755), (None, 0o777), (None, 0o770)], ids=["other-owner", "o+w", "g+w"]
+)
+def test_a_cache_someone_else_can_write_is_refused(
+    launcher: ModuleType, tmp_path: Path, owner: Any, mode: int
+) -> None:
+    """The attack: another user pre-creates the cache (``RAYSCOPE_CACHE=/var/tmp/rayscope-root``
+    is the remedy the launcher itself suggests) with a complete build whose entry point is
+    theirs. Positive control: drop ``check_root_owner`` in ``launcher.run`` and the planted
+    module runs (the marker appears).
+    """
+    if owner is not None and os.geteuid() != 0:
+        pytest.skip("chown to another uid needs root")
+    root = tmp_path / "cache"
+    build = make_build(root, "a" * 16)
+    marker = tmp_path / "planted-ran"
+    (build / "site-packages" / f"{PLANTED}.py").write_text(
+        f"def main():\n    with open({str(marker)!r}, 'w') as f:\n        f.write('ran')\n    return 0\n"
+    )
+    root.chmod(mode)
+    if owner is not None:
+        for path in (root, build, build / "site-packages"):
+            os.chown(path, owner, owner)
+    info = {**INFO, "build_id": "a" * 16, "entry_point": f"{PLANTED}:main"}
+    saved_path = list(sys.path)
+    try:
+        with pytest.raises(launcher.LaunchError) as err:
+            launcher.run(info, "/nonexistent.pyz", {"RAYSCOPE_CACHE": str(root)})
+    finally:
+        sys.path[:] = saved_path
+        sys.modules.pop(PLANTED, None)
+    assert not marker.exists(), "the launcher ran a build someone else could plant"
+    message = str(err.value)
+    assert "\n" not in message and str(root) in message
+    assert ("chown" in message) if owner is not None else ("chmod go-w" in message)

@@ -4,6 +4,7 @@ from typing import Optional
 
 from agent.model import FitResult, NodeFit
 from agent.render.fmt import encode, gib, number, size
+from agent.validate import printable_lines
 
 FIT_SIZING_WORDS = {
     "vram_mb": "VRAM_MB booking",
@@ -106,7 +107,7 @@ def fit_lines(result: FitResult) -> list[str]:
         notes.append(note)
     if notes:
         lines += ["", *notes]
-    return lines
+    return printable_lines(lines)
 
 
 def fit_json(result: FitResult) -> str:

@@ -5,6 +5,7 @@ from typing import Optional
 
 from agent.model import ClusterStatus, GpuDevice, GpuUser, NodeAttribution
 from agent.render.fmt import gib, has_gpus, visible_nodes
+from agent.validate import printable_lines
 
 FLAG_WORDS = {
     "over_booking": "over booking",
@@ -180,4 +181,4 @@ def status_gpu_lines(status: ClusterStatus, include_dead: bool = False) -> list[
             lines.append("  none: NVML found no GPU")
         else:
             lines += ["  " + line for line in gpu_block_lines(node.gpus, node.attribution)]
-    return lines
+    return printable_lines(lines)

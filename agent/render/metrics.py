@@ -4,6 +4,8 @@ from collections.abc import Callable
 from typing import Optional
 
 from agent.model import ClusterStatus, NodeStatus
+from agent.pending import shape_text
+from agent.validate import printable
 
 # name, help, value of a node (None = unknown: the sample is left out, never written as 0)
 _NODE_METRICS: tuple[tuple[str, str, Callable[[NodeStatus], Optional[float]]], ...] = (
@@ -51,7 +53,27 @@ def _sample(value: float) -> str:
 
 
 def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return printable(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def pending_metrics(status: ClusterStatus) -> list[str]:
+    """``rayscope_pending_demands{kind,shape,reason}``: how many wait, per shape and reason.
+    Bounded labels: the shape in Ray's order (``GPU=0.5 VRAM_MB=8192``), a reason code, the
+    kind; never an actor's name. No family when the pending demand was not read."""
+    if status.cluster.pending is None:
+        return []
+    counts: dict[tuple[str, str, str], int] = {}
+    for demand in status.cluster.pending:
+        key = (demand.kind, shape_text(demand.shape), demand.reason)
+        counts[key] = counts.get(key, 0) + demand.count
+    lines = [
+        "# HELP rayscope_pending_demands Tasks, actors and placement groups waiting to be placed.",
+        "# TYPE rayscope_pending_demands gauge",
+    ]
+    for (kind, shape, reason), count in sorted(counts.items()):
+        labels = f'kind="{kind}",shape="{_label(shape)}",reason="{reason}"'
+        lines.append(f"rayscope_pending_demands{{{labels}}} {count}")
+    return lines
 
 
 def metrics_text(status: ClusterStatus) -> str:
@@ -67,6 +89,7 @@ def metrics_text(status: ClusterStatus) -> str:
             if value is not None:
                 labels = f'node_id="{_label(node.node_id)}",node_ip="{_label(node.node_ip or "")}"'
                 lines.append(f"{name}{{{labels}}} {_sample(value)}")
+    lines += pending_metrics(status)
     lines += ["# HELP rayscope_source_up 1 when the source answered.", "# TYPE rayscope_source_up gauge"]
     lines += [f'rayscope_source_up{{source="{_label(s.name)}"}} {int(s.ok)}' for s in status.sources]
     return "\n".join(lines) + "\n"

@@ -5,6 +5,7 @@ from typing import Optional
 from agent.model import GpuDevice, HostInfo, NodeDiagnostics, NodeStatus, RayletInfo
 from agent.render.fmt import booking, encode, gib, number, size, source_notes
 from agent.render.gpus import gpu_block_lines
+from agent.validate import printable_lines
 
 # Resources a raylet advertises that say nothing to an operator reading `node`.
 _HIDDEN_RESOURCE_PREFIXES = ("node:",)
@@ -88,4 +89,4 @@ def node_lines(diag: NodeDiagnostics, gpus: bool = False) -> list[str]:
     answered = ", ".join(f"{s.name} {'ok' if s.ok else 'no'}" for s in diag.sources)
     lines.append(f"Sources: {answered}")
     lines += ["  " + note for note in source_notes(diag.sources)]
-    return lines
+    return printable_lines(lines)

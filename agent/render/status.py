@@ -12,9 +12,11 @@ from typing import Optional
 
 import msgspec
 
-from agent.model import ClusterStatus, NodeStatus, SourceStatus
+from agent.model import ClusterStatus, NodeStatus, PendingDemand, SourceStatus
+from agent.pending import shape_text
 from agent.render.fmt import booking, encode, gib, has_gpus, source_notes, visible_nodes
 from agent.rollup import scheduler_failure, scheduler_view_ok
+from agent.validate import printable, printable_lines
 
 
 def node_markers(node: NodeStatus, view: str, scheduler_ok: bool) -> list[str]:
@@ -69,7 +71,7 @@ def source_details(sources: Sequence[SourceStatus]) -> list[str]:
         line += f", {s.detail}" if s.detail else ""
         line += f" ({s.reason})" if s.reason else ""
         lines.append(line)
-    return lines
+    return printable_lines(lines)
 
 
 def status_lines(status: ClusterStatus, include_dead: bool = False) -> list[str]:
@@ -83,6 +85,7 @@ def status_lines(status: ClusterStatus, include_dead: bool = False) -> list[str]
         if group:
             lines += ["", title]
             lines += ["  " + node_line(n, status.view, scheduler_ok) for n in group]
+    lines += pending_lines(status)
     notes = source_notes(status.sources)
     unmeasured = status.cluster.gpu_nodes - status.cluster.gpu_nodes_measured
     if status.view == "gcs" and unmeasured > 0:
@@ -92,6 +95,31 @@ def status_lines(status: ClusterStatus, include_dead: bool = False) -> list[str]
         )
     if notes:
         lines += ["", *notes]
+    return printable_lines(lines)
+
+
+def demand_line(demand: PendingDemand) -> str:
+    """``2 × GPU=0.5 accelerator_type:A10G=0.001  actors: half-0, half-1``."""
+    if demand.kind == "placement_group":
+        bundles = ", ".join("{" + shape_text(b) + "}" for b in demand.bundles)
+        text = f"{demand.count} × placement group {demand.strategy} [{bundles}]"
+    else:
+        text = f"{demand.count} × {shape_text(demand.shape)}"
+    if demand.names:
+        text += "  actors: " + ", ".join(demand.names)
+    return text
+
+
+def pending_lines(status: ClusterStatus) -> list[str]:
+    """``Pending:``, one line per waiting shape and its reason under it; nothing when
+    nothing waits (or the pending demand was not read)."""
+    demands = status.cluster.pending or []
+    if not demands:
+        return []
+    lines = ["", "Pending:"]
+    for demand in demands:
+        lines.append("  " + demand_line(demand))
+        lines.append(f"    {demand.reason_text}")
     return lines
 
 
@@ -123,13 +151,13 @@ def completeness_note(status: ClusterStatus) -> Optional[str]:
     why = scheduler_failure(status)
     reporting = any(n.agent != "none" for n in status.nodes.values())
     if not status.nodes or (not scheduler_ok and not reporting):
-        return f"no data: no node in the scheduler's view{why} and no agent report"
+        return printable(f"no data: no node in the scheduler's view{why} and no agent report")
     if not scheduler_ok:
-        return f"partial: no scheduler view{why}: only the agents' reports are shown"
+        return printable(f"partial: no scheduler view{why}: only the agents' reports are shown")
     stale = [n for n in status.nodes.values() if n.alive and n.stale]
     if stale:
         names = ", ".join(
             f"{n.node_ip or n.hostname or n.node_id[:12]} ({n.report_age_s or 0:.0f}s)" for n in stale
         )
-        return f"partial: stale report from {len(stale)} node(s): {names}"
+        return printable(f"partial: stale report from {len(stale)} node(s): {names}")
     return None

@@ -25,8 +25,8 @@ from typing import Any, Callable, Optional, TypeVar
 import msgspec
 
 from agent.addresses import DEFAULT_TIMEOUT_S, GCS_ADDRESS_ENV, split_address
-from agent.model import ActorBooking, RayletInfo, RayNode, SourceStatus
-from agent.sources import gcs_read, raycompat
+from agent.model import ActorBooking, PendingRead, RayletInfo, RayNode, SourceStatus
+from agent.sources import gcs_read, raycompat, trust
 
 T = TypeVar("T")
 
@@ -231,6 +231,22 @@ class GcsReader:
             return None, SourceStatus(name="gcs_actors", ok=False, reason=reason)
         return _to_actors(raw, self.address)
 
+    def read_pending(self) -> tuple[Optional[PendingRead], SourceStatus]:
+        """What waits to be placed (the head agent reads it once per interval); never raises."""
+        client = self._client
+        if client is None:
+            return None, SourceStatus(name="gcs_pending", ok=False, reason="GCS not connected")
+        try:
+            raw = _with_deadline(
+                lambda: gcs_read.read_pending(client, self.address, self.timeout_s),
+                self.timeout_s,
+                self._busy,
+            )
+        except Exception as err:
+            reason = explain(err, self.address, self.timeout_s, self._token_source)
+            return None, SourceStatus(name="gcs_pending", ok=False, reason=reason)
+        return _to_pending(raw, self.address)
+
     def read(self) -> tuple[list[RayNode], SourceStatus]:
         """Every node the GCS knows, and the source's status; never raises."""
         try:
@@ -260,9 +276,13 @@ def _run_child(address: str, timeout_s: float, python: str, *extra: str) -> dict
     """``gcs_read`` as a script under ``python`` with a deadline: its whole JSON answer."""
     check_port(address, timeout_s)
     source = child_script()
+    if python == sys.executable:  # -I drops PYTHONPATH and the user site: keep where ray is
+        source = trust.with_import_path(source, trust.parent_import_path("ray"))
     try:
-        done = subprocess.run(
-            [python, "-c", source, address, str(timeout_s), *extra],
+        done = subprocess.run(  # isolated (SECURITY.md rule 1): -I, cwd /, Ray's variables only
+            [python, "-I", "-c", source, address, str(timeout_s), *extra],
+            cwd="/",
+            env=trust.child_env(os.environ),
             capture_output=True,
             timeout=timeout_s,
             text=True,
@@ -297,8 +317,41 @@ def _to_actors(raw: object, address: str) -> tuple[Optional[list[ActorBooking]],
     return actors, SourceStatus(name="gcs_actors", ok=True, detail=f"{len(actors)} live actor(s)")
 
 
+def _to_pending(raw: object, address: str) -> tuple[Optional[PendingRead], SourceStatus]:
+    try:
+        pending = msgspec.convert(raw, PendingRead)
+    except msgspec.ValidationError as err:
+        return None, SourceStatus(
+            name="gcs_pending", ok=False, reason=f"unexpected pending demand from {address}: {err}"
+        )
+    waiting = sum(r.count for r in pending.requests) + len(pending.gangs)
+    return pending, SourceStatus(name="gcs_pending", ok=True, detail=f"{waiting} waiting")
+
+
+def read_pending_too(
+    address: str, timeout_s: float, python: Optional[str], actors: bool
+) -> tuple[list[RayNode], Optional[list[ActorBooking]], Optional[PendingRead], list[SourceStatus]]:
+    """:func:`read_cluster` plus what waits to be placed, in the same child process (one
+    deadline); the pending demand's status (``gcs_pending``) comes last."""
+    box: list[Any] = []
+    views, booked, statuses = read_cluster(address, timeout_s, python, actors, _answer=box)
+    if not box:
+        return views, booked, None, statuses
+    answer = box[0]
+    if "pending" not in answer:
+        error = answer.get("pending_error", "no pending demand in the answer")
+        reason = explain(RuntimeError(error), address, timeout_s, _token_source())
+        return views, booked, None, [*statuses, SourceStatus(name="gcs_pending", ok=False, reason=reason)]
+    pending, status = _to_pending(answer["pending"], address)
+    return views, booked, pending, [*statuses, status]
+
+
 def read_cluster(
-    address: str, timeout_s: float = DEFAULT_TIMEOUT_S, python: Optional[str] = None, actors: bool = False
+    address: str,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    python: Optional[str] = None,
+    actors: bool = False,
+    _answer: Optional[list[Any]] = None,
 ) -> tuple[list[RayNode], Optional[list[ActorBooking]], list[SourceStatus]]:
     """One-shot read of every node (the CLI's path), in a child process under ``python``
     (default: this interpreter, which must then import ray). ``actors``: the live actors too,
@@ -313,9 +366,12 @@ def read_cluster(
     if python == sys.executable and not ray_importable():
         return [], None, [SourceStatus(name="gcs", ok=False, reason=_no_ray_reason(), detail=address)]
     try:
-        answer = _run_child(address, timeout_s, python, *(["actors"] if actors else []))
+        extra = (["actors"] if actors else []) + (["pending"] if _answer is not None else [])
+        answer = _run_child(address, timeout_s, python, *extra)
     except GcsUnavailable as err:
         return [], None, [SourceStatus(name="gcs", ok=False, reason=str(err), detail=address)]
+    if _answer is not None:  # read_pending_too takes the rest of the answer
+        _answer.append(answer)
     views, status = _to_nodes(answer["nodes"], address, f"{address} via {python}")
     versions = ray_versions_status(
         answer.get("ray_version"),

@@ -4,7 +4,8 @@ Standalone on purpose — the standard library, ``ray`` and ``raycompat`` only �
 file also runs as a script under the Ray node's own Python when the interpreter running
 rayscope cannot import ray (``gcs.py`` runs ``raycompat`` and this file joined as one
 script: ``ADDRESS TIMEOUT`` prints one JSON document; ``ADDRESS TIMEOUT actors`` adds the
-live actors). Differences between Ray releases live in ``raycompat`` only.
+live actors, ``pending`` what waits to be placed: see :func:`read_pending`). Differences
+between Ray releases live in ``raycompat`` only.
 
 Output, per node: ``node_id`` (hex), ``node_ip``, ``hostname``, ``is_head``, ``alive``,
 ``total``, ``available`` (``null`` when the GCS holds none, e.g. for a dead node), ``labels``.
@@ -121,14 +122,91 @@ def read_actors(client: Any, address: str, timeout_s: float) -> list[dict[str, A
     return actors
 
 
+PENDING_ACTOR_STATES = ("DEPENDENCIES_UNREADY", "PENDING_CREATION")
+"""Actor table states of an actor that holds no resources yet: it waits to be placed."""
+
+
+def _device_use(infos: list[Any]) -> dict[str, dict[str, dict[str, float]]]:
+    """Per node, per resource, per device index: what the live actors hold
+    (``resource_mapping``: Ray's own per-device placement, e.g. ``GPU [(1, 0.6)]``)."""
+    use: dict[str, dict[str, dict[str, float]]] = {}
+    for info in infos:
+        node_id = (info.node_id or info.address.node_id).hex()
+        for mapping in info.resource_mapping:
+            per_device = use.setdefault(node_id, {}).setdefault(str(mapping.name), {})
+            for rid in mapping.resource_ids:
+                key = str(int(rid.index))
+                per_device[key] = per_device.get(key, 0.0) + float(rid.quantity)
+    return use
+
+
+def read_pending(client: Any, address: str, timeout_s: float) -> dict[str, Any]:
+    """What waits to be placed, and what the scheduler has free, from one autoscaler-state
+    read (the same call ``ray status`` makes) plus the actor table, as plain JSON-ready dicts.
+
+    ``requests``: the pending resource requests (tasks and actors), each ``shape`` (Ray's
+    names, placement-group resources as Ray writes them: ``GPU_group_<pg id>``) and
+    ``count``; ``gangs``: the pending placement groups, each ``bundles`` and ``details``
+    (``<pg id>:<strategy>|<state>``); ``nodes``: per alive node ``node_id``, ``node_ip``,
+    ``total``, ``available``; ``actors``: the actors not placed yet (``name``, ``job_id``,
+    ``state``, ``required_resources``, ``placement_group_id``); ``device_use``: per node, resource and
+    device index, what the live actors hold.
+    """
+    reply = _ray("ray.core.generated.autoscaler_pb2").GetClusterResourceStateReply()
+    reply.ParseFromString(client.get_cluster_resource_state(timeout_s=timeout_s))
+    state = reply.cluster_resource_state
+    dead = _ray("ray.core.generated.autoscaler_pb2").NodeStatus.Value("DEAD")
+    nodes = [
+        {
+            "node_id": s.node_id.hex(),
+            "node_ip": s.node_ip_address,
+            "total": _resources(s.total_resources),
+            "available": _resources(s.available_resources),
+        }
+        for s in state.node_states
+        if s.status != dead
+    ]
+    requests = [
+        {"shape": _resources(r.request.resources_bundle), "count": int(r.count)}
+        for r in state.pending_resource_requests
+    ]
+    # Older releases have no gang requests in this reply: then none are reported, not an error.
+    gangs = [
+        {"bundles": [_resources(b.resources_bundle) for b in g.requests], "details": str(g.details)}
+        for g in getattr(state, "pending_gang_resource_requests", [])
+    ]
+    states = _ray("ray.core.generated.gcs_pb2").ActorTableData.ActorState
+    actors = []
+    for state_name in PENDING_ACTOR_STATES:
+        for info in raycompat.actor_table(client, address, timeout_s, state_name):
+            actors.append(
+                {
+                    "actor_id": info.actor_id.hex(),
+                    "name": info.name,
+                    "class_name": info.class_name,
+                    "state": states.Name(info.state),
+                    "job_id": info.job_id.hex(),
+                    "required_resources": _resources(info.required_resources),
+                    "placement_group_id": info.placement_group_id.hex(),
+                }
+            )
+    return {
+        "nodes": nodes,
+        "requests": requests,
+        "gangs": gangs,
+        "actors": actors,
+        "device_use": _device_use(raycompat.actor_table(client, address, timeout_s)),
+    }
+
+
 def ray_version() -> str:
     return str(_ray("ray").__version__)
 
 
 def main(argv: list[str]) -> int:
-    """Script mode: ``ADDRESS TIMEOUT_S [actors]`` → one JSON document on stdout."""
+    """Script mode: ``ADDRESS TIMEOUT_S [actors] [pending]`` → one JSON document on stdout."""
     address, timeout_s = argv[1], float(argv[2])
-    with_actors = argv[3:4] == ["actors"]
+    with_actors = "actors" in argv[3:]
     prepare_auth_env(os.environ)
     try:
         client = connect(address)
@@ -144,6 +222,11 @@ def main(argv: list[str]) -> int:
             out["actors"] = read_actors(client, address, timeout_s)
         except Exception as err:
             out["actors_error"] = f"{type(err).__name__}: {err}"
+    if "pending" in argv[3:] and out["ok"]:
+        try:  # the nodes stand even when the pending demand does not answer
+            out["pending"] = read_pending(client, address, timeout_s)
+        except Exception as err:
+            out["pending_error"] = f"{type(err).__name__}: {err}"
     out["python"] = sys.executable
     json.dump(out, sys.stdout)
     return 0

@@ -60,34 +60,35 @@ def node_labels(info: Any, state: Optional[Any]) -> dict[str, str]:
     return labels
 
 
-def actor_table(client: Any, address: str, timeout_s: float) -> list[Any]:
-    """The GCS actor table's ALIVE entries (``ActorTableData``), however this Ray offers it:
+def actor_table(client: Any, address: str, timeout_s: float, state: str = "ALIVE") -> list[Any]:
+    """The GCS actor table's entries in ``state`` (``ActorTableData``), however this Ray
+    offers it:
 
     * a synchronous ``get_all_actor_info`` (in no release 2.33-2.60; first if one adds it);
     * ``async_get_all_actor_info`` (2.35+);
     * Ray's ``GlobalStateAccessor`` (2.33, 2.34: no actor call on their GCS client).
     """
     if hasattr(client, "get_all_actor_info"):
-        infos = client.get_all_actor_info(actor_state_name="ALIVE", timeout=timeout_s)
+        infos = client.get_all_actor_info(actor_state_name=state, timeout=timeout_s)
     elif hasattr(client, "async_get_all_actor_info"):
         import asyncio  # here, not at the top: the CLI imports this module on every run
 
         async def fetch() -> Any:
-            return await client.async_get_all_actor_info(actor_state_name="ALIVE", timeout=timeout_s)
+            return await client.async_get_all_actor_info(actor_state_name=state, timeout=timeout_s)
 
         infos = asyncio.run(fetch())
     else:
-        return _actor_table_by_accessor(address)
+        return _actor_table_by_accessor(address, state)
     return list(infos.values()) if isinstance(infos, dict) else list(infos)
 
 
-def _actor_table_by_accessor(address: str) -> list[Any]:
+def _actor_table_by_accessor(address: str, state: str) -> list[Any]:
     raylet = _ray("ray._raylet")
     options = raylet.GcsClientOptions.create(address, None, True, False)
     accessor = raylet.GlobalStateAccessor(options)
     accessor.connect()
     try:
-        rows = accessor.get_actor_table(None, "ALIVE")
+        rows = accessor.get_actor_table(None, state)
     finally:
         if hasattr(accessor, "disconnect"):  # gone by 2.53
             accessor.disconnect()

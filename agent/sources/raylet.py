@@ -16,7 +16,7 @@ from typing import Optional
 import psutil
 
 from agent.model import RayletInfo, SourceStatus
-from agent.sources import raycompat
+from agent.sources import raycompat, trust
 
 RAYLET_NAME = "raylet"
 
@@ -89,6 +89,7 @@ def parse_raylet_cmdline(argv: Sequence[str], pid: int = 0) -> Optional[RayletIn
 def find_raylets() -> tuple[list[RayletInfo], SourceStatus]:
     """Every raylet process on this host, head first then by node id."""
     raylets: list[RayletInfo] = []
+    refused: list[str] = []
     denied = 0
     for proc in psutil.process_iter(["pid", "name"]):
         if proc.info.get("name") != RAYLET_NAME:
@@ -99,6 +100,11 @@ def find_raylets() -> tuple[list[RayletInfo], SourceStatus]:
             if info is not None:
                 info.started_at = proc.create_time()
                 info.ray_version = raycompat.installed_ray_version(argv[0])
+            if info is not None and info.python_executable:  # SECURITY.md rule 1
+                refusal = trust.raylet_python_refusal(proc.pid, proc.uids(), info.python_executable)
+                if refusal:
+                    info.python_executable = None
+                    refused.append(refusal)
         except psutil.AccessDenied:
             denied += 1
             continue
@@ -109,10 +115,12 @@ def find_raylets() -> tuple[list[RayletInfo], SourceStatus]:
     raylets.sort(key=lambda r: (not r.is_head, r.node_id))
     if raylets:
         detail = ", ".join(f"{r.node_id[:12]} pid {r.pid}" for r in raylets)
-        return raylets, SourceStatus(name="raylet", ok=True, detail=detail)
+        return raylets, SourceStatus(name="raylet", ok=True, detail=detail, reason="; ".join(refused))
     reason = "no raylet process on this host"
     if denied:
         reason += f" readable ({denied} raylet(s) not readable: permission denied)"
+    if refused:
+        reason += "; " + "; ".join(refused)
     return [], SourceStatus(name="raylet", ok=False, reason=reason)
 
 

@@ -1,0 +1,402 @@
+"""The head's report port: one asyncio protocol per agent connection, bounded for strangers.
+
+A connection is greeted with a random challenge (:mod:`agent.wire`); its frames are cut from a
+byte buffer as data arrives (no coroutine and no timer per frame, so one core takes tens of
+thousands of reports a second) and acknowledged, or rejected with a reason and closed.
+
+What a peer without the token can hold is bounded:
+
+* connections: at most ``max_total`` in all and ``max_unauth_per_host`` (256, ``head
+  --max-pending``) not yet authenticated per source address; a new connection
+  past either cap evicts the oldest unauthenticated one (of its address first), so a flood
+  cannot lock out an agent that connects later, and an authenticated agent is never evicted;
+* time: a frame must be complete ``FRAME_DEADLINE_S`` after its first byte (the greeting's
+  TLS handshake too), and a silent connection is dropped after the idle timeout;
+* memory: a version-2 header is checked (MAC) before its body is buffered; a version-1 frame
+  may announce at most 64 KiB until one has authenticated on its connection;
+* logs: per-connection events go through a :class:`LogThrottle` (one line per kind per
+  interval, with counts), so a flood or running out of file descriptors cannot flood the log.
+"""
+
+import asyncio
+import errno
+import logging
+import time
+from collections import OrderedDict
+from typing import Any, Callable, Optional
+
+from agent import wire
+
+log = logging.getLogger("rayscope.head")
+
+FRAME_DEADLINE_S = 10.0
+"""A frame (or a TLS handshake) must be complete this long after its first byte."""
+MAX_CONNECTIONS = 4096
+MAX_UNAUTH_PER_HOST = 256
+ACCEPT_BACKLOG = 64
+"""asyncio accepts up to this many connections in one go, before any of them is admitted."""
+FD_RESERVE = 192 + ACCEPT_BACKLOG
+"""File descriptors kept back from the report port: HTTP, the GCS client, logs, a burst of
+accepts and connections closing."""
+THROTTLE_S = 10.0
+
+
+class LogThrottle:
+    """One log line per event kind per interval; the repeats are counted and reported with
+    the next line of that kind (or by :meth:`flush`)."""
+
+    def __init__(self, logger: logging.Logger, interval_s: float = THROTTLE_S) -> None:
+        self._log, self._interval_s = logger, interval_s
+        self._windows: dict[str, tuple[float, int]] = {}  # kind -> (window start, suppressed)
+
+    def note(self, kind: str, message: str, *args: Any, level: int = logging.WARNING) -> None:
+        now = time.monotonic()
+        start, suppressed = self._windows.get(kind, (float("-inf"), 0))
+        if now - start < self._interval_s:
+            self._windows[kind] = (start, suppressed + 1)
+            return
+        self._windows[kind] = (now, 0)
+        more = f" (and {suppressed} more like it in the last {now - start:.0f} s)" if suppressed else ""
+        self._log.log(level, message + "%s", *args, more)
+
+    def flush(self) -> None:
+        """Say how many lines were held back in windows that have ended."""
+        now = time.monotonic()
+        for kind, (start, suppressed) in list(self._windows.items()):
+            if suppressed and now - start >= self._interval_s:
+                self._log.warning("%s: %d more in the last %.0f s", kind, suppressed, now - start)
+                self._windows[kind] = (now, 0)
+
+
+class IngestCounters:
+    """Counters for ``/healthz``; touched only from the event loop (reads are racy but
+    each value is a plain int)."""
+
+    def __init__(self) -> None:
+        self.open = 0
+        self.evicted = 0
+        self.refused = 0
+        self.timed_out = 0
+        self.v1_frames = 0
+        self.rejected: dict[str, int] = {}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "connections_open": self.open,
+            "connections_evicted": self.evicted,
+            "connections_refused": self.refused,
+            "connections_timed_out": self.timed_out,
+            "v1_frames": self.v1_frames,
+            **{f"rejected_{reason.replace(' ', '_')}": n for reason, n in self.rejected.items()},
+        }
+
+
+class ConnectionGuard:
+    """Admission for the report port: caps, eviction of unauthenticated connections, and the
+    throttled log. One per head."""
+
+    def __init__(
+        self,
+        max_total: int,
+        max_unauth_per_host: int,
+        throttle: LogThrottle,
+        count_rejected: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.max_total, self.max_unauth_per_host = max_total, max_unauth_per_host
+        self.throttle, self._count_rejected = throttle, count_rejected
+        self.counters = IngestCounters()
+        self._all: set[ReportProtocol] = set()
+        self._unauth: OrderedDict[ReportProtocol, None] = OrderedDict()  # oldest first
+        self._unauth_by_host: dict[str, int] = {}
+        self._v1_warned = False
+
+    def admit(self, conn: "ReportProtocol") -> bool:
+        """Take a new connection, evicting an older unauthenticated one if a cap is hit;
+        ``False`` when every slot is held by an authenticated agent."""
+        if self._unauth_by_host.get(conn.host, 0) >= self.max_unauth_per_host:
+            self._evict(next(c for c in self._unauth if c.host == conn.host), "per-address cap")
+        if len(self._all) >= self.max_total and self._unauth:
+            self._evict(next(iter(self._unauth)), "connection cap")
+        if len(self._all) >= self.max_total:
+            self.counters.refused += 1
+            self.throttle.note(
+                "refused", "refusing connection from %s: %d agents connected", conn.peer, len(self._all)
+            )
+            return False
+        self._all.add(conn)
+        self._unauth[conn] = None
+        self._unauth_by_host[conn.host] = self._unauth_by_host.get(conn.host, 0) + 1
+        self.counters.open = len(self._all)
+        return True
+
+    def authenticated(self, conn: "ReportProtocol") -> None:
+        if conn in self._unauth:
+            del self._unauth[conn]
+            self._drop_host(conn.host)
+
+    def gone(self, conn: "ReportProtocol") -> None:
+        self._all.discard(conn)
+        self.authenticated(conn)
+        self.counters.open = len(self._all)
+
+    def rejected(self, reason: str) -> None:
+        self._count_rejected()
+        self.counters.rejected[reason] = self.counters.rejected.get(reason, 0) + 1
+
+    def v1_frame(self, peer: str) -> None:
+        self.counters.v1_frames += 1
+        if not self._v1_warned:
+            self._v1_warned = True
+            log.warning(
+                "agent %s sends version-1 frames: still taken in this release, but they are not"
+                " replay-safe (a recorded frame can be resent); upgrade its rayscope",
+                peer,
+            )
+
+    def _drop_host(self, host: str) -> None:
+        left = self._unauth_by_host.get(host, 0) - 1
+        if left > 0:
+            self._unauth_by_host[host] = left
+        else:
+            self._unauth_by_host.pop(host, None)
+
+    def _evict(self, conn: "ReportProtocol", why: str) -> None:
+        self.counters.evicted += 1
+        self.throttle.note("evicted", "evicting unauthenticated connection from %s: %s", conn.peer, why)
+        self.gone(conn)
+        conn.abort()
+
+
+class ReportProtocol(asyncio.Protocol):
+    """One agent's connection: greeting, frames (version 2, or version 1 for old agents),
+    acknowledgements. Closed on a bad frame (after saying why), at EOF, after a silence, or
+    when a frame is not complete ``FRAME_DEADLINE_S`` after its first byte."""
+
+    def __init__(
+        self,
+        ingest: Callable[[bytes, float], Optional[str]],
+        token: bytes,
+        idle_timeout_s: float,
+        guard: ConnectionGuard,
+    ) -> None:
+        """``ingest(payload, received_at)`` takes a report and returns its node id, or raises
+        an exception whose class name is not FrameError for a report it does not accept
+        (``bad report``)."""
+        self._ingest, self._token, self._idle_timeout_s, self._guard = ingest, token, idle_timeout_s, guard
+        self._buffer = bytearray()
+        self._opener: Optional[wire.Opener] = None
+        self._version = 0  # 1 or 2 once the first frame byte says
+        self._need: Optional[int] = None  # bytes of the body awaited (header read)
+        self._seq = 0  # of the frame whose body is awaited
+        self._frame_started: Optional[float] = None  # monotonic time of the current frame's first byte
+        self._authed = False
+        self._node: Optional[str] = None
+        self.peer, self.host = "?", "?"
+        self._last_data = time.monotonic()
+        self._transport: Optional[asyncio.Transport] = None
+        self._timer: Optional[asyncio.TimerHandle] = None
+        self._closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        peer = transport.get_extra_info("peername")
+        self.host = str(peer[0]) if peer else "?"
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        if not self._guard.admit(self):
+            self._closed = True
+            transport.abort()
+            return
+        self._last_data = time.monotonic()
+        challenge = wire.new_challenge()
+        self._opener = wire.Opener(self._token, challenge)
+        transport.write(wire.greeting(challenge))
+        self._timer = asyncio.get_running_loop().call_later(
+            min(self._idle_timeout_s, FRAME_DEADLINE_S), self._check_time
+        )
+
+    def data_received(self, data: bytes) -> None:
+        if self._closed:
+            return
+        now = time.monotonic()
+        self._last_data = now
+        buffer = self._buffer
+        if not buffer and self._need is None:
+            self._frame_started = now
+        buffer += data
+        used = 0
+        try:
+            used = self._frames(buffer, now)
+        except wire.FrameError as err:
+            self._reject(err)
+        finally:
+            del buffer[:used]
+
+    def _frames(self, buffer: bytearray, now: float) -> int:
+        """Take every complete frame in ``buffer`` and acknowledge the last (acks are
+        cumulative: one write per batch); the bytes consumed."""
+        received_at = time.time()
+        used, acked = 0, 0
+        try:
+            while True:
+                if self._need is None:
+                    if len(buffer) - used < 1:
+                        break
+                    if self._frame_started is None:
+                        self._frame_started = now
+                    used += self._read_header(buffer, used)
+                    if self._need is None:
+                        break
+                if len(buffer) - used < self._need:
+                    break
+                body = bytes(buffer[used : used + self._need])
+                used += self._need
+                self._need = None
+                self._frame_started = None
+                self._take(self._open(body), received_at)
+                acked = self._seq
+        finally:
+            if acked and self._version == 2 and self._transport is not None:
+                self._transport.write(wire.ack(acked))
+        return used
+
+    def _take(self, payload: bytes, received_at: float) -> None:
+        try:
+            node = self._ingest(payload, received_at)
+        except Exception as err:  # the state's own ReportError: no import cycle
+            raise wire.FrameError(str(err), wire.BAD_REPORT) from None
+        self._authenticated()
+        if node != self._node:
+            self._node = node
+            log.info("agent %s reports node %s", self.peer, node or "(no raylet)")
+
+    def _read_header(self, buffer: bytearray, used: int) -> int:
+        """Bytes of a header consumed from ``buffer[used:]`` (0: not all there yet)."""
+        first = buffer[used]
+        if self._version == 0:
+            if first not in (0, wire.V2):
+                raise wire.FrameError(f"not a rayscope frame (first byte 0x{first:02x})")
+            self._version = 2 if first == wire.V2 else 1
+        if self._version == 2:
+            if len(buffer) - used < wire.V2_HEADER_BYTES:
+                return 0
+            assert self._opener is not None
+            self._seq, length = self._opener.open_header(bytes(buffer[used : used + wire.V2_HEADER_BYTES]))
+            self._need = length + wire.TAG_BYTES
+            return wire.V2_HEADER_BYTES
+        if len(buffer) - used < wire.LENGTH.size:
+            return 0
+        cap = wire.MAX_FRAME_BYTES if self._authed else wire.V1_PREAUTH_BYTES
+        self._need = wire.body_length(bytes(buffer[used : used + wire.LENGTH.size]), cap)
+        return wire.LENGTH.size
+
+    def _open(self, body: bytes) -> bytes:
+        if self._version == 2:
+            assert self._opener is not None
+            return self._opener.open_body(body, self._seq)
+        payload = wire.open_body(body, self._token)
+        self._guard.v1_frame(self.peer)
+        return payload
+
+    def _authenticated(self) -> None:
+        if not self._authed:
+            self._authed = True
+            self._guard.authenticated(self)
+
+    def _reject(self, err: wire.FrameError) -> None:
+        self._guard.rejected(err.reason)
+        self._guard.throttle.note(
+            f"rejected:{err.reason}",
+            "agent %s: rejected frame (%s): %s; connection dropped",
+            self.peer,
+            err.reason,
+            err,
+        )
+        if self._version == 2 and self._transport is not None:
+            self._transport.write(wire.rejection(self._seq, err.reason))
+        self._close()
+
+    def eof_received(self) -> bool:
+        if self._buffer or self._need is not None:
+            self._guard.rejected(wire.BAD_FRAME)
+            self._guard.throttle.note(
+                "truncated", "agent %s: truncated frame at end of stream; connection dropped", self.peer
+            )
+        return False  # close our side too
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        self._closed = True
+        self._guard.gone(self)  # a no-op for one never admitted
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._authed:
+            log.info("agent %s disconnected%s", self.peer, f": {exc}" if exc else "")
+
+    def _check_time(self) -> None:
+        """Drop a peer silent for the idle timeout, or whose frame is late (from its first byte)."""
+        if self._closed:
+            return
+        now = time.monotonic()
+        if self._frame_started is not None and now - self._frame_started >= FRAME_DEADLINE_S:
+            self._guard.counters.timed_out += 1
+            self._guard.rejected(wire.TIMEOUT)
+            self._guard.throttle.note(
+                "frame deadline",
+                "agent %s: frame not complete %.0f s after its first byte; connection dropped",
+                self.peer,
+                FRAME_DEADLINE_S,
+            )
+            if self._version == 2 and self._transport is not None:
+                self._transport.write(wire.rejection(self._seq, wire.TIMEOUT))
+            self._close()
+            return
+        silent = now - self._last_data
+        if silent >= self._idle_timeout_s:
+            self._guard.counters.timed_out += 1
+            self._guard.throttle.note(
+                "idle", "agent %s: silent for %.0f s; connection dropped", self.peer, silent
+            )
+            self._close()
+            return
+        wait = self._idle_timeout_s - silent
+        if self._frame_started is not None:
+            wait = min(wait, FRAME_DEADLINE_S - (now - self._frame_started))
+        elif not self._authed:
+            wait = min(wait, FRAME_DEADLINE_S)
+        self._timer = asyncio.get_running_loop().call_later(max(wait, 0.05), self._check_time)
+
+    def _close(self) -> None:
+        self._closed = True
+        if self._transport is not None:
+            self._transport.close()
+
+    def abort(self) -> None:
+        self._closed = True
+        if self._transport is not None:
+            self._transport.abort()
+
+
+def fd_exception_handler(
+    throttle: LogThrottle,
+) -> Callable[[asyncio.AbstractEventLoop, dict[str, Any]], None]:
+    """An event-loop exception handler that throttles what a flood makes asyncio report
+    (``accept`` out of file descriptors above all) and passes everything else on."""
+
+    def handle(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        exc = context.get("exception")
+        if isinstance(exc, OSError) and exc.errno in (
+            errno.EMFILE,
+            errno.ENFILE,
+            errno.ENOBUFS,
+            errno.ENOMEM,
+        ):
+            throttle.note(
+                f"accept:{errno.errorcode.get(exc.errno, exc.errno)}", "report port: %s", exc.strerror
+            )
+            return
+        if isinstance(exc, (ConnectionError, TimeoutError)) or "SSL" in type(exc).__name__:
+            throttle.note("connection error", "report port: %s", context.get("message", exc))
+            return
+        loop.default_exception_handler(context)
+
+    return handle

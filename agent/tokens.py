@@ -1,0 +1,45 @@
+"""Token files: the shared secret of a head and its agents, and the head's read-only token.
+
+One reader for every command (SECURITY.md, rule 5). A token is one line of printable ASCII
+(surrounding whitespace stripped) in a file that only its owner can read or write; anything
+else is refused in one line that names the file and the fix, never the token or a part of it.
+"""
+
+import os
+from typing import Optional
+
+MAX_TOKEN_FILE_BYTES = 64 * 1024
+MAKE_ONE = "e.g. `openssl rand -hex 32 > FILE && chmod 600 FILE`"
+
+
+def read_token_file(path: Optional[str]) -> bytes:
+    """The token in ``path``; ``b""`` when no file is given; ``ValueError`` (one line) when
+    the file is unreadable, open to group or others, empty, or not one printable line."""
+    if path is None:
+        return b""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as err:
+        raise ValueError(f"cannot read token file {path}: {err.strerror}") from None
+    try:
+        mode = os.fstat(fd).st_mode  # of the file read, not of whatever the path names later
+        if mode & 0o066:
+            raise ValueError(
+                f"token file {path} is open to group or others (mode {mode & 0o777:03o}): `chmod 600 {path}`"
+            )
+        data = os.read(fd, MAX_TOKEN_FILE_BYTES + 1)
+    except OSError as err:
+        raise ValueError(f"cannot read token file {path}: {err.strerror}") from None
+    finally:
+        os.close(fd)
+    token = data.strip()
+    if not token:
+        raise ValueError(f"token file {path} is empty")
+    if len(data) > MAX_TOKEN_FILE_BYTES or b"\n" in token or b"\r" in token:
+        raise ValueError(f"token file {path} holds more than one line: a token is one line ({MAKE_ONE})")
+    if any(byte < 0x20 or byte > 0x7E for byte in token):
+        raise ValueError(
+            f"token file {path} holds bytes that are not printable ASCII: a token is one line"
+            f" of printable ASCII ({MAKE_ONE})"
+        )
+    return token

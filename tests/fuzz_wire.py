@@ -1,0 +1,217 @@
+"""Fuzz target for the head's frame and report decoders: ``python -m tests.fuzz_wire [N] [SEED]``.
+
+Each input is a byte stream fed, in random chunks, to a real :class:`agent.ingest.ReportProtocol`
+(over a fake transport) as a peer would send it: authentic version-2 and version-1 frames,
+then mutated (bit flips, cut, spliced, repeated, reordered, wrong token, forged lengths), and
+authentic frames around mutated or generated report payloads. Invariants, checked per input:
+
+* nothing escapes the protocol's callbacks (an exception there is an *unhandled* input);
+* every connection the head closes has exactly one counted rejection (``/healthz`` counts),
+  and every frame it took was acknowledged;
+* ``HeadState.ingest`` raises nothing but ``ReportError`` for any payload.
+
+Prints one line per outcome with its count; exits 1 on any unhandled input. ``make fuzz``
+runs 100,000 inputs; the test suite runs a bounded share (tests/test_wire.py).
+"""
+
+import asyncio
+import random
+import sys
+from collections import Counter
+from typing import Any, Callable, Optional
+
+import msgspec
+
+from agent import ingest, wire
+from agent.head import HeadState, ReportError
+from tests.scenarios import SEED_REPORTS
+
+TOKEN = b"fuzz-token-0123456789abcdef"
+REPORTS = [msgspec.msgpack.encode(r.report) for r in SEED_REPORTS.values()]
+
+
+class FakeTransport(asyncio.Transport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = bytearray()
+        self.closed = False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.9", 4242) if name == "peername" else default
+
+    def write(self, data: Any) -> None:
+        self.written += data
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+
+def mutate(rng: random.Random, data: bytes) -> bytes:
+    """One to four byte-level mutations."""
+    out = bytearray(data)
+    for _ in range(rng.randint(1, 4)):
+        kind = rng.randrange(7)
+        at = rng.randrange(len(out) + 1)
+        if kind == 0 and out:  # bit flip
+            i = rng.randrange(len(out))
+            out[i] ^= 1 << rng.randrange(8)
+        elif kind == 1:  # cut
+            del out[at:]
+        elif kind == 2:  # insert random bytes
+            out[at:at] = rng.randbytes(rng.randint(1, 16))
+        elif kind == 3 and out:  # delete a run
+            del out[at : at + rng.randint(1, 16)]
+        elif kind == 4 and out:  # set a byte to an edge value
+            out[rng.randrange(len(out))] = rng.choice((0, 1, 0x7F, 0x80, 0xFF))
+        elif kind == 5:  # splice in a slice of itself
+            j = rng.randrange(len(out) + 1)
+            out[at:at] = out[j : j + rng.randint(1, 64)]
+        else:  # overwrite a 4-byte field with an edge length
+            value = rng.choice((0, 31, 32, 33, wire.MAX_FRAME_BYTES, wire.MAX_FRAME_BYTES + 1, 2**32 - 1))
+            out[at : at + 4] = value.to_bytes(4, "big")
+    return bytes(out)
+
+
+def random_msgpack(rng: random.Random, depth: int = 0) -> Any:
+    """A random value: deep nesting, wrong types, huge and negative numbers, odd strings."""
+    fields = ("schema", "node_id", "collected_at", "gpus", "host", "raylet", "processes", "sources", "x")
+    makers: list[Callable[[], Any]] = [
+        lambda: rng.choice((0, -1, 2**63 - 1, -(2**63), 1.5, float("inf"), float("nan"))),
+        lambda: rng.randbytes(rng.randint(0, 8)).decode("latin-1") + "\x1b[31m\n",
+        lambda: rng.choice((None, True, False, "", "node", "a" * 1000)),
+        lambda: rng.randbytes(rng.randint(0, 8)),
+    ]
+    if depth < 60:
+        makers += [
+            lambda: [random_msgpack(rng, depth + 1) for _ in range(rng.randint(0, 3))],
+            lambda: {rng.choice(fields): random_msgpack(rng, depth + 1) for _ in range(rng.randint(0, 4))},
+        ] * 2
+    return rng.choice(makers)()
+
+
+def payload(rng: random.Random) -> bytes:
+    """A report payload: real, mutated, or generated."""
+    kind = rng.randrange(4)
+    if kind == 0:
+        return rng.choice(REPORTS)
+    if kind == 1:
+        return mutate(rng, rng.choice(REPORTS))
+    if kind == 2:
+        report = msgspec.msgpack.decode(rng.choice(REPORTS))
+        report[rng.choice(list(report))] = random_msgpack(rng)
+        return bytes(msgspec.msgpack.encode(report))
+    return bytes(msgspec.msgpack.encode(random_msgpack(rng)))
+
+
+def stream(rng: random.Random, challenge: bytes) -> tuple[bytes, str]:
+    """Bytes a peer sends after the greeting, and what kind of input it is."""
+    sealer = wire.Sealer(TOKEN, challenge)
+    frames = [sealer.seal(rng.choice(REPORTS)) for _ in range(rng.randint(1, 3))]
+    kinds: dict[str, Callable[[], bytes]] = {
+        "v2 payloads": lambda: b"".join(sealer.seal(payload(rng)) for _ in range(rng.randint(1, 3))),
+        "v2 mutated": lambda: mutate(rng, b"".join(frames)),
+        "v2 replayed": lambda: b"".join([*frames, rng.choice(frames)]),
+        "v2 reordered": lambda: b"".join(rng.sample(frames, len(frames))),
+        "v2 wrong token": lambda: wire.Sealer(b"wrong", challenge).seal(rng.choice(REPORTS)),
+        "v1 payloads": lambda: wire.seal_v1(payload(rng), TOKEN),
+        "v1 mutated": lambda: mutate(rng, wire.seal_v1(rng.choice(REPORTS), TOKEN)),
+        "garbage": lambda: rng.randbytes(rng.randint(0, 256)),
+    }
+    kind = rng.choice(list(kinds))
+    return kinds[kind](), kind
+
+
+def chunks(rng: random.Random, data: bytes) -> list[bytes]:
+    out, at = [], 0
+    while at < len(data):
+        n = rng.choice((1, 7, 29, 64, 1000, len(data)))
+        out.append(data[at : at + n])
+        at += n
+    return out
+
+
+async def run_one(rng: random.Random, counts: "Counter[str]") -> Optional[str]:
+    """Feed one input; a description of the broken invariant, or None."""
+    state = HeadState(5.0, None)
+    throttle = ingest.LogThrottle(ingest.log, interval_s=3600)
+    guard = ingest.ConnectionGuard(10, 10, throttle, state.count_rejected)
+    protocol = ingest.ReportProtocol(state.take, TOKEN, 60.0, guard)
+    transport = FakeTransport()
+    data, kind = b"", "?"
+    try:
+        protocol.connection_made(transport)
+        challenge = wire.parse_greeting(bytes(transport.written[: wire.GREETING_BYTES]))
+        del transport.written[: wire.GREETING_BYTES]
+        data, kind = stream(rng, challenge)
+        for chunk in chunks(rng, data):
+            if transport.closed:
+                break
+            protocol.data_received(chunk)
+        if not transport.closed:
+            protocol.eof_received()
+        protocol.connection_lost(None)
+    except Exception as err:  # the invariant under test: nothing escapes
+        return f"{kind}: {type(err).__name__}: {err} on {data[:64].hex()}"
+    rejected = sum(guard.counters.rejected.values())
+    if transport.closed and rejected != 1:
+        return f"{kind}: closed with {rejected} counted rejections"
+    replies = wire.AckReader().feed(bytes(transport.written)) if transport.written else []
+    acked = max((seq for seq, reason in replies if reason is None), default=0)
+    if data[:1] == bytes((wire.V2,)) and state.reports_received and acked < state.reports_received:
+        return f"{kind}: {state.reports_received} reports taken, {acked} acknowledged"
+    outcome = ",".join(sorted(guard.counters.rejected)) or (
+        "taken" if state.reports_received else "incomplete"
+    )
+    counts[f"{kind} -> {outcome}"] += 1
+    return None
+
+
+def fuzz_decoder(rng: random.Random, counts: "Counter[str]") -> Optional[str]:
+    data = payload(rng)
+    try:
+        HeadState(5.0, None).ingest(data, 0.0)
+    except ReportError:
+        counts["report decoder -> rejected"] += 1
+        return None
+    except Exception as err:  # the invariant under test
+        return f"report decoder: {type(err).__name__}: {err} on {data[:64].hex()}"
+    counts["report decoder -> taken"] += 1
+    return None
+
+
+def fuzz(inputs: int, seed: int = 0) -> tuple["Counter[str]", list[str]]:
+    """Run ``inputs`` inputs (nine in ten streams, one in ten bare payloads)."""
+    rng = random.Random(seed)
+    counts: Counter[str] = Counter()
+    failures: list[str] = []
+
+    async def main() -> None:
+        for i in range(inputs):
+            failure = fuzz_decoder(rng, counts) if i % 10 == 9 else await run_one(rng, counts)
+            if failure is not None:
+                failures.append(failure)
+
+    asyncio.run(main())
+    return counts, failures
+
+
+def cli(argv: list[str]) -> int:
+    inputs = int(argv[0]) if argv else 100_000
+    seed = int(argv[1]) if len(argv) > 1 else 0
+    counts, failures = fuzz(inputs, seed)
+    for outcome, n in sorted(counts.items()):
+        print(f"{n:8d}  {outcome}")
+    print(f"{inputs} inputs (seed {seed}): {sum(counts.values())} handled, {len(failures)} unhandled")
+    for failure in failures[:20]:
+        print("UNHANDLED", failure)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli(sys.argv[1:]))

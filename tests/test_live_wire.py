@@ -1,0 +1,500 @@
+"""The report port under attack and under faults, with real ``rayscope head`` and ``push``
+processes on loopback (no Ray cluster needed: the head's GCS is a closed port).
+
+* replay: a frame recorded off the wire and resent after the node went stale;
+* a wrong token, a head that never reads, a SIGSTOPped head, a cut network (a proxy that
+  stops forwarding): the agent says so within 3 intervals and backs off or reconnects;
+* 1,100 dripping connections against a head held to 1024 file descriptors;
+* TLS: agents and ``status --head`` over TLS, plain clients refused.
+"""
+
+import contextlib
+import datetime
+import json
+import resource
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import pytest
+
+from tests.conftest import REPO, Daemon, base_env, free_port, push_agent, run_rayscope
+
+pytestmark = pytest.mark.live
+
+NODE = "ab" * 28
+ENV = base_env(RAY_AUTH_MODE="disabled")
+
+
+class Head(Daemon):
+    """``rayscope head`` on free loopback ports, optionally with TLS and a file limit."""
+
+    def __init__(
+        self,
+        log_path: Path,
+        token_file: Path,
+        interval_s: float = 1.0,
+        extra: tuple[str, ...] = (),
+        nofile: Optional[int] = None,
+        ssl_context: Optional[ssl.SSLContext] = None,
+    ) -> None:
+        self.listen_port, self.http_port = free_port(), free_port()
+        self.ssl_context = ssl_context
+        args = ["head", "--listen", f"127.0.0.1:{self.listen_port}", "--http", f"127.0.0.1:{self.http_port}"]
+        args += ["--gcs", f"127.0.0.1:{free_port()}", "--interval", str(interval_s)]
+        args += ["--token-file", str(token_file), *extra]
+        self.token = token_file.read_text().strip()
+        self.args, self.log_path = args, log_path
+        self._log = open(log_path, "a")  # noqa: SIM115 - closed in stop()
+        limit = ["prlimit", f"--nofile={nofile}:{nofile}", "--"] if nofile else []  # soft and hard
+        self.process = subprocess.Popen(
+            [*limit, sys.executable, "-m", "agent", *args],
+            cwd=REPO,
+            env=ENV,
+            stdout=self._log,
+            stderr=self._log,
+        )
+        deadline = time.monotonic() + 30
+        while True:
+            assert self.process.poll() is None, self.log_text()
+            with contextlib.suppress(OSError):
+                if self.get("/healthz", timeout_s=2)[0] == 200:
+                    return
+            assert time.monotonic() < deadline, f"head never answered:\n{self.log_text()}"
+            time.sleep(0.1)
+
+    def get(self, path: str, timeout_s: float = 10.0) -> tuple[int, bytes]:
+        import http.client
+
+        conn: http.client.HTTPConnection
+        if self.ssl_context is not None:
+            conn = http.client.HTTPSConnection(
+                "127.0.0.1", self.http_port, timeout=timeout_s, context=self.ssl_context
+            )
+        else:
+            conn = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=timeout_s)
+        try:
+            conn.request("GET", path, headers={"Authorization": f"Bearer {self.token}"})
+            response = conn.getresponse()
+            return response.status, response.read()
+        finally:
+            conn.close()
+
+    def health(self) -> dict[str, Any]:
+        doc: dict[str, Any] = json.loads(self.get("/healthz")[1])
+        return doc
+
+    def agent_state(self, node_id: str = NODE) -> str:
+        """``reporting``, ``stale``, or ``absent``."""
+        nodes = json.loads(self.get("/v1/status?all=1")[1]).get("nodes", {})
+        return str(nodes[node_id]["agent"]) if node_id in nodes else "absent"
+
+
+@pytest.fixture
+def token(tmp_path: Path) -> Path:
+    path = tmp_path / "token"
+    path.write_text("0123456789abcdef0123456789abcdef\n")
+    path.chmod(0o600)
+    return path
+
+
+def eventually(check: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"not within {timeout_s} s: {what}"
+        time.sleep(0.1)
+
+
+def log_times(text: str, needle: str) -> list[float]:
+    """Wall-clock times of the log lines that contain ``needle`` (the daemons' asctime)."""
+    out = []
+    for line in text.splitlines():
+        if needle in line:
+            stamp = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+            out.append(stamp.timestamp())
+    return out
+
+
+class Proxy:
+    """A TCP forwarder between one agent and the head that records what the agent sends
+    and can cut the network (stop forwarding both ways, keep the sockets open)."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.recordings: list[bytearray] = []
+        self.cut = threading.Event()
+        self._stop = threading.Event()
+        self._sockets: list[socket.socket] = [self.listener]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        self.listener.settimeout(0.2)
+        while not self._stop.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except (TimeoutError, OSError):
+                continue
+            upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=5)
+            self._sockets += [client, upstream]
+            recording = bytearray()
+            self.recordings.append(recording)
+            threading.Thread(target=self._pipe, args=(client, upstream, recording), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, None), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, recording: Optional[bytearray]) -> None:
+        src.settimeout(0.2)
+        while not self._stop.is_set():
+            if self.cut.is_set():
+                time.sleep(0.05)
+                continue
+            try:
+                data = src.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            if not data:
+                with contextlib.suppress(OSError):
+                    dst.shutdown(socket.SHUT_WR)
+                return
+            if recording is not None:
+                recording += data
+            with contextlib.suppress(OSError):
+                dst.sendall(data)
+
+    def close(self) -> None:
+        self._stop.set()
+        time.sleep(0.3)
+        for s in self._sockets:
+            s.close()
+
+
+@pytest.fixture
+def proxy_factory() -> Iterator[Callable[[int], Proxy]]:
+    proxies: list[Proxy] = []
+
+    def make(port: int) -> Proxy:
+        proxies.append(Proxy(port))
+        return proxies[-1]
+
+    yield make
+    for p in proxies:
+        p.close()
+
+
+def test_a_recorded_frame_replayed_after_the_node_went_stale_leaves_it_stale(
+    tmp_path: Path, token: Path, proxy_factory: Callable[[int], Proxy]
+) -> None:
+    """The attacker records a real agent's connection (a proxy) and resends every byte of it
+    on a new connection once the agent is gone. Before wire v2 this made the dead node fresh
+    again; positive control: drop the challenge from the MACs in ``wire._Keyed``."""
+    head = Head(tmp_path / "head.log", token)
+    proxy = proxy_factory(head.listen_port)
+    agent = push_agent(proxy.port, NODE, ENV, tmp_path / "push.log", token, 1.0)
+    try:
+        eventually(lambda: head.agent_state() == "reporting", 30, "the agent reports")
+        time.sleep(1.5)  # a few frames on the recording
+        agent.kill()
+        eventually(lambda: head.agent_state() == "stale", 15, "the node goes stale")
+        recorded = bytes(proxy.recordings[0])
+        assert len(recorded) > 100
+        with socket.create_connection(("127.0.0.1", head.listen_port), timeout=5) as s:
+            s.sendall(recorded)
+            for _ in range(20):  # right away (a replayed report would be fresh for 3 s), and on
+                assert head.agent_state() == "stale"
+                time.sleep(0.1)
+        assert head.health().get("rejected_bad_token", 0) >= 1
+    finally:
+        head.stop()
+
+
+def test_a_wrong_token_is_named_once_and_backed_off(tmp_path: Path, token: Path) -> None:
+    """Positive control: have the head close without a rejection (no reason), or reset the
+    backoff on rejection: the line or the bound on attempts fails."""
+    head = Head(tmp_path / "head.log", token)
+    wrong = tmp_path / "wrong"
+    wrong.write_text("not the token\n")
+    wrong.chmod(0o600)
+    agent = push_agent(head.listen_port, NODE, ENV, tmp_path / "push.log", wrong, 0.5)
+    try:
+        eventually(lambda: "token rejected" in agent.log_text(), 20, "the agent names the rejection")
+        started = time.monotonic()
+        first = head.health().get("rejected_bad_token", 0)
+        time.sleep(6)
+        attempts = head.health().get("rejected_bad_token", 0) - first
+        elapsed = time.monotonic() - started
+        # every 0.5 s without backoff (12 tries); 1, 2, 4 s with it
+        assert 1 <= attempts <= 4, (attempts, elapsed)
+        assert agent.log_text().count("token rejected") == 1
+        assert "connected to head" not in agent.log_text()
+        assert head.agent_state() == "absent"
+    finally:
+        agent.stop()
+        head.stop()
+
+
+def test_a_head_that_accepts_but_never_reads_is_noticed_within_three_intervals(
+    tmp_path: Path, token: Path
+) -> None:
+    """A listening socket nobody reads (the kernel completes the handshake). Before: the
+    agent logged "connected" and sent into kernel buffers for hours."""
+    interval = 1.0
+    silent = socket.create_server(("127.0.0.1", 0), backlog=8)
+    try:
+        agent = push_agent(silent.getsockname()[1], NODE, ENV, tmp_path / "push.log", token, interval)
+        try:
+            eventually(lambda: "unreachable" in agent.log_text(), 20, "the agent notices")
+            text = agent.log_text()
+            started = log_times(text, "node agent: sending")[0]
+            noticed = log_times(text, "unreachable")[0]
+            assert noticed - started <= 3 * interval, text
+            assert "connected to head" not in text
+        finally:
+            agent.stop()
+    finally:
+        silent.close()
+
+
+@pytest.mark.parametrize("fault", ["sigstop", "network cut"])
+def test_a_stalled_head_is_noticed_within_three_intervals_and_the_agent_comes_back(
+    tmp_path: Path, token: Path, proxy_factory: Callable[[int], Proxy], fault: str
+) -> None:
+    """SIGSTOP the head, or stop a proxy between agent and head from forwarding. The agent
+    must say so within 3 intervals (acknowledgement deadline; TCP keepalive covers idle
+    links) and report again once the head is back. Positive control: raise
+    ``Pusher.ack_deadline_s`` to 10 intervals."""
+    interval = 2.0
+    head = Head(tmp_path / "head.log", token, interval_s=interval)
+    proxy = proxy_factory(head.listen_port)
+    agent = push_agent(proxy.port, NODE, ENV, tmp_path / "push.log", token, interval)
+    try:
+        eventually(lambda: head.agent_state() == "reporting", 30, "the agent reports")
+        time.sleep(interval)
+        cut_at = time.time()
+        if fault == "sigstop":
+            head.process.send_signal(signal.SIGSTOP)
+        else:
+            proxy.cut.set()
+        eventually(lambda: "stalled" in agent.log_text(), 6 * interval, "the agent notices")
+        noticed = log_times(agent.log_text(), "stalled")[0]
+        assert noticed - cut_at <= 3 * interval, agent.log_text()
+        if fault == "sigstop":
+            head.process.send_signal(signal.SIGCONT)
+        else:
+            proxy.cut.clear()
+        eventually(
+            lambda: any(t > noticed for t in log_times(agent.log_text(), "connected to head")),
+            40,
+            "the agent reconnects",
+        )
+        eventually(lambda: head.agent_state() == "reporting", 20, "reports again")
+    finally:
+        agent.stop()
+        head.process.send_signal(signal.SIGCONT)
+        head.stop()
+
+
+class Dripper:
+    """``count`` connections from 127.0.0.2 to 127.0.0.41, each sending one byte a second of
+    a frame it never finishes (a version-2 header's first byte, then zeros); a connection the
+    head drops is replaced. Runs in a thread until :meth:`stop`."""
+
+    def __init__(self, port: int, count: int, sources: int = 40) -> None:
+        self.port, self.count, self.sources = port, count, sources
+        self.slots: list[Optional[socket.socket]] = [None] * count
+        self.opened = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _open(self, i: int) -> Optional[socket.socket]:
+        s = socket.socket()
+        try:
+            s.bind((f"127.0.0.{2 + i % self.sources}", 0))
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", self.port))
+        except OSError:
+            s.close()
+            return None
+        self.opened += 1
+        return s
+
+    def _run(self) -> None:
+        sent = [0] * self.count
+        while not self._stop.is_set():
+            for i in range(self.count):
+                s = self.slots[i]
+                if s is None:
+                    self.slots[i], sent[i] = self._open(i), 0
+                    continue
+                try:
+                    with contextlib.suppress(BlockingIOError):
+                        while s.recv(4096):  # the greeting; b"" = closed
+                            pass
+                        raise ConnectionResetError
+                    with contextlib.suppress(BlockingIOError):
+                        s.send(b"\xa2" if sent[i] == 0 else b"\0")
+                        sent[i] += 1
+                except OSError:
+                    s.close()
+                    self.slots[i] = None
+            self._stop.wait(1.0)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        for s in self.slots:
+            if s is not None:
+                s.close()
+
+
+def test_eleven_hundred_dripping_connections_do_not_take_the_head_down(tmp_path: Path, token: Path) -> None:
+    """A head held to 1024 file descriptors (soft and hard), a real agent reporting every
+    second, and 1,100 connections that each drip a byte a second for 25 s. ``/healthz`` must
+    answer within 3 s throughout, the agent must stay fresh, and the head's log must stay
+    short. Before: the head ran out of descriptors, both ports stopped answering and asyncio
+    logged every failed accept. Positive control: set ``FD_RESERVE`` to 0 and the connection
+    cap lets the drip take every descriptor."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert hard >= 1400, "this test needs 1,400 descriptors for its own sockets"
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1400), hard))
+    head = Head(tmp_path / "head.log", token, nofile=1024)
+    agent = push_agent(head.listen_port, NODE, ENV, tmp_path / "push.log", token, 1.0)
+    dripper: Optional[Dripper] = None
+    try:
+        eventually(lambda: head.agent_state() == "reporting", 30, "the agent reports")
+        log_lines_before = len(head.log_text().splitlines())
+        dripper = Dripper(head.listen_port, 1100)
+        slowest, states = 0.0, set()
+        until = time.monotonic() + 25
+        while time.monotonic() < until:
+            started = time.monotonic()
+            code, body = head.get("/healthz", timeout_s=3)
+            slowest = max(slowest, time.monotonic() - started)
+            assert code == 200 and json.loads(body)["ok"] is True
+            states.add(head.agent_state())
+            time.sleep(0.5)
+        health = head.health()
+        assert dripper.opened >= 1100
+        assert slowest < 3.0
+        assert states == {"reporting"}, states
+        assert health["connections_timed_out"] + health["connections_evicted"] > 0, health
+        assert head.process.poll() is None
+        assert "Too many open files" not in head.log_text()  # the cap keeps descriptors in reserve
+        log_lines = len(head.log_text().splitlines()) - log_lines_before
+        assert log_lines < 60, head.log_text()[-3000:]
+    finally:
+        if dripper is not None:
+            dripper.stop()
+        agent.stop()
+        head.stop()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def make_pki(root: Path) -> dict[str, Path]:
+    """A throwaway CA, a head certificate for 127.0.0.1 and a client certificate (openssl CLI)."""
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=root, check=True, capture_output=True, timeout=60)
+
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=test-ca")
+    (root / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    for name in ("head", "client"):
+        openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN=rayscope-{name}")
+        sign = ["x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial"]
+        openssl(*sign, "-out", f"{name}.pem", "-days", "2", "-extfile", "san.ext")
+    return {n: root / n for n in ("ca.pem", "head.pem", "head.key", "client.pem", "client.key")}
+
+
+def test_agents_and_status_work_over_tls_and_plain_clients_are_refused(tmp_path: Path, token: Path) -> None:
+    """Mutual TLS: the head presents its certificate and requires clients signed by the CA.
+    A TLS agent reports and ``status --head`` reads; a plain agent, a plain HTTP client and a
+    TLS client without a certificate get nothing. Positive control: drop ``ssl=`` from the
+    report server in ``Head.serve`` and the plain agent is taken."""
+    pki = make_pki(tmp_path)
+    context = ssl.create_default_context(cafile=str(pki["ca.pem"]))
+    context.load_cert_chain(str(pki["client.pem"]), str(pki["client.key"]))
+    server_tls = [
+        "--tls-cert",
+        str(pki["head.pem"]),
+        "--tls-key",
+        str(pki["head.key"]),
+        "--tls-ca",
+        str(pki["ca.pem"]),
+    ]
+    client_tls = [
+        "--tls-cert",
+        str(pki["client.pem"]),
+        "--tls-key",
+        str(pki["client.key"]),
+        "--tls-ca",
+        str(pki["ca.pem"]),
+    ]
+    head = Head(tmp_path / "head.log", token, extra=tuple(server_tls), ssl_context=context)
+    plain_node = "cd" * 28
+    args = ["push", "--head", f"127.0.0.1:{head.listen_port}", "--interval", "1", "--token-file", str(token)]
+    agent = Daemon([*args, "--node-id", NODE, *client_tls], ENV, tmp_path / "push.log")
+    plain = Daemon([*args, "--node-id", plain_node], ENV, tmp_path / "plain.log")
+    try:
+        eventually(lambda: head.agent_state() == "reporting", 30, "the TLS agent reports")
+        done = run_rayscope(
+            "status", "--head", f"https://127.0.0.1:{head.http_port}", "--token-file", str(token),
+            "--json", "--all", *client_tls, env=ENV,
+        )  # fmt: skip
+        assert done.returncode in (0, 1), done.stderr
+        assert json.loads(done.stdout)["nodes"][NODE]["agent"] == "reporting"
+        eventually(lambda: "unreachable" in plain.log_text(), 20, "the plain agent is refused")
+        assert head.agent_state(plain_node) == "absent"
+        assert "connected to head" not in plain.log_text()
+        with pytest.raises((OSError, ConnectionError)):
+            import http.client
+
+            conn = http.client.HTTPConnection("127.0.0.1", head.http_port, timeout=5)
+            conn.request("GET", "/healthz")
+            conn.getresponse()
+        no_cert = run_rayscope(
+            "status", "--head", f"https://127.0.0.1:{head.http_port}", "--token-file", str(token),
+            "--tls-ca", str(pki["ca.pem"]), env=ENV,
+        )  # fmt: skip
+        assert no_cert.returncode == 2 and "unreachable" in no_cert.stderr, no_cert.stderr
+        assert len(no_cert.stderr.splitlines()) == 1
+    finally:
+        agent.stop()
+        plain.stop()
+        head.stop()
+
+
+def test_http_worker_threads_are_bounded(tmp_path: Path, token: Path) -> None:
+    """60 HTTP connections that never send a request hold at most HTTP_WORKERS threads, and
+    the head answers again once they go. Before: one thread per connection. Positive
+    control: make ``BoundedHTTPServer.process_request`` skip the semaphore."""
+    import psutil
+
+    from agent.head import HTTP_WORKERS
+
+    head = Head(tmp_path / "head.log", token)
+    idle: list[socket.socket] = []
+    try:
+        time.sleep(2.0)  # the GCS poller and the executor settle
+        base = psutil.Process(head.process.pid).num_threads()
+        idle = [socket.create_connection(("127.0.0.1", head.http_port), timeout=5) for _ in range(60)]
+        time.sleep(1.0)
+        threads = psutil.Process(head.process.pid).num_threads()
+        assert threads - base <= HTTP_WORKERS + 2, (base, threads)  # main: 53 more
+        for s in idle:
+            s.close()
+        eventually(lambda: head.get("/healthz", timeout_s=3)[0] == 200, 20, "the head answers again")
+    finally:
+        for s in idle:
+            s.close()
+        head.stop()

@@ -1,0 +1,285 @@
+"""Pending demand, pure: each reason from a small read, golden files from the recorded live
+case (tests/data/gcs_pending_read.json), BioEngine's ``pending_resources`` shape."""
+
+from typing import Optional
+
+import msgspec
+import pytest
+
+from agent import pending
+from agent.model import PendingActor, PendingDemand, PendingGang, PendingNode, PendingRead, PendingRequest
+from agent.render.metrics import metrics_text
+from agent.render.status import status_json, status_lines
+from tests.golden import check_golden
+from tests.scenarios import pending_status, seed_status
+
+GIB = 1024**3
+
+
+def node(
+    ip: str, total: dict[str, float], available: dict[str, float], node_id: Optional[str] = None
+) -> PendingNode:
+    return PendingNode(
+        node_id=node_id or ip.replace(".", "") * 4, node_ip=ip, total=total, available=available
+    )
+
+
+def one(read: PendingRead) -> PendingDemand:
+    demands = pending.explain(read)[1]
+    assert len(demands) == 1, demands
+    return demands[0]
+
+
+TWO_GPUS = node("10.0.0.1", {"GPU": 2, "CPU": 8}, {"GPU": 0.8, "CPU": 8}, "aa")
+SIXTY_PERCENT_EACH = {"aa": {"GPU": {"0": 0.6, "1": 0.6}}}
+
+
+def test_fragmented_names_each_device_free() -> None:
+    read = PendingRead(
+        nodes=[TWO_GPUS],
+        requests=[PendingRequest(shape={"GPU": 0.5}, count=2)],
+        device_use=SIXTY_PERCENT_EACH,
+    )
+    demand = one(read)
+    assert (demand.reason, demand.by, demand.count) == ("fragmented", "device", 2)
+    assert demand.reason_text == (
+        "free by the node sum (0.8 GPU on 10.0.0.1), but no single GPU has 0.5:"
+        " GPU 0: 0.4 free, GPU 1: 0.4 free"
+    )
+
+
+def test_without_per_device_placement_the_reason_says_node_sums() -> None:
+    """Positive control of the fragmented case: the actors account for 0.6 of the node's 1.2
+    booked GPU (a task holds the rest), so the devices are unknown and node sums decide."""
+    read = PendingRead(
+        nodes=[TWO_GPUS],
+        requests=[PendingRequest(shape={"GPU": 0.5})],
+        device_use={"aa": {"GPU": {"0": 0.6}}},
+    )
+    demand = one(read)
+    assert (demand.reason, demand.by) == ("waits", "node_sum")
+    assert "(10.0.0.1, by node sums)" in demand.reason_text
+
+
+def test_a_device_with_room_means_it_waits_on_something_else() -> None:
+    read = PendingRead(
+        nodes=[node("10.0.0.1", {"GPU": 2}, {"GPU": 1.4}, "aa")],
+        requests=[PendingRequest(shape={"GPU": 0.5})],
+        device_use={"aa": {"GPU": {"0": 0.6}}},
+    )
+    demand = one(read)
+    assert (demand.reason, demand.by) == ("waits", "device")
+    assert "per GPU" in demand.reason_text
+
+
+def test_whole_gpus_need_wholly_free_devices() -> None:
+    read = PendingRead(
+        nodes=[node("10.0.0.1", {"GPU": 2}, {"GPU": 1.0}, "aa")],
+        requests=[PendingRequest(shape={"GPU": 1})],
+        device_use={"aa": {"GPU": {"0": 0.5, "1": 0.5}}},
+    )
+    demand = one(read)
+    assert demand.reason == "fragmented"
+    assert "but not 1 GPU(s) wholly free: GPU 0: 0.5 free, GPU 1: 0.5 free" in demand.reason_text
+
+
+@pytest.mark.parametrize(
+    ("shape", "total", "free", "reason", "text"),
+    [
+        (
+            {"CPU": 2},
+            {"CPU": 4},
+            {"CPU": 1},
+            "cpu_exhausted",
+            "CPU exhausted: needs 2 CPU, the best node (10.0.0.1) has 1 CPU free of 4 CPU",
+        ),
+        (
+            {"memory": 4 * GIB},
+            {"memory": 8 * GIB},
+            {"memory": 1 * GIB},
+            "memory_exhausted",
+            "memory exhausted: needs 4.0 GB, the best node (10.0.0.1) has 1.0 GB free of 8.0 GB",
+        ),
+        (
+            {"GPU": 0.01, "VRAM_MB": 8192},
+            {"GPU": 1, "VRAM_MB": 24576},
+            {"GPU": 0.96, "VRAM_MB": 4096},
+            "vram_exhausted",
+            "VRAM_MB exhausted: needs 8192 MB, the best node (10.0.0.1) has 4096 MB free of 24576 MB",
+        ),
+        (
+            {"GPU": 0.5},
+            {"GPU": 1},
+            {"GPU": 0.25},
+            "gpu_exhausted",
+            "GPU exhausted: needs 0.5 GPU, the best node (10.0.0.1) has 0.25 GPU free of 1 GPU",
+        ),
+        (
+            {"GPU": 2},
+            {"GPU": 1},
+            {"GPU": 1},
+            "infeasible",
+            "no node has 2 GPU (at most 1 GPU on one node)",
+        ),
+        (
+            {"GPU": 1, "accelerator_type:H100": 0.001},
+            {"GPU": 1, "accelerator_type:T4": 1},
+            {"GPU": 1, "accelerator_type:T4": 1},
+            "infeasible",
+            "no node has accelerator_type:H100 (accelerator types here: T4)",
+        ),
+    ],
+)
+def test_each_exhausted_and_infeasible_reason(
+    shape: dict[str, float], total: dict[str, float], free: dict[str, float], reason: str, text: str
+) -> None:
+    demand = one(PendingRead(nodes=[node("10.0.0.1", total, free)], requests=[PendingRequest(shape=shape)]))
+    assert (demand.reason, demand.reason_text) == (reason, text)
+
+
+def test_the_best_node_is_named_for_vram() -> None:
+    nodes = [
+        node("10.0.0.1", {"VRAM_MB": 24576}, {"VRAM_MB": 1024}),
+        node("10.0.0.2", {"VRAM_MB": 24576}, {"VRAM_MB": 6144}),
+        node("10.0.0.3", {"CPU": 4}, {"CPU": 4}),
+    ]
+    demand = one(PendingRead(nodes=nodes, requests=[PendingRequest(shape={"VRAM_MB": 8192})]))
+    assert demand.reason_text == (
+        "VRAM_MB exhausted: needs 8192 MB, the best node (10.0.0.2) has 6144 MB free of 24576 MB"
+    )
+
+
+def test_an_actor_waiting_on_its_arguments_is_not_in_the_schedulers_demand() -> None:
+    actor = PendingActor(
+        actor_id="a1", name="late", state="DEPENDENCIES_UNREADY", required_resources={"GPU": 0.1}
+    )
+    demand = one(PendingRead(nodes=[TWO_GPUS], actors=[actor]))
+    assert (demand.kind, demand.names, demand.reason) == ("actor", ["late"], "waits")
+    assert demand.reason_text == "waits on its dependencies (its arguments are not ready yet)"
+
+
+def test_a_request_for_nothing_waits_on_the_scheduler() -> None:
+    demand = one(PendingRead(nodes=[TWO_GPUS], requests=[PendingRequest(shape={"CPU": 0.0})]))
+    assert (demand.shape, demand.reason) == ({}, "waits")
+
+
+def test_placement_group_resources_lose_their_suffix() -> None:
+    group = "ab" * 18
+    shape, found = pending.split_group(
+        {f"GPU_group_{group}": 2.0, f"CPU_group_0_{group}": 1.0, f"bundle_group_{group}": 0.001}
+    )
+    assert (shape, found) == ({"CPU": 1.0, "GPU": 2.0}, group)
+    assert pending.split_group({"GPU": 0.5, "accelerator_type:A10G": 0.001}) == (
+        {"GPU": 0.5, "accelerator_type:A10G": 0.001},
+        "",
+    )
+
+
+@pytest.mark.parametrize(
+    ("strategy", "reason"),
+    [("SPREAD", "waits"), ("STRICT_SPREAD", "gpu_exhausted"), ("STRICT_PACK", "gpu_exhausted")],
+)
+def test_placement_group_strategies(strategy: str, reason: str) -> None:
+    """Two 1-GPU bundles on two 1-GPU nodes, one of them busy: SPREAD/PACK place them
+    apart, STRICT_SPREAD needs two free nodes, STRICT_PACK one node with 2 GPUs."""
+    nodes = [node("10.0.0.1", {"GPU": 1}, {"GPU": 1}), node("10.0.0.2", {"GPU": 1}, {"GPU": 1})]
+    if strategy == "STRICT_SPREAD":
+        nodes[1] = node("10.0.0.2", {"GPU": 1}, {"GPU": 0.5})
+    if strategy == "STRICT_PACK":
+        nodes = [node("10.0.0.1", {"GPU": 2}, {"GPU": 1})]
+    gang = PendingGang(bundles=[{"GPU": 1}, {"GPU": 1}], details=f"{'cd' * 18}:{strategy}|PENDING")
+    demand = one(PendingRead(nodes=nodes, gangs=[gang]))
+    assert (demand.kind, demand.strategy, demand.reason) == ("placement_group", strategy, reason)
+    assert demand.shape == {"GPU": 2.0}
+
+
+def test_bioengine_shape_counts_tasks_apart_from_actors() -> None:
+    """BioEngine: ``actors`` that ask for CPU, GPU or memory; ``tasks`` the rest of the
+    demand, one dict each; ``total`` the sum of the lists' lengths."""
+    actors = [
+        PendingActor(actor_id="a1", name="gpu-actor", required_resources={"GPU": 0.5}),
+        PendingActor(actor_id="a2", name="router", required_resources={"node:__internal_head__": 0.001}),
+    ]
+    read = PendingRead(
+        nodes=[TWO_GPUS],
+        requests=[
+            PendingRequest(shape={"GPU": 0.5}, count=3),
+            PendingRequest(shape={"node:__internal_head__": 0.001}, count=1),
+        ],
+        actors=actors,
+        device_use=SIXTY_PERCENT_EACH,
+    )
+    resources, demands = pending.explain(read)
+    assert [a.name for a in resources.actors] == ["gpu-actor"]
+    assert [t.required_resources for t in resources.tasks] == [{"GPU": 0.5}, {"GPU": 0.5}]
+    assert resources.jobs == [] and resources.total == 3
+    gpu = next(d for d in demands if d.shape == {"GPU": 0.5})
+    assert (gpu.count, gpu.names) == (3, ["gpu-actor"])
+
+
+def test_bioengine_lists_stop_at_the_state_apis_limit() -> None:
+    read = PendingRead(nodes=[TWO_GPUS], requests=[PendingRequest(shape={"GPU": 4}, count=250)])
+    resources, demands = pending.explain(read)
+    assert len(resources.tasks) == pending.BIOENGINE_LIST_LIMIT == resources.total
+    assert demands[0].count == 250  # rayscope's own list keeps the true count
+
+
+def test_bioengine_shape_is_what_bioengine_documents() -> None:
+    """``get_cluster_state``'s docstring: ``pending_resources`` = actors, jobs, tasks (lists
+    of dicts) and total (an int)."""
+    doc = msgspec.json.decode(status_json(pending_status()))
+    block = doc["cluster"]["pending_resources"]
+    assert set(block) == {"actors", "jobs", "tasks", "total"}
+    assert all(
+        isinstance(block[k], list) and all(isinstance(e, dict) for e in block[k])
+        for k in ("actors", "jobs", "tasks")
+    )
+    assert type(block["total"]) is int and block["total"] == 5
+
+
+def test_nothing_waits_no_section_and_no_metric() -> None:
+    status = seed_status()
+    assert "Pending:" not in status_lines(status)
+    assert "rayscope_pending_demands" not in metrics_text(status)
+    empty = pending.attach(status, PendingRead())
+    assert empty.cluster.pending == [] and "Pending:" not in status_lines(empty)
+    assert "# TYPE rayscope_pending_demands gauge" in metrics_text(empty)
+
+
+def test_metric_labels_are_bounded() -> None:
+    """Shape and reason, never a name: 50 actors of one shape are one sample."""
+    actors = [
+        PendingActor(actor_id=f"a{i}", name=f"replica-{i}", required_resources={"GPU": 0.5})
+        for i in range(50)
+    ]
+    read = PendingRead(
+        nodes=[TWO_GPUS], requests=[PendingRequest(shape={"GPU": 0.5}, count=50)], actors=actors
+    )
+    text = metrics_text(pending.attach(seed_status(), read))
+    samples = [line for line in text.splitlines() if line.startswith("rayscope_pending_demands{")]
+    assert samples == ['rayscope_pending_demands{kind="request",shape="GPU=0.5",reason="waits"} 50']
+
+
+def test_golden_pending_outputs() -> None:
+    status = pending_status()
+    check_golden("status_pending.txt", "\n".join(status_lines(status)) + "\n")
+    check_golden("status_pending.json", status_json(status) + "\n")
+    check_golden("status_pending.prom", metrics_text(status))
+
+
+def test_an_actor_name_cannot_write_to_the_terminal() -> None:
+    """Exploit: any Ray user names actors; a name with an escape sequence must not reach the
+    operator's terminal through the Pending lines (nor the reason under them). Positive
+    control: ``status_lines`` without its final ``printable_lines`` fails this."""
+    evil = "x\x1b]0;owned\x07\x1b[2J"
+    actor = PendingActor(
+        actor_id="a1", name=evil, required_resources={"GPU": 0.5, f"accelerator_type:{evil}": 0.001}
+    )
+    read = PendingRead(
+        nodes=[TWO_GPUS],
+        requests=[PendingRequest(shape={"GPU": 0.5, f"accelerator_type:{evil}": 0.001})],
+        actors=[actor],
+    )
+    lines = status_lines(pending.attach(seed_status(), read))
+    assert any("x]0;owned" in line for line in lines)  # shown, without its control characters
+    assert not any("\x1b" in line or "\x07" in line for line in lines)

@@ -1,0 +1,186 @@
+"""Rule 4 of SECURITY.md: a report cannot bend the view, even one from a node holding the token.
+
+Each hostile report is what a token holder can send: it is decoded by the head's own
+``HeadState.ingest`` (the frame layer is tested in tests/test_wire.py). A rejected report
+raises ``ReportError``, which the connection counts in ``frames_rejected``.
+"""
+
+import math
+import re
+from typing import Any
+
+import msgspec
+import pytest
+
+from agent.head import HeadState, ReportError
+from agent.model import GpuDevice, GpuProcess, HostInfo, NodeReport, RayletInfo, RayNode, SourceStatus
+from agent.render.gpus import status_gpu_lines
+from agent.render.metrics import metrics_text
+from agent.render.status import completeness_note, source_details, status_json, status_lines
+from tests.scenarios import NOW, gpu, view
+
+INTERVAL_S = 1.0
+NODE = "ab" * 28
+CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def report(**fields: Any) -> NodeReport:
+    base: dict[str, Any] = {
+        "node_id": NODE,
+        "collected_at": NOW,
+        "raylet": RayletInfo(pid=10, node_id=NODE, node_ip="10.0.0.5"),
+        "host": HostInfo(hostname="gpu-5", cpu_count=8),
+        "gpus": [gpu(0, 5.0)],
+        "sources": [SourceStatus(name="nvml", ok=True)],
+    }
+    return NodeReport(**{**base, **fields})
+
+
+def ingest(state: HeadState, value: Any, received_at: float = NOW) -> NodeReport:
+    return state.ingest(msgspec.msgpack.encode(value), received_at)
+
+
+def test_staleness_uses_the_heads_interval_not_the_reports() -> None:
+    """A report claiming ``interval_s`` of a year stayed fresh for three years.
+    Positive control: put ``report.interval_s`` back into ``rollup._apply_report``'s limit."""
+    state = HeadState(INTERVAL_S, None)
+    ingest(state, report(interval_s=365 * 86400.0), received_at=NOW - 10 * INTERVAL_S)
+    node = state.status(NOW).nodes[NODE]
+    assert node.stale and node.agent == "stale"
+
+
+def _gpus(n: int) -> list[GpuDevice]:
+    return [GpuDevice(index=i) for i in range(n)]
+
+
+MIG = GpuDevice(index=0)
+INF = {"GPU": math.inf}
+HOSTILE: dict[str, Any] = {
+    "10k GPUs": report(gpus=_gpus(10_000)),
+    "10k processes on one GPU": report(gpus=[GpuDevice(index=0, processes=[GpuProcess(pid=1)] * 10_000)]),
+    "a 1 MB hostname": report(host=HostInfo(hostname="x" * 1_000_000)),
+    "MIG inside MIG": report(gpus=[GpuDevice(index=0, mig_devices=[GpuDevice(index=0, mig_devices=[MIG])])]),
+    "negative memory": report(gpus=[GpuDevice(index=0, memory_total_bytes=-(1 << 40), memory_used_bytes=0)]),
+    "NaN load": report(host=HostInfo(hostname="h", load_1m=math.nan)),
+    "infinite resource": report(raylet=RayletInfo(pid=1, node_id=NODE, node_ip="x", static_resources=INF)),
+    "negative pid": report(gpus=[GpuDevice(index=0, processes=[GpuProcess(pid=-1)])]),
+    "attribution forged": None,  # built below: a field only the head sets
+    "10k sources": report(sources=[SourceStatus(name="s", ok=True)] * 10_000),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_a_hostile_report_is_rejected_and_leaves_no_trace(name: str) -> None:
+    """Positive control: drop the ``validate.check_report`` call in ``HeadState.ingest``."""
+    state = HeadState(INTERVAL_S, None)
+    value = HOSTILE[name]
+    if name == "attribution forged":
+        value = msgspec.to_builtins(report())
+        value["gpus"][0]["attribution"] = {"booked_gpu": 1.0}
+    with pytest.raises(ReportError):
+        ingest(state, value)
+    assert state.health()["nodes_reporting"] == 0
+
+
+def test_deep_nesting_is_a_counted_rejection_not_a_recursion_error() -> None:
+    """MIG devices nested 100,000 deep once raised RecursionError out of the decoder."""
+    outer = msgspec.msgpack.encode(report(gpus=[]))
+    layer = b"\x82\xa5index\x00\xabmig_devices\x91"  # {"index": 0, "mig_devices": [...]}
+    deep = layer * 100_000 + b"\x81\xa5index\x00"
+    assert outer.count(b"\xa4gpus\x90") == 1
+    payload = outer.replace(b"\xa4gpus\x90", b"\xa4gpus\x91" + deep)
+    state = HeadState(INTERVAL_S, None)
+    with pytest.raises(ReportError):
+        state.ingest(payload, NOW)
+
+
+def test_the_largest_accepted_report_stays_small_in_the_status() -> None:
+    """Bounds on counts keep a small frame from becoming a huge document: at the limits, the
+    status JSON is at most 50 times the frame."""
+    from agent import validate
+
+    gpus = [
+        GpuDevice(index=i, processes=[GpuProcess(pid=p) for p in range(validate.MAX_PROCESSES_PER_GPU)])
+        for i in range(validate.MAX_GPUS)
+    ]
+    payload = msgspec.msgpack.encode(report(gpus=gpus))
+    state = HeadState(INTERVAL_S, None)
+    state.ingest(payload, NOW)
+    document = status_json(state.status(NOW), include_dead=True, indent=0)
+    assert len(document) < 50 * len(payload)
+
+
+def test_control_characters_never_reach_a_terminal_a_log_or_a_label() -> None:
+    """Escape sequences in every string a node controls: stripped at ingest, so the lines,
+    the metrics and the head's log lines (which name the node) are clean.
+    Positive control: drop the ``printable`` call in ``validate``'s string check."""
+    evil = "\x1b]0;owned\x07\x1b[2J\r\n\x9b31m"
+    hostile = report(
+        node_id=NODE + evil,
+        raylet=RayletInfo(pid=10, node_id=NODE + evil, node_ip="10.0.0.5" + evil),
+        host=HostInfo(hostname="gpu" + evil),
+        gpus=[
+            GpuDevice(
+                index=0, name="A100" + evil, errors={"temp" + evil: "lost" + evil}, memory_total_bytes=1
+            )
+        ],
+        sources=[SourceStatus(name="nvml" + evil, ok=False, reason="driver" + evil)],
+    )
+    state = HeadState(INTERVAL_S, None)
+    kept = ingest(state, hostile)
+    assert kept.node_id == NODE + "]0;owned[2J31m"
+    status = state.status(NOW, gpus=True)
+    text = "\n".join(status_lines(status, include_dead=True) + status_gpu_lines(status))
+    assert not CONTROL.search(text.replace("\n", ""))
+    metrics = metrics_text(status)
+    assert not CONTROL.search(metrics.replace("\n", ""))
+
+
+def test_render_strips_control_characters_from_strings_the_gcs_gave() -> None:
+    """The embedded view reads strings straight from the GCS (any Ray user names actors and
+    labels): the renderers strip them too. Positive control: drop ``printable_lines`` in
+    ``render.status.status_lines``."""
+    from agent.rollup import merge, scheduler_nodes
+
+    total = {"CPU": 8.0, "GPU": 1.0, "accelerator_type:\x1b[2JX": 1.0}
+    views = [view("cd" * 28, "10.0.0.7\x1b[2J", total, {"CPU": 8.0, "GPU": 1.0})]
+    status = merge(scheduler_nodes(views), {}, now=NOW, stale_after_s=math.inf, view="gcs")
+    status.sources = [SourceStatus(name="gcs", ok=False, reason="boom\x1b[31m\x07")]
+    lines = status_lines(status, include_dead=True) + source_details(status.sources)
+    assert lines and not any(CONTROL.search(line) for line in lines)
+    note = completeness_note(status) or ""
+    assert not CONTROL.search(note)
+
+
+def test_the_number_of_nodes_held_is_bounded_oldest_unknown_evicted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At the cap, a report from a new node evicts the report received longest ago among the
+    nodes the scheduler does not know; nodes the scheduler knows are never evicted, and when
+    only they are held, a new unknown node is rejected.
+    Positive control: drop the ``validate.make_room`` call in ``HeadState.ingest``."""
+    from agent import validate
+
+    monkeypatch.setattr(validate, "MAX_NODES_HELD", 3)
+    state = HeadState(INTERVAL_S, None)
+    known = ["k" * 56, "j" * 56]
+
+    state.set_view([RayNode(node_id=n, node_ip="10.0.0.1") for n in known], SourceStatus(name="gcs", ok=True))
+    for i, node_id in enumerate(["u1", "u2", "u3", "u4"]):
+        ingest(state, report(node_id=node_id, raylet=None), received_at=NOW + i)
+    assert state.health()["nodes_reporting"] == 3
+    held = set(state.status(NOW + 10).nodes) - set(known)
+    assert held == {"u2", "u3", "u4"}
+    for i, node_id in enumerate(known):
+        ingest(state, report(node_id=node_id, raylet=None), received_at=NOW + 20 + i)
+    assert set(known) <= set(state.status(NOW + 30).nodes)
+    assert state.health()["nodes_reporting"] == 3
+    ingest(state, report(node_id=known[0], raylet=None), received_at=NOW + 40)  # refreshes in place
+    assert state.health()["nodes_reporting"] == 3
+
+    monkeypatch.setattr(validate, "MAX_NODES_HELD", 2)
+    full = HeadState(INTERVAL_S, None)
+    full.set_view([RayNode(node_id=n, node_ip="10.0.0.1") for n in known], SourceStatus(name="gcs", ok=True))
+    for node_id in known:
+        ingest(full, report(node_id=node_id, raylet=None))
+    with pytest.raises(ReportError, match="full"):
+        ingest(full, report(node_id="u5", raylet=None))
+    assert set(full.status(NOW).nodes) == set(known)

@@ -213,7 +213,8 @@ def expect_lines(text: str, *wanted: str) -> None:
     lines = text.splitlines()
     for line in wanted:
         if line not in lines:
-            raise Failed(f"no line {line.strip()!r}")
+            near = [got.strip() for got in lines if got[:24] == line[:24]]
+            raise Failed(f"no line {line.strip()!r}" + (f", got {near[0]!r}" if near else ""))
 
 
 def check_status(r: Runner) -> None:

@@ -55,7 +55,7 @@ bench: setup  ## the head agent's figures against peers, written to BENCHMARKS.m
 bench-agents: setup  ## add_node -> first report from its Ray-placed agent, vs a plain actor, into BENCHMARKS.md
 	$(BIN)/python -m tests.bench_agents
 
-.PHONY: pyz pyz-lock pyz-bench
+.PHONY: pyz pyz-lock pyz-bench compat compat-ends
 
 pyz: setup  ## dist/rayscope.pyz + .sha256: one file for CPython 3.9-3.13 on Linux x86_64 and aarch64
 	$(BIN)/python build/pyz.py build
@@ -84,3 +84,9 @@ reliability: setup  ## every fault test (pytest -m fault), then the soak -> RELI
 	mkdir -p $(RELIABILITY_DIR) && rm -f $(RELIABILITY_DIR)/faults.jsonl $(RELIABILITY_DIR)/soak.json
 	RAYSCOPE_RELIABILITY_JSON=$(CURDIR)/$(RELIABILITY_DIR)/faults.jsonl $(BIN)/python -m pytest -m fault -q; \
 	rc=$$?; $(MAKE) soak || rc=1; exit $$rc
+
+compat: pyz  ## dist/rayscope.pyz under a venv per Ray 2.33.0-2.60.0 (cached in ~/.cache/rayscope-compat), table into README.md
+	$(BIN)/python -m tests.compat --readme
+
+compat-ends: pyz  ## the same for the oldest and the newest Ray only (CI, every change)
+	$(BIN)/python -m tests.compat --ends

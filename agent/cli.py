@@ -18,7 +18,7 @@ import typer
 # Deliberately not agent.collect here: it pulls psutil and pynvml, which `status --head`
 # (the fast path, benchmarked against `ray status`) does not need; the commands and options
 # that need collect, fit, output, watch, json or traceback import them where they are used.
-from agent import __version__, client, completeness
+from agent import SUPPORTED_PYTHON, SUPPORTED_RAY, __version__, client, completeness
 from agent.addresses import DEFAULT_TIMEOUT_S, GCS_ADDRESS_ENV, parse_address, split_address
 from agent.errors import EXIT_FAILED, EXIT_NO_DATA, AgentError
 from agent.model import ClusterStatus, FitRequest, SourceStatus
@@ -36,6 +36,8 @@ app = typer.Typer(
         "Booked vs measured GPU state of a Ray cluster. Shows, per node and for the"
         " cluster, the three GPU numbers that differ: device handles (Ray's GPU"
         " fraction), booked VRAM (the VRAM_MB resource, in MiB) and measured VRAM (NVML)."
+        f" Tested with Ray {SUPPORTED_RAY[0]} to {SUPPORTED_RAY[1]} and Python"
+        f" {SUPPORTED_PYTHON[0]} to {SUPPORTED_PYTHON[1]}."
     ),
     add_completion=False,
     no_args_is_help=True,

@@ -23,6 +23,7 @@ import socket
 import ssl
 import threading
 import time
+import weakref
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Optional
 from urllib.parse import parse_qs, urlsplit
@@ -77,6 +78,7 @@ class HeadState:
         self.poller = PollerHealth()
         self._pending: Optional[PendingRead] = None
         self._pending_status: Optional[SourceStatus] = None
+        self.ray_versions: Optional[SourceStatus] = None  # the GCS reader's, once connected
         self._decoder = msgspec.msgpack.Decoder(NodeReport)
         self.reports_received = 0
         self.frames_rejected = 0
@@ -175,6 +177,8 @@ class HeadState:
             actors, actors_status = self._actors, self._actors_status
             read_at = self._view_read_at
             waiting, pending_status = self._pending, self._pending_status
+            sources = [gcs_status, actors_status] if gpus else [gcs_status]
+            sources += [self.ray_versions] if self.ray_versions else []
         status = merge(
             base,
             reports,
@@ -182,7 +186,7 @@ class HeadState:
             stale_after_s=STALE_INTERVALS * self.interval_s,
             view="head",
             gcs_address=self.gcs_address,
-            sources=[gcs_status, actors_status] if gpus else [gcs_status],
+            sources=sources,
             scheduler_read_at=read_at,
         )
         if pending_status is not None:
@@ -315,6 +319,7 @@ def poll_once(
         status = SourceStatus(name="gcs", ok=False, reason="no GCS address")
     else:
         views, status = reader.read()
+        state.ray_versions = reader.versions
         if status.ok:
             state.set_actors(*reader.read_actors())
             state.set_pending(*reader.read_pending())
@@ -527,8 +532,15 @@ class Head:
         )
         self.state.net = guard.counters
         idle = max(60.0, 10 * self.state.interval_s)
+        agents: weakref.WeakSet[ingest.ReportProtocol] = weakref.WeakSet()
+
+        def accept() -> ingest.ReportProtocol:
+            agent = ingest.ReportProtocol(self.state.take, self.token, idle, guard)
+            agents.add(agent)
+            return agent
+
         server = await loop.create_server(
-            lambda: ingest.ReportProtocol(self.state.take, self.token, idle, guard),
+            accept,
             *self.listen,
             ssl=self.ssl_context,
             backlog=ingest.ACCEPT_BACKLOG,
@@ -564,6 +576,11 @@ class Head:
         loop.call_later(ingest.THROTTLE_S, flush)
         async with server:
             await loop.run_in_executor(None, self._stop.wait)
+            # From Python 3.12.1 the server's exit waits for every connection to close, and
+            # node agents never hang up by themselves: close theirs first.
+            server.close()
+            for agent in list(agents):
+                agent._close()
         if self.agents is not None:
             await loop.run_in_executor(None, remove_agents, self.agents)
         if self._httpd is not None:

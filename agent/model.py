@@ -262,6 +262,8 @@ class RayletInfo(msgspec.Struct, kw_only=True, gc=False):
     """The raylet's ``CUDA_DEVICE_ORDER`` (``PCI_BUS_ID``; unset = CUDA's fastest-first)."""
     environ_read: bool = False
     """Whether the raylet's environment could be read (else the two above are unknown)."""
+    ray_version: Optional[str] = None
+    """The Ray release the raylet binary belongs to (its package's dist-info); ``None`` unknown."""
 
 
 class RayNode(msgspec.Struct, kw_only=True, gc=False):

@@ -5,6 +5,7 @@ The cluster runs on 127.0.0.1 only, under its own short ``RAY_TMPDIR``, with
 otherwise). Teardown kills what the session started, by pid, even when tests fail.
 """
 
+import atexit
 import contextlib
 import json
 import os
@@ -34,10 +35,25 @@ START_TIMEOUT_S = 180.0
 REPLY = "@@"
 
 
+_NO_DRIVER: list[Path] = []
+
+
+def no_driver_dir() -> Path:
+    """One directory per session that hides any NVIDIA driver of this host (fake_nvml.no_driver)."""
+    if not _NO_DRIVER:
+        path = Path(tempfile.mkdtemp(prefix="rayscope-no-driver-"))
+        atexit.register(shutil.rmtree, path, ignore_errors=True)
+        _NO_DRIVER.append(fake_nvml.no_driver(path).lib_dir)
+    return _NO_DRIVER[0]
+
+
 def base_env(**extra: str) -> dict[str, str]:
-    """This environment minus anything that points rayscope or Ray at another cluster."""
+    """This environment minus anything that points rayscope or Ray at another cluster, on a
+    host without an NVIDIA driver whatever this one has (tests that want a GPU put the fake
+    NVML first on the loader's path)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAYSCOPE_", "RAY_AUTH"))}
     env.update(LOOPBACK_ENV)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(no_driver_dir()), env.get("LD_LIBRARY_PATH")]))
     env.update(extra)
     return env
 

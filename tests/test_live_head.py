@@ -254,6 +254,9 @@ def test_head_json_has_every_bioengine_key_plus_ours(fleet: Fleet) -> None:
         assert bioengine_node_keys | seed_pr_keys | ours <= node.keys()
     assert {"total_cpu", "used_cpu", "total_gpu", "used_gpu"} | seed_pr_keys <= doc["cluster"].keys()
     assert {"schema", "generated_at", "sources", "view"} <= doc.keys() and doc["view"] == "head"
+    # The head's in-process GCS client: its Ray and the cluster's (here the same release).
+    versions = {s["name"]: s for s in doc["sources"]}["ray"]
+    assert versions["detail"].startswith("cluster Ray 2.") and versions["reason"] == "", versions
 
 
 def test_fit_reads_the_head_like_status(fleet: Fleet) -> None:

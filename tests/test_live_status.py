@@ -191,3 +191,18 @@ def test_an_actor_placed_during_the_session_shows_up(
     finally:
         live_cluster.request(op="kill_actor", name="probe-0.25")
     assert round(during["used_gpu"] - before["used_gpu"], 4) == 0.25
+
+
+def test_sources_name_the_clusters_ray_and_the_readers(
+    live_cluster: LiveCluster, rayscope_env: dict[str, str]
+) -> None:
+    """The cluster's release comes from the GCS (its metadata), the reader's from the Python
+    that read it; positive control: dropping the ``ray`` status from ``read_cluster`` fails."""
+    import ray
+
+    expected = f"cluster Ray {ray.__version__}, reader Ray {ray.__version__}"
+    doc = status_json(rayscope_env, live_cluster)
+    versions = {s["name"]: s for s in doc["sources"]}["ray"]
+    assert versions == {"name": "ray", "ok": True, "reason": "", "detail": expected}
+    done = run_rayscope("--verbose", "status", "--gcs", live_cluster.gcs_address, env=rayscope_env)
+    assert done.returncode == 0 and f"  ray: ok, {expected}" in done.stderr.splitlines()

@@ -66,10 +66,9 @@ def node_gpu_lines(lib: fake.FakeNvml, scenario: str, tmp_path: Path) -> list[st
 
 
 def test_no_driver(tmp_path: Path) -> None:
-    """No libnvidia-ml.so.1 anywhere the loader looks: the source's status says so."""
-    empty = tmp_path / "no-driver"
-    empty.mkdir()
-    env = fake.FakeNvml(empty).env(base_env(RAY_AUTH_MODE="disabled"), tmp_path / "unused")
+    """No loadable libnvidia-ml.so.1 (hidden even on a host that has a driver): the source's
+    status says so."""
+    env = fake.no_driver(tmp_path / "no-driver").env(base_env(RAY_AUTH_MODE="disabled"), tmp_path / "unused")
     done = run_rayscope("node", "--gpus", "--gcs", f"127.0.0.1:{free_port()}", env=env)
     assert done.returncode == 0, done.stderr
     assert gpu_block(done.stdout) == ["GPUs: NA", NO_DRIVER]

@@ -1,4 +1,4 @@
-"""The raylet parser, fed command lines recorded from real raylets (Ray 2.60.0)."""
+"""The raylet parser, fed command lines recorded from real raylets (Ray 2.60.0 and 2.33.0)."""
 
 from agent.model import RayletInfo
 from agent.sources.raylet import parse_labels, parse_raylet_cmdline, parse_resource_list, pick_raylet
@@ -57,3 +57,14 @@ def test_pick_raylet_by_id_prefix_or_head_first() -> None:
     assert pick_raylet([head, worker], "bbbb") is worker
     assert pick_raylet([head, worker], "cccc") is None
     assert pick_raylet([], None) is None
+
+
+def test_recorded_ray_2_33_head_raylet() -> None:
+    """Ray 2.33's raylet carries the same flags (``--labels=`` empty): one parser for all."""
+    info = parse_raylet_cmdline(recorded_raylet_argv("head_ray233"))
+    assert info is not None and info.is_head
+    assert info.node_id == "86b49a6f551e997e26e133d0b2f297a4ccd286f43a3d52fb60a65bd8"
+    assert info.gcs_address == "127.0.0.1:62305"
+    assert info.static_resources["VRAM_MB"] == 24576 and info.static_resources["GPU"] == 1
+    assert info.python_executable == "/root/.cache/rayscope-compat/ray-2.33.0-py3.9/bin/python"
+    assert info.labels == {}

@@ -27,7 +27,7 @@ import msgspec
 
 from agent.addresses import DEFAULT_TIMEOUT_S, GCS_ADDRESS_ENV, split_address
 from agent.model import ActorBooking, PendingRead, RayletInfo, RayNode, SourceStatus
-from agent.sources import gcs_read, trust
+from agent.sources import gcs_read, raycompat, trust
 
 T = TypeVar("T")
 
@@ -89,18 +89,24 @@ def gcs_python(
     address: str,
     ray_here: bool,
     runnable: Callable[[str], bool] = _runnable,
+    ray_here_version: Callable[[], Optional[str]] = raycompat.reader_ray_version,
 ) -> Optional[str]:
-    """The interpreter to run the GCS read under: this one when it can import ray; else the
-    Ray node's own Python, the first word of a local raylet's worker command (raylets of the
-    cluster at ``address`` first, then any other: a Ray node's Python can import ray);
-    ``None`` when there is neither."""
+    """The interpreter to run the GCS read under: the Ray node's own Python (the first word
+    of a local raylet's worker command; raylets of the cluster at ``address`` first, then any
+    other: a Ray node's Python can import ray) when this one cannot import ray, or when it
+    can but its Ray is another release than the one that raylet of this cluster runs;
+    else this one. ``None`` when there is neither."""
+    ordered = [
+        r
+        for r in sorted(raylets, key=lambda r: r.gcs_address != address)
+        if r.python_executable and runnable(r.python_executable)
+    ]
     if ray_here:
+        mine = next((r for r in ordered if r.gcs_address == address and r.ray_version), None)
+        if mine is not None and mine.ray_version != ray_here_version():
+            return mine.python_executable
         return sys.executable
-    ordered = sorted(raylets, key=lambda r: r.gcs_address != address)
-    for candidate in ordered:
-        if candidate.python_executable and runnable(candidate.python_executable):
-            return candidate.python_executable
-    return None
+    return ordered[0].python_executable if ordered else None
 
 
 def _no_ray_reason() -> str:
@@ -186,6 +192,8 @@ class GcsReader:
         self._client: Any = None
         self._busy: list[threading.Thread] = []
         self._token_source = gcs_read.prepare_auth_env(os.environ)
+        self.versions: Optional[SourceStatus] = None
+        """``ray``: the cluster's release and this process's, read once per connection."""
 
     def read_raw(self) -> list[dict]:  # type: ignore[type-arg]
         """Plain node dicts (``gcs_read``'s format); raises :class:`GcsUnavailable`."""
@@ -197,6 +205,12 @@ class GcsReader:
                 check_port(self.address, self.timeout_s)
                 left = remaining_s(deadline, self.address, self.timeout_s)
                 self._client = _with_deadline(lambda: gcs_read.connect(self.address), left, self._busy)
+                connected = self._client
+                left = remaining_s(deadline, self.address, self.timeout_s)
+                cluster, why = _with_deadline(
+                    lambda: raycompat.cluster_ray_version(connected, left), left, self._busy
+                )
+                self.versions = ray_versions_status(gcs_read.ray_version(), cluster, why)
             client = self._client
             left = remaining_s(deadline, self.address, self.timeout_s)
             return _with_deadline(lambda: gcs_read.read_nodes(client, left), left, self._busy)
@@ -215,7 +229,9 @@ class GcsReader:
             return None, SourceStatus(name="gcs_actors", ok=False, reason="GCS not connected")
         try:
             raw = _with_deadline(
-                lambda: gcs_read.read_actors(client, self.timeout_s), self.timeout_s, self._busy
+                lambda: gcs_read.read_actors(client, self.address, self.timeout_s),
+                self.timeout_s,
+                self._busy,
             )
         except Exception as err:
             reason = explain(err, self.address, self.timeout_s, self._token_source)
@@ -229,7 +245,9 @@ class GcsReader:
             return None, SourceStatus(name="gcs_pending", ok=False, reason="GCS not connected")
         try:
             raw = _with_deadline(
-                lambda: gcs_read.read_pending(client, self.timeout_s), self.timeout_s, self._busy
+                lambda: gcs_read.read_pending(client, self.address, self.timeout_s),
+                self.timeout_s,
+                self._busy,
             )
         except Exception as err:
             reason = explain(err, self.address, self.timeout_s, self._token_source)
@@ -262,13 +280,21 @@ def remaining_s(deadline: float, address: str, timeout_s: float) -> float:
     return left
 
 
+def child_script() -> str:
+    """``raycompat`` then ``gcs_read``, one script for ``python -c`` (both are standalone)."""
+    return "\n".join(
+        module.__loader__.get_source(module.__name__)  # type: ignore[union-attr]
+        for module in (raycompat, gcs_read)
+    )
+
+
 def _run_child(address: str, timeout_s: float, python: str, *extra: str) -> dict[str, Any]:
     """``gcs_read`` as a script under ``python``, the port check and the child under one
     deadline of ``timeout_s``: its whole JSON answer."""
     deadline = time.monotonic() + timeout_s
     check_port(address, timeout_s)
     left = remaining_s(deadline, address, timeout_s)
-    source = gcs_read.__loader__.get_source(gcs_read.__name__)  # type: ignore[union-attr]
+    source = child_script()
     if python == sys.executable:  # -I drops PYTHONPATH and the user site: keep where ray is
         source = trust.with_import_path(source, trust.parent_import_path("ray"))
     try:
@@ -351,7 +377,8 @@ def read_cluster(
     in the same child process (one deadline). Never raises.
 
     Statuses: the nodes' (``gcs``) first, then with ``actors`` the actor table's
-    (``gcs_actors``); actors are ``None`` when not asked for or when the actor table did not
+    (``gcs_actors``), then the Ray releases of cluster and reader (``ray``) once the GCS
+    answered; actors are ``None`` when not asked for or when the actor table did not
     answer, even if the nodes did.
     """
     python = python or sys.executable
@@ -365,11 +392,30 @@ def read_cluster(
     if _answer is not None:  # read_pending_too takes the rest of the answer
         _answer.append(answer)
     views, status = _to_nodes(answer["nodes"], address, f"{address} via {python}")
+    versions = ray_versions_status(
+        answer.get("ray_version"),
+        answer.get("cluster_ray_version"),
+        answer.get("cluster_ray_version_error", ""),
+    )
     if not actors:
-        return views, None, [status]
+        return views, None, [status, versions]
     if "actors" not in answer:
         error = answer.get("actors_error", "no actor table in the answer")
         reason = explain(RuntimeError(error), address, timeout_s, _token_source())
-        return views, None, [status, SourceStatus(name="gcs_actors", ok=False, reason=reason)]
+        return views, None, [status, SourceStatus(name="gcs_actors", ok=False, reason=reason), versions]
     booked, actors_status = _to_actors(answer["actors"], address)
-    return views, booked, [status, actors_status]
+    return views, booked, [status, actors_status, versions]
+
+
+def ray_versions_status(reader: Optional[str], cluster: Optional[str], why_unknown: str) -> SourceStatus:
+    """``ray``: the cluster's Ray release and the reader's (the Python that read the GCS).
+    Different releases still read (the GCS protocol held across 2.33-2.60), but the
+    operator should know; an unknown cluster release is said, never guessed."""
+    detail = f"cluster Ray {cluster or 'unknown'}, reader Ray {reader or 'unknown'}"
+    if cluster is None:
+        reason = f"the cluster's Ray version is unknown: {why_unknown or 'not reported'}"
+    elif reader and reader != cluster:
+        reason = f"the reader's Ray {reader} differs from the cluster's Ray {cluster}"
+    else:
+        reason = ""
+    return SourceStatus(name="ray", ok=True, reason=reason, detail=detail)

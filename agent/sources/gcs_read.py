@@ -1,11 +1,11 @@
 """Read every node's resources from a Ray GCS without ``ray.init()``: no driver, no job.
 
-Standalone on purpose — the standard library and ``ray`` only, no rayscope import — so the
-same file also runs as a script under the Ray node's own Python when the interpreter
-running rayscope cannot import ray (``python gcs_read.py ADDRESS TIMEOUT`` prints one JSON
-document; ``python gcs_read.py ADDRESS TIMEOUT actors`` adds the live actors, ``pending``
-what waits to be placed: see :func:`read_pending`). Ray-version
-quirks live here and in ``gcs.py`` only.
+Standalone on purpose — the standard library, ``ray`` and ``raycompat`` only — so the same
+file also runs as a script under the Ray node's own Python when the interpreter running
+rayscope cannot import ray (``gcs.py`` runs ``raycompat`` and this file joined as one
+script: ``ADDRESS TIMEOUT`` prints one JSON document; ``ADDRESS TIMEOUT actors`` adds the
+live actors, ``pending`` what waits to be placed: see :func:`read_pending`). Differences
+between Ray releases live in ``raycompat`` only.
 
 Output, per node: ``node_id`` (hex), ``node_ip``, ``hostname``, ``is_head``, ``alive``,
 ``total``, ``available`` (``null`` when the GCS holds none, e.g. for a dead node), ``labels``.
@@ -22,6 +22,11 @@ import os
 import sys
 from collections.abc import MutableMapping
 from typing import Any, Optional
+
+if __name__ == "__main__":  # script mode: gcs.py put raycompat's source above this one
+    raycompat: Any = sys.modules[__name__]
+else:
+    from agent.sources import raycompat
 
 AUTH_MODE = "RAY_AUTH_MODE"
 DEFAULT_TOKEN_PATH = os.path.join("~", ".ray", "auth_token")
@@ -79,9 +84,7 @@ def read_nodes(client: Any, timeout_s: float) -> list[dict[str, Any]]:
         node_id = info.node_id.hex()
         alive = info.state == alive_state
         state = states.get(node_id)
-        labels = {str(k): str(v) for k, v in dict(info.labels).items()}
-        if state is not None:
-            labels.update({str(k): str(v) for k, v in dict(state.labels).items()})
+        labels = raycompat.node_labels(info, state)
         nodes.append(
             {
                 "node_id": node_id,
@@ -97,25 +100,11 @@ def read_nodes(client: Any, timeout_s: float) -> list[dict[str, Any]]:
     return nodes
 
 
-def _actor_table(client: Any, timeout_s: float) -> list[Any]:
-    """The GCS actor table's ALIVE entries (only live actors hold resources)."""
-    if hasattr(client, "get_all_actor_info"):  # a synchronous call in some Ray releases
-        infos = client.get_all_actor_info(actor_state_name="ALIVE", timeout=timeout_s)
-    else:  # Ray 2.4x-2.6x: only the asyncio variant
-        import asyncio  # here, not at the top: the CLI imports this module on every run
-
-        async def fetch() -> Any:
-            return await client.async_get_all_actor_info(actor_state_name="ALIVE", timeout=timeout_s)
-
-        infos = asyncio.run(fetch())
-    return list(infos.values()) if isinstance(infos, dict) else list(infos)
-
-
-def read_actors(client: Any, timeout_s: float) -> list[dict[str, Any]]:
+def read_actors(client: Any, address: str, timeout_s: float) -> list[dict[str, Any]]:
     """Every live actor: what it booked and where it runs, as plain JSON-ready dicts."""
     states = _ray("ray.core.generated.gcs_pb2").ActorTableData.ActorState
     actors = []
-    for info in _actor_table(client, timeout_s):
+    for info in raycompat.actor_table(client, address, timeout_s):
         node_id = info.node_id or info.address.node_id
         shares: dict[int, float] = {}
         for entry in info.resource_mapping:
@@ -143,20 +132,6 @@ PENDING_ACTOR_STATES = ("DEPENDENCIES_UNREADY", "PENDING_CREATION")
 """Actor table states of an actor that holds no resources yet: it waits to be placed."""
 
 
-def _actors_in_state(client: Any, state: str, timeout_s: float) -> list[Any]:
-    """The actor table's entries in ``state`` (``_actor_table`` asks for ALIVE only)."""
-    if hasattr(client, "get_all_actor_info"):
-        infos = client.get_all_actor_info(actor_state_name=state, timeout=timeout_s)
-    else:
-        import asyncio
-
-        async def fetch() -> Any:
-            return await client.async_get_all_actor_info(actor_state_name=state, timeout=timeout_s)
-
-        infos = asyncio.run(fetch())
-    return list(infos.values()) if isinstance(infos, dict) else list(infos)
-
-
 def _device_use(infos: list[Any]) -> dict[str, dict[str, dict[str, float]]]:
     """Per node, per resource, per device index: what the live actors hold
     (``resource_mapping``: Ray's own per-device placement, e.g. ``GPU [(1, 0.6)]``)."""
@@ -171,7 +146,7 @@ def _device_use(infos: list[Any]) -> dict[str, dict[str, dict[str, float]]]:
     return use
 
 
-def read_pending(client: Any, timeout_s: float) -> dict[str, Any]:
+def read_pending(client: Any, address: str, timeout_s: float) -> dict[str, Any]:
     """What waits to be placed, and what the scheduler has free, from one autoscaler-state
     read (the same call ``ray status`` makes) plus the actor table, as plain JSON-ready dicts.
 
@@ -209,7 +184,7 @@ def read_pending(client: Any, timeout_s: float) -> dict[str, Any]:
     states = _ray("ray.core.generated.gcs_pb2").ActorTableData.ActorState
     actors = []
     for state_name in PENDING_ACTOR_STATES:
-        for info in _actors_in_state(client, state_name, timeout_s):
+        for info in raycompat.actor_table(client, address, timeout_s, state_name):
             actors.append(
                 {
                     "actor_id": info.actor_id.hex(),
@@ -226,7 +201,7 @@ def read_pending(client: Any, timeout_s: float) -> dict[str, Any]:
         "requests": requests,
         "gangs": gangs,
         "actors": actors,
-        "device_use": _device_use(_actor_table(client, timeout_s)),
+        "device_use": _device_use(raycompat.actor_table(client, address, timeout_s)),
     }
 
 
@@ -243,16 +218,19 @@ def main(argv: list[str]) -> int:
         client = connect(address)
         nodes = read_nodes(client, timeout_s)
         out: dict[str, Any] = {"ok": True, "nodes": nodes, "ray_version": ray_version()}
+        out["cluster_ray_version"], out["cluster_ray_version_error"] = raycompat.cluster_ray_version(
+            client, timeout_s
+        )
     except Exception as err:  # reported to the parent as data, never a traceback
         out = {"ok": False, "error": f"{type(err).__name__}: {err}"}
     if with_actors and out["ok"]:
         try:  # the nodes stand even when the actor table does not answer
-            out["actors"] = read_actors(client, timeout_s)
+            out["actors"] = read_actors(client, address, timeout_s)
         except Exception as err:
             out["actors_error"] = f"{type(err).__name__}: {err}"
     if "pending" in argv[3:] and out["ok"]:
         try:  # the nodes stand even when the pending demand does not answer
-            out["pending"] = read_pending(client, timeout_s)
+            out["pending"] = read_pending(client, address, timeout_s)
         except Exception as err:
             out["pending_error"] = f"{type(err).__name__}: {err}"
     out["python"] = sys.executable

@@ -16,7 +16,7 @@ from typing import Optional
 import psutil
 
 from agent.model import RayletInfo, SourceStatus
-from agent.sources import trust
+from agent.sources import raycompat, trust
 
 RAYLET_NAME = "raylet"
 NOT_RUNNING = frozenset((psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD, psutil.STATUS_STOPPED))
@@ -113,10 +113,12 @@ def find_raylets() -> tuple[list[RayletInfo], SourceStatus]:
         if proc.info.get("name") != RAYLET_NAME or proc.info.get("status") in NOT_RUNNING:
             continue
         try:
-            info = parse_raylet_cmdline(proc.cmdline(), proc.pid)
+            argv = proc.cmdline()
+            info = parse_raylet_cmdline(argv, proc.pid)
             if info is not None:
                 info.started_at = proc.create_time()
                 read_gpu_environ(proc, info)
+                info.ray_version = raycompat.installed_ray_version(argv[0])
             if info is not None and info.python_executable:  # SECURITY.md rule 1
                 refusal = trust.raylet_python_refusal(proc.pid, proc.uids(), info.python_executable)
                 if refusal:

@@ -29,6 +29,15 @@ class FakeNvml:
         return {**base, "LD_LIBRARY_PATH": str(self.lib_dir), SCENARIO_ENV: str(scenario)}
 
 
+def no_driver(lib_dir: Path) -> FakeNvml:
+    """A host without an NVIDIA driver, even on one that has it: an empty
+    ``libnvidia-ml.so.1`` first on the loader's path stops the search there ("file too
+    short"), so the system's library is never reached and pynvml reports it not found."""
+    lib_dir.mkdir(parents=True, exist_ok=True)
+    (lib_dir / LIBRARY).write_bytes(b"")
+    return FakeNvml(lib_dir)
+
+
 ERAS = {"current": [], "r470": ["-DDRIVER_R470"]}
 """Driver eras the fake is built for, with the symbols each era's library exports (see the
 comment at the top of ``fake_nvml.c``)."""

@@ -38,6 +38,7 @@ from agent.model import (
     PendingResources,
     PendingTask,
 )
+from agent.placement import replicas_on_free
 from agent.units import GIB, MIB
 
 ACCELERATOR_PREFIX = "accelerator_type:"
@@ -124,13 +125,9 @@ def gpus_free_from_actors(read: PendingRead) -> DeviceFree:
 
 
 def devices_hold(devices: Sequence[tuple[int, float]], gpu: float) -> bool:
-    """Ray's rule: a fraction below 1 goes on one device with that much free; ``n`` whole
-    GPUs need ``n`` devices wholly free."""
-    if gpu <= 0:
-        return True
-    if gpu < 1:
-        return any(_units(free) >= _units(gpu) for _, free in devices)
-    return sum(1 for _, free in devices if _units(free) >= RESOURCE_UNIT) >= int(gpu)
+    """Whether one replica asking ``gpu`` fits these devices, by Ray's packing rule (the
+    one ``fit`` uses: :func:`agent.placement.replicas_on_free`)."""
+    return gpu <= 0 or replicas_on_free([free for _, free in devices], gpu) >= 1
 
 
 def devices_text(devices: Sequence[tuple[int, float]]) -> str:

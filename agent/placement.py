@@ -166,14 +166,20 @@ def placement_known(node: NodeStatus) -> bool:
 
 
 def replicas_on_devices(devices: Sequence[DeviceFree], gpu: float) -> int:
-    """How many replicas asking ``gpu`` each the devices take, packed as Ray packs them: a
-    fraction on one device with that much free; ``n`` whole GPUs on ``n`` free devices."""
+    """How many replicas asking ``gpu`` each the devices take (see :func:`replicas_on_free`)."""
+    return replicas_on_free([d.free_gpu for d in devices], gpu)
+
+
+def replicas_on_free(free_gpu: Sequence[float], gpu: float) -> int:
+    """How many replicas asking ``gpu`` each fit devices with these free fractions, packed
+    as Ray packs them: a fraction below 1 on one device with that much free; ``n`` whole
+    GPUs on ``n`` wholly free devices. Shared by ``fit`` and the pending-demand reasons."""
     units = round(gpu * 10_000)
     if units <= 0:
         return 10**9
     if units < 10_000:
-        return sum(round(d.free_gpu * 10_000) // units for d in devices)
-    whole = sum(1 for d in devices if d.booked_gpu <= EPSILON)
+        return sum(round(free * 10_000) // units for free in free_gpu)
+    whole = sum(1 for free in free_gpu if round(free * 10_000) >= 10_000)
     return whole // (units // 10_000)
 
 

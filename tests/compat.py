@@ -309,11 +309,14 @@ def check_head(r: Runner, stop_times: list[float]) -> None:
     ]  # fmt: skip
     try:
         url = f"http://127.0.0.1:{http}"
+        # Through the head each node line ends with how its agent runs (`agent: manual` for a
+        # push started by hand); until both agents report, a line ends with `no agent`.
+        reporting = [EUROPA + "  agent: manual", DENBI + "  agent: manual"]
         last = poll(
             lambda: r.run("status", "--head", url, *DEADLINE).stdout,
-            lambda out: EUROPA in out and DENBI in out,
+            lambda out: all(line in out.splitlines() for line in reporting),
         )
-        expect_lines(last, EUROPA, DENBI)
+        expect_lines(last, *reporting)
         with urllib.request.urlopen(f"{url}/healthz", timeout=10) as answer:
             if json.load(answer)["nodes_reporting"] != 2:
                 raise Failed("the head does not hold both agents' reports")

@@ -80,10 +80,10 @@ soak: setup  ## 2,000 simulated agents push for 60 s to one head (capped at 10 m
 	$(BIN)/python -m tests.reliability --faults $(RELIABILITY_DIR)/faults.jsonl \
 		--soak $(RELIABILITY_DIR)/soak.json --out RELIABILITY.md; exit $$rc
 
-reliability: setup  ## every fault test (pytest -m fault), then the soak -> RELIABILITY.md
+reliability: setup  ## every fault test (pytest -m fault), the 100,000-input fuzz, then the soak -> RELIABILITY.md
 	mkdir -p $(RELIABILITY_DIR) && rm -f $(RELIABILITY_DIR)/faults.jsonl $(RELIABILITY_DIR)/soak.json
 	RAYSCOPE_RELIABILITY_JSON=$(CURDIR)/$(RELIABILITY_DIR)/faults.jsonl $(BIN)/python -m pytest -m fault -q; \
-	rc=$$?; $(MAKE) soak || rc=1; exit $$rc
+	rc=$$?; $(MAKE) fuzz || rc=1; $(MAKE) soak || rc=1; exit $$rc
 
 compat: pyz  ## dist/rayscope.pyz under a venv per Ray 2.33.0-2.60.0 (cached in ~/.cache/rayscope-compat), table into README.md
 	$(BIN)/python -m tests.compat --readme

@@ -61,6 +61,7 @@ class Pusher:
         ssl_context: Optional[ssl.SSLContext] = None,
     ) -> None:
         self.head = head
+        self._where = f"{head[0]}:{head[1]}"
         self.token = token
         self.interval_s = interval_s
         self.node_id = node_id
@@ -171,10 +172,25 @@ class Pusher:
             if time.monotonic() >= deadline:
                 return None
 
+    def _lost(self, err: BaseException) -> bool:
+        """The connection failed: drop it, say so once, back off. Always ``False``."""
+        self._close()
+        reason = getattr(err, "strerror", None) or str(err) or type(err).__name__
+        self._note_head(f"head {self._where} unreachable: {reason} (retrying with backoff)", warning=True)
+        return False
+
+    def _refused(self, rejected: str) -> bool:
+        """The head rejected a frame: drop the connection, say why once, back off. ``False``."""
+        self._close()
+        self._note_head(
+            f"head {self._where} rejected the report: {_explain(rejected)} (retrying with backoff)",
+            warning=True,
+        )
+        return False
+
     def send(self, report: NodeReport) -> bool:
         """Send one report; ``False`` (and the connection dropped) if the head is away, stalled
         or rejected it."""
-        where = f"{self.head[0]}:{self.head[1]}"
         payload = self.encode(report)
         try:
             sock = self._connection()
@@ -188,18 +204,10 @@ class Pusher:
                     self._unacked_since = time.monotonic()
                 rejected = self._read_acks(min(ACK_WAIT_S, self.interval_s / 2))
         except (OSError, wire.FrameError) as err:
-            self._close()
-            reason = getattr(err, "strerror", None) or str(err) or type(err).__name__
-            self._note_head(f"head {where} unreachable: {reason} (retrying with backoff)", warning=True)
-            return False
+            return self._lost(err)
         if rejected is not None:
-            self._close()
-            self._note_head(
-                f"head {where} rejected the report: {_explain(rejected)} (retrying with backoff)",
-                warning=True,
-            )
-            return False
-        self._note_head(f"connected to head {where}")
+            return self._refused(rejected)
+        self._note_head(f"connected to head {self._where}")
         self._backoff_s = BACKOFF_START_S
         return True
 
@@ -270,25 +278,17 @@ class Pusher:
             self._stop.wait(
                 min(left, ACK_POLL_S, max(0.0, self._unacked_since + self.ack_deadline_s - time.monotonic()))
             )
-            where = f"{self.head[0]}:{self.head[1]}"
             try:
                 rejected = self._read_acks(0.0)
             except (OSError, wire.FrameError) as err:
-                self._close()
-                reason = getattr(err, "strerror", None) or str(err) or type(err).__name__
-                self._note_head(f"head {where} unreachable: {reason} (retrying with backoff)", warning=True)
-                return False
+                return self._lost(err)
             if rejected is not None:
-                self._close()
-                self._note_head(
-                    f"head {where} rejected the report: {_explain(rejected)} (retrying with backoff)",
-                    warning=True,
-                )
-                return False
+                return self._refused(rejected)
             if self._stalled():
                 self._close()
                 self._note_head(
-                    f"head {where} stalled: no acknowledgement for {self.ack_deadline_s:g} s (reconnecting)",
+                    f"head {self._where} stalled: no acknowledgement for {self.ack_deadline_s:g} s"
+                    " (reconnecting)",
                     warning=True,
                 )
                 return False

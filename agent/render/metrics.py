@@ -6,7 +6,7 @@ Per-device gauges (from Ray's placement, where the actor table was read) are lab
 NVML UUID (``uuid``, empty where Ray's id could not be matched) and Ray's ``gpu_id``.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Optional
 
 from agent.model import ClusterStatus, DeviceFree, GpuDevice, NodeStatus
@@ -69,8 +69,14 @@ _DEVICE_METRICS: tuple[tuple[str, str, Callable[[DeviceFree], Optional[float]]],
 )
 
 
-def _flag(value: Optional[bool]) -> Optional[float]:
-    return None if value is None else float(value)
+def _health(field: str) -> Callable[[GpuDevice], Optional[float]]:
+    """A GPU's health ``field`` as a sample; ``None`` (absent) where NVML did not give it."""
+
+    def value(gpu: GpuDevice) -> Optional[float]:
+        number = None if gpu.health is None else getattr(gpu.health, field)
+        return None if number is None else float(number)
+
+    return value
 
 
 # name, help (the DCGM field it matches), value of one GPU NVML reported; None = absent
@@ -78,45 +84,37 @@ _GPU_METRICS: tuple[tuple[str, str, Callable[[GpuDevice], Optional[float]]], ...
     (
         "rayscope_gpu_xid_errors",
         "XID events since the node agent started watching (DCGM_FI_DEV_XID_ERRORS holds the last code).",
-        lambda g: None if g.health is None or g.health.xid_errors is None else float(g.health.xid_errors),
+        _health("xid_errors"),
     ),
     (
         "rayscope_gpu_last_xid",
         "Code of the last XID event since the agent started (DCGM_FI_DEV_XID_ERRORS).",
-        lambda g: None if g.health is None or g.health.last_xid is None else float(g.health.last_xid),
+        _health("last_xid"),
     ),
     (
         "rayscope_gpu_ecc_uncorrected_volatile_errors",
         "Uncorrected ECC errors since the driver loaded (DCGM_FI_DEV_ECC_DBE_VOL_TOTAL).",
-        lambda g: (
-            None
-            if g.health is None or g.health.ecc_uncorrected_volatile is None
-            else float(g.health.ecc_uncorrected_volatile)
-        ),
+        _health("ecc_uncorrected_volatile"),
     ),
     (
         "rayscope_gpu_retired_pages_pending",
         "1 when pages wait to be retired at the next reset (DCGM_FI_DEV_RETIRED_PENDING).",
-        lambda g: None if g.health is None else _flag(g.health.retired_pages_pending),
+        _health("retired_pages_pending"),
     ),
     (
         "rayscope_gpu_row_remap_pending",
         "1 when rows wait to be remapped at the next reset (DCGM_FI_DEV_ROW_REMAP_PENDING).",
-        lambda g: None if g.health is None else _flag(g.health.remapped_rows_pending),
+        _health("remapped_rows_pending"),
     ),
     (
         "rayscope_gpu_row_remap_failure",
         "1 when a row remapping failed (DCGM_FI_DEV_ROW_REMAP_FAILURE).",
-        lambda g: None if g.health is None else _flag(g.health.row_remap_failure),
+        _health("row_remap_failure"),
     ),
     (
         "rayscope_gpu_clock_throttle_reasons",
         "NVML clock event reason bits now (DCGM_FI_DEV_CLOCK_THROTTLE_REASONS).",
-        lambda g: (
-            None
-            if g.health is None or g.health.clock_throttle_reasons is None
-            else float(g.health.clock_throttle_reasons)
-        ),
+        _health("clock_throttle_reasons"),
     ),
     (
         "rayscope_gpu_temperature_celsius",
@@ -141,23 +139,40 @@ _GPU_METRICS: tuple[tuple[str, str, Callable[[GpuDevice], Optional[float]]], ...
 )
 
 
+def _node_label(node: NodeStatus) -> str:
+    return f'node_id="{_label(node.node_id)}"'
+
+
+def _family(name: str, help_text: str, samples: Iterable[tuple[str, Optional[float]]]) -> list[str]:
+    """One gauge family from ``(labels, value)`` pairs; none at all when no value is known."""
+    lines = [f"{name}{{{labels}}} {_sample(value)}" for labels, value in samples if value is not None]
+    return [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", *lines] if lines else []
+
+
 def _gpu_samples(nodes: list[NodeStatus]) -> list[str]:
     """Per GPU of every fresh NVML report, labelled by node, NVML index and UUID."""
     lines: list[str] = []
     for name, help_text, value_of in _GPU_METRICS:
-        samples = []
-        for node in nodes:
-            if node.stale:
-                continue
-            for gpu in node.gpus or []:
-                value = value_of(gpu)
-                if value is None:
-                    continue
-                uuid = _label(gpu.uuid or "")
-                labels = f'node_id="{_label(node.node_id)}",gpu="{gpu.index}",uuid="{uuid}"'
-                samples.append(f"{name}{{{labels}}} {_sample(value)}")
-        if samples:
-            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", *samples]
+        samples = (
+            (f'{_node_label(node)},gpu="{gpu.index}",uuid="{_label(gpu.uuid or "")}"', value_of(gpu))
+            for node in nodes
+            if not node.stale
+            for gpu in node.gpus or []
+        )
+        lines += _family(name, help_text, samples)
+    return lines
+
+
+def _device_samples(nodes: list[NodeStatus]) -> list[str]:
+    """Per device of Ray's placement, labelled by node, UUID and Ray's GPU id."""
+    lines: list[str] = []
+    for name, help_text, value_of in _DEVICE_METRICS:
+        samples = (
+            (f'{_node_label(node)},uuid="{_label(d.uuid or "")}",gpu_id="{d.gpu_id}"', value_of(d))
+            for node in nodes
+            for d in (node.placement.devices if node.placement is not None else [])
+        )
+        lines += _family(name, help_text, samples)
     return lines
 
 
@@ -205,18 +220,7 @@ def metrics_text(status: ClusterStatus) -> str:
                 labels = f'node_id="{_label(node.node_id)}",node_ip="{_label(node.node_ip or "")}"'
                 lines.append(f"{name}{{{labels}}} {_sample(value)}")
     lines += _gpu_samples(nodes)
-    for name, help_text, device_value in _DEVICE_METRICS:
-        samples = []
-        for node in nodes:
-            for device in node.placement.devices if node.placement is not None else []:
-                value = device_value(device)
-                if value is None:
-                    continue
-                uuid = _label(device.uuid or "")
-                labels = f'node_id="{_label(node.node_id)}",uuid="{uuid}",gpu_id="{device.gpu_id}"'
-                samples.append(f"{name}{{{labels}}} {_sample(value)}")
-        if samples:
-            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", *samples]
+    lines += _device_samples(nodes)
     lines += pending_metrics(status)
     lines += ["# HELP rayscope_source_up 1 when the source answered.", "# TYPE rayscope_source_up gauge"]
     lines += [f'rayscope_source_up{{source="{_label(s.name)}"}} {int(s.ok)}' for s in status.sources]

@@ -26,6 +26,7 @@ from typing import Any, Callable, Optional
 import pytest
 
 from tests.conftest import REPO, Daemon, base_env, free_port, push_agent, run_rayscope
+from tests.reliability_plugin import FaultRecord
 
 pytestmark = pytest.mark.live
 
@@ -217,9 +218,14 @@ def test_a_recorded_frame_replayed_after_the_node_went_stale_leaves_it_stale(
         head.stop()
 
 
-def test_a_wrong_token_is_named_once_and_backed_off(tmp_path: Path, token: Path) -> None:
+@pytest.mark.fault
+def test_a_wrong_token_is_named_once_and_backed_off(tmp_path: Path, token: Path, fault: FaultRecord) -> None:
     """Positive control: have the head close without a rejection (no reason), or reset the
     backoff on rejection: the line or the bound on attempts fails."""
+    fault.expect(
+        "node agent with a wrong token",
+        "the agent logs 'token rejected' once and backs off (1, 2, 4 s); never 'connected'",
+    )
     head = Head(tmp_path / "head.log", token)
     wrong = tmp_path / "wrong"
     wrong.write_text("not the token\n")
@@ -235,6 +241,7 @@ def test_a_wrong_token_is_named_once_and_backed_off(tmp_path: Path, token: Path)
         # every 0.5 s without backoff (12 tries); 1, 2, 4 s with it
         assert 1 <= attempts <= 4, (attempts, elapsed)
         assert agent.log_text().count("token rejected") == 1
+        fault.observe(f"'token rejected' logged once; {attempts} attempt(s) in {elapsed:.0f} s after it")
         assert "connected to head" not in agent.log_text()
         assert head.agent_state() == "absent"
     finally:
@@ -242,12 +249,14 @@ def test_a_wrong_token_is_named_once_and_backed_off(tmp_path: Path, token: Path)
         head.stop()
 
 
+@pytest.mark.fault
 def test_a_head_that_accepts_but_never_reads_is_noticed_within_three_intervals(
-    tmp_path: Path, token: Path
+    tmp_path: Path, token: Path, fault: FaultRecord
 ) -> None:
     """A listening socket nobody reads (the kernel completes the handshake). Before: the
     agent logged "connected" and sent into kernel buffers for hours."""
     interval = 1.0
+    fault.expect("a head that accepts but never reads", "the agent says so within 3 intervals (1 s each)")
     silent = socket.create_server(("127.0.0.1", 0), backlog=8)
     try:
         agent = push_agent(silent.getsockname()[1], NODE, ENV, tmp_path / "push.log", token, interval)
@@ -258,21 +267,25 @@ def test_a_head_that_accepts_but_never_reads_is_noticed_within_three_intervals(
             noticed = log_times(text, "unreachable")[0]
             assert noticed - started <= 3 * interval, text
             assert "connected to head" not in text
+            fault.observe(f"noticed {noticed - started:.1f} s after the agent started; never 'connected'")
         finally:
             agent.stop()
     finally:
         silent.close()
 
 
-@pytest.mark.parametrize("fault", ["sigstop", "network cut"])
+@pytest.mark.fault
+@pytest.mark.parametrize("how", ["sigstop", "network cut"])
 def test_a_stalled_head_is_noticed_within_three_intervals_and_the_agent_comes_back(
-    tmp_path: Path, token: Path, proxy_factory: Callable[[int], Proxy], fault: str
+    tmp_path: Path, token: Path, proxy_factory: Callable[[int], Proxy], how: str, fault: FaultRecord
 ) -> None:
     """SIGSTOP the head, or stop a proxy between agent and head from forwarding. The agent
     must say so within 3 intervals (acknowledgement deadline; TCP keepalive covers idle
     links) and report again once the head is back. Positive control: raise
     ``Pusher.ack_deadline_s`` to 10 intervals."""
     interval = 2.0
+    what = "head SIGSTOPped" if how == "sigstop" else "network cut between agent and head (a proxy stops)"
+    fault.expect(what, "the agent says 'stalled' within 3 intervals (2 s each), reconnects and reports again")
     head = Head(tmp_path / "head.log", token, interval_s=interval)
     proxy = proxy_factory(head.listen_port)
     agent = push_agent(proxy.port, NODE, ENV, tmp_path / "push.log", token, interval)
@@ -280,14 +293,15 @@ def test_a_stalled_head_is_noticed_within_three_intervals_and_the_agent_comes_ba
         eventually(lambda: head.agent_state() == "reporting", 30, "the agent reports")
         time.sleep(interval)
         cut_at = time.time()
-        if fault == "sigstop":
+        if how == "sigstop":
             head.process.send_signal(signal.SIGSTOP)
         else:
             proxy.cut.set()
         eventually(lambda: "stalled" in agent.log_text(), 6 * interval, "the agent notices")
         noticed = log_times(agent.log_text(), "stalled")[0]
         assert noticed - cut_at <= 3 * interval, agent.log_text()
-        if fault == "sigstop":
+        fault.observe(f"'stalled' {noticed - cut_at:.1f} s after the fault")
+        if how == "sigstop":
             head.process.send_signal(signal.SIGCONT)
         else:
             proxy.cut.clear()
@@ -297,6 +311,7 @@ def test_a_stalled_head_is_noticed_within_three_intervals_and_the_agent_comes_ba
             "the agent reconnects",
         )
         eventually(lambda: head.agent_state() == "reporting", 20, "reports again")
+        fault.observe("reconnected and reporting again after the head came back")
     finally:
         agent.stop()
         head.process.send_signal(signal.SIGCONT)

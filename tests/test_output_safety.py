@@ -15,8 +15,10 @@ import pytest
 
 from agent import output
 from agent.errors import AgentError
+from tests.reliability_plugin import FaultRecord
 
 NOBODY = 65534
+
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="planting as another uid and mounting need root")
 
 
@@ -75,11 +77,16 @@ def small_tmpfs(size: str) -> Iterator[Path]:
 
 
 @needs_root
-def test_a_full_disk_never_leaves_a_fragment_in_append() -> None:
+@pytest.mark.fault
+def test_a_full_disk_never_leaves_a_fragment_in_append(fault: FaultRecord) -> None:
     """Lines of 10 kB appended to a 64 kB tmpfs until the disk is full: every line in the file
     is whole (one JSON document and its newline), and the file ends at a line's end.
     Positive control: drop the ``ftruncate`` in ``output.append_line``: the seventh line's
     first 5,536 bytes stay behind, and the file no longer parses line by line."""
+    fault.expect(
+        "disk fills during --append (a 64 KiB tmpfs)",
+        "every line in the file is whole, the failed write is one line on stderr, the next line starts clean",
+    )
     with small_tmpfs("64k") as disk:
         path = disk / "status.ndjson"
         written = 0
@@ -100,3 +107,4 @@ def test_a_full_disk_never_leaves_a_fragment_in_append() -> None:
         path.write_bytes(data[: len(data) // 2].rpartition(b"\n")[0] + b"\n")
         output.append_line(str(path), '{"n": "after"}')
         assert json.loads(path.read_text().splitlines()[-1]) == {"n": "after"}
+        fault.observe(f"{written} whole lines, {len(failures)} refused ({failures[0]}); no fragment")

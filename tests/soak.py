@@ -168,7 +168,10 @@ def soak(agents: int, seconds: float, clients: int, work: Path) -> dict[str, Any
     procs: list[subprocess.Popen[bytes]] = []
     try:
         ray.pid_of("raylet")
-        head = HeadDaemon(env, work / "head.log", ["--gcs", ray.address, "--interval", "1"], token_file)
+        # Every simulated agent dials from 127.0.0.1: allow them all to be new at once (the
+        # per-address cap on connections before their first good frame is 256 by default).
+        extra = ["--gcs", ray.address, "--interval", "1", "--max-pending", str(agents + 64)]
+        head = HeadDaemon(env, work / "head.log", extra, token_file)
         head_proc = psutil.Process(head.process.pid)
         per = math.ceil(agents / clients)
         outs = []

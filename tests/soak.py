@@ -65,6 +65,10 @@ def soak_report(node_id: str, hostname: str, collected_at: float) -> NodeReport:
     )
 
 
+SEND_TIMEOUT_S = 5.0
+"""A send (or the close) that takes longer counts as an error; nothing in the soak hangs."""
+
+
 class SoakAgent:
     """One simulated node agent: one connection, one report per interval."""
 
@@ -81,9 +85,14 @@ class SoakAgent:
 
     async def run(self, host: str, port: int, until: float) -> None:
         await asyncio.sleep(random.uniform(0, self.interval_s))
-        reader, writer = await asyncio.open_connection(host, port)
-        # Wire v2: the head greets with a challenge; frames are numbered and bound to it.
-        sealer = wire.Sealer(self.token, wire.parse_greeting(await reader.readexactly(wire.GREETING_BYTES)))
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), SEND_TIMEOUT_S)
+            # Wire v2: the head greets with a challenge; frames are numbered and bound to it.
+            greeting = await asyncio.wait_for(reader.readexactly(wire.GREETING_BYTES), SEND_TIMEOUT_S)
+        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError):
+            self.errors += 1
+            return
+        sealer = wire.Sealer(self.token, wire.parse_greeting(greeting))
         drain_head = asyncio.ensure_future(self._discard(reader))  # acks, if the head sends any
         next_at = time.time()
         try:
@@ -91,8 +100,8 @@ class SoakAgent:
                 collected_at = max(time.time(), self.last_sent + 1e-6)
                 try:
                     writer.write(self.frame(sealer, collected_at))
-                    await writer.drain()
-                except OSError:
+                    await asyncio.wait_for(writer.drain(), timeout=SEND_TIMEOUT_S)
+                except (OSError, asyncio.TimeoutError):
                     self.errors += 1
                     return
                 self.last_sent, self.sent = collected_at, self.sent + 1
@@ -102,8 +111,8 @@ class SoakAgent:
         finally:
             drain_head.cancel()
             writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
+            with contextlib.suppress(OSError, asyncio.TimeoutError):
+                await asyncio.wait_for(writer.wait_closed(), timeout=SEND_TIMEOUT_S)
 
     @staticmethod
     async def _discard(reader: asyncio.StreamReader) -> None:

@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, NamedTuple, Optional
 
 from tests import fake_nvml
+from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("RAYSCOPE_COMPAT_CACHE", "~/.cache/rayscope-compat")).expanduser()
@@ -108,12 +108,6 @@ def ensure_venv(ray: str, python: str) -> Path:
         raise Failed(f"pip install ray=={ray}: {(done.stderr.strip().splitlines() or ['failed'])[-1]}")
     stamp.touch()
     return venv
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager

@@ -20,6 +20,7 @@ from agent.model import (
     HostInfo,
     NodeDiagnostics,
     NodeReport,
+    NodeStatus,
     PendingRead,
     RayletInfo,
     RayNode,
@@ -295,3 +296,28 @@ def pending_status() -> ClusterStatus:
         sources=[SourceStatus(name="gcs", ok=True), SourceStatus(name="gcs_pending", ok=True)],
     )
     return pending.attach(status, read)
+
+
+def a100_worker(node_id: str, **fields: object) -> NodeStatus:
+    """A bare worker node at 10.0.0.9 (A100s, nothing booked, NVML not reported), with
+    ``fields`` replaced: the node the per-GPU unit tests start from."""
+    base = NodeStatus(
+        node_ip="10.0.0.9",
+        head=False,
+        total_cpu=8,
+        used_cpu=0,
+        total_gpu=1,
+        used_gpu=0,
+        total_gpu_memory=None,
+        used_gpu_memory=None,
+        total_vram_mb=0,
+        used_vram_mb=0,
+        total_memory=0,
+        used_memory=0,
+        total_object_store_memory=0,
+        used_object_store_memory=0,
+        accelerator_type="A100",
+        slurm_job_id=None,
+        node_id=node_id,
+    )
+    return msgspec.structs.replace(base, **fields)

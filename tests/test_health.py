@@ -6,34 +6,16 @@ throttle flag.
 """
 
 from agent.health import health_flags, throttle_names
-from agent.model import ClusterStatus, ClusterTotals, GpuDevice, GpuHealth, NodeStatus
+from agent.model import ClusterStatus, ClusterTotals, GpuDevice, GpuHealth
 from agent.render.metrics import metrics_text
+from tests.scenarios import a100_worker
 
 NODE = "4a" * 28
 UUID = "GPU-00000001-5f1c-4d3e-9a7b-000000000000"
 
 
 def node_with(gpu: GpuDevice) -> ClusterStatus:
-    status = NodeStatus(
-        node_ip="10.0.0.9",
-        head=False,
-        total_cpu=8,
-        used_cpu=0,
-        total_gpu=1,
-        used_gpu=0,
-        total_gpu_memory=None,
-        used_gpu_memory=None,
-        total_vram_mb=0,
-        used_vram_mb=0,
-        total_memory=0,
-        used_memory=0,
-        total_object_store_memory=0,
-        used_object_store_memory=0,
-        accelerator_type="A100",
-        slurm_job_id=None,
-        node_id=NODE,
-        gpus=[gpu],
-    )
+    status = a100_worker(NODE, gpus=[gpu])
     return ClusterStatus(generated_at=0.0, view="head", cluster=ClusterTotals(), nodes={NODE: status})
 
 

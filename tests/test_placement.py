@@ -27,6 +27,7 @@ from agent.render.gpus import status_gpu_lines
 from agent.render.metrics import metrics_text
 from agent.render.status import status_lines
 from tests.golden import check_golden
+from tests.scenarios import a100_worker
 
 NODE = "4a" * 28
 GIB = 1024**3
@@ -63,24 +64,13 @@ def raylet(visible: Optional[str], order: Optional[str] = None, read: bool = Tru
 
 
 def node(total_gpu: float, used_gpu: float, total_vram: float = 0.0, used_vram: float = 0.0) -> NodeStatus:
-    return NodeStatus(
-        node_ip="10.0.0.9",
-        head=False,
+    return a100_worker(
+        NODE,
         total_cpu=32,
-        used_cpu=0,
         total_gpu=total_gpu,
         used_gpu=used_gpu,
-        total_gpu_memory=None,
-        used_gpu_memory=None,
         total_vram_mb=total_vram,
         used_vram_mb=used_vram,
-        total_memory=0,
-        used_memory=0,
-        total_object_store_memory=0,
-        used_object_store_memory=0,
-        accelerator_type="A100",
-        slurm_job_id=None,
-        node_id=NODE,
     )
 
 

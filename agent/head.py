@@ -546,6 +546,8 @@ class Head:
             backlog=ingest.ACCEPT_BACKLOG,
             ssl_handshake_timeout=ingest.FRAME_DEADLINE_S if self.ssl_context else None,
         )
+        for listening in server.sockets:
+            ingest.widen_listen_queue(listening.fileno())
         self._start_http()
         poller = PollerGuard(self.state, self._reader, self._stop, self.agents)
         poller.start()

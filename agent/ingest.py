@@ -21,6 +21,8 @@ What a peer without the token can hold is bounded:
 import asyncio
 import errno
 import logging
+import os
+import socket
 import time
 from collections import OrderedDict
 from typing import Any, Callable, Optional
@@ -35,10 +37,24 @@ MAX_CONNECTIONS = 4096
 MAX_UNAUTH_PER_HOST = 256
 ACCEPT_BACKLOG = 64
 """asyncio accepts up to this many connections in one go, before any of them is admitted."""
+LISTEN_QUEUE = 4096
+"""Connections the kernel completes and holds until the head accepts them (capped by
+``net.core.somaxconn``). A cluster whose agents all reconnect at once, after a head restart,
+waits here; a full queue drops SYNs, and each is retried only after 1, 3, 7 s."""
 FD_RESERVE = 192 + ACCEPT_BACKLOG
 """File descriptors kept back from the report port: HTTP, the GCS client, logs, a burst of
 accepts and connections closing."""
 THROTTLE_S = 10.0
+
+
+def widen_listen_queue(fd: int) -> None:
+    """Set the kernel's listen queue of the listening socket ``fd`` to :data:`LISTEN_QUEUE`.
+
+    asyncio passes one number, its ``backlog``, both to ``listen()`` and as how many sockets
+    it accepts per loop pass; calling ``listen()`` again on the same socket (through a
+    duplicate descriptor) changes only the kernel's queue and keeps the accept batch small."""
+    with socket.socket(fileno=os.dup(fd)) as listening:
+        listening.listen(LISTEN_QUEUE)
 
 
 class LogThrottle:

@@ -84,32 +84,44 @@ class SoakAgent:
         return sealer.seal(payload)
 
     async def run(self, host: str, port: int, until: float) -> None:
+        """Connect and send until ``until``; like the push agent, a failed connect or send
+        is counted and retried after a backoff (1, 2, 4 s) on a new connection."""
         await asyncio.sleep(random.uniform(0, self.interval_s))
+        backoff = 1.0
+        while time.time() < until:
+            if await self._session(host, port, until):
+                return
+            self.errors += 1
+            await asyncio.sleep(min(backoff, max(0.0, until - time.time())))
+            backoff = min(2 * backoff, 4.0)
+
+    async def _session(self, host: str, port: int, until: float) -> bool:
+        """One connection: True when it sent until ``until``, False on a failure."""
         try:
             reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), SEND_TIMEOUT_S)
+        except (OSError, asyncio.TimeoutError):
+            return False
+        drain_head: Optional[asyncio.Future[None]] = None
+        try:
             # Wire v2: the head greets with a challenge; frames are numbered and bound to it.
             greeting = await asyncio.wait_for(reader.readexactly(wire.GREETING_BYTES), SEND_TIMEOUT_S)
-        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError):
-            self.errors += 1
-            return
-        sealer = wire.Sealer(self.token, wire.parse_greeting(greeting))
-        drain_head = asyncio.ensure_future(self._discard(reader))  # acks, if the head sends any
-        next_at = time.time()
-        try:
+            sealer = wire.Sealer(self.token, wire.parse_greeting(greeting))
+            drain_head = asyncio.ensure_future(self._discard(reader))  # acks, if the head sends any
+            next_at = time.time()
             while time.time() < until:
                 collected_at = max(time.time(), self.last_sent + 1e-6)
-                try:
-                    writer.write(self.frame(sealer, collected_at))
-                    await asyncio.wait_for(writer.drain(), timeout=SEND_TIMEOUT_S)
-                except (OSError, asyncio.TimeoutError):
-                    self.errors += 1
-                    return
+                writer.write(self.frame(sealer, collected_at))
+                await asyncio.wait_for(writer.drain(), timeout=SEND_TIMEOUT_S)
                 self.last_sent, self.sent = collected_at, self.sent + 1
                 # On a fixed schedule: a late wake-up does not push every later send back.
                 next_at = max(next_at + self.interval_s, time.time() - self.interval_s)
                 await asyncio.sleep(max(0.0, next_at - time.time()))
+            return True
+        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, wire.FrameError):
+            return False
         finally:
-            drain_head.cancel()
+            if drain_head is not None:
+                drain_head.cancel()
             writer.close()
             with contextlib.suppress(OSError, asyncio.TimeoutError):
                 await asyncio.wait_for(writer.wait_closed(), timeout=SEND_TIMEOUT_S)

@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional
 
 import pytest
 
+from agent import wire
 from tests.conftest import REPO, Daemon, base_env, free_port, push_agent, run_rayscope
 from tests.reliability_plugin import FaultRecord
 
@@ -513,3 +514,71 @@ def test_http_worker_threads_are_bounded(tmp_path: Path, token: Path) -> None:
         for s in idle:
             s.close()
         head.stop()
+
+
+@pytest.mark.fault
+def test_a_whole_cluster_reconnecting_at_once_waits_in_the_listen_queue(
+    tmp_path: Path, token: Path, fault: FaultRecord
+) -> None:
+    """1,000 agents dial a head that is busy (SIGSTOPped, so it accepts nothing) at once, as
+    a cluster does when its head restarts. The kernel must complete every handshake and hold
+    it until the head accepts; each must then get its greeting. Before: the listen queue was
+    asyncio's accept batch (64), the kernel dropped every SYN past it, and the 2,000-agent
+    soak lost 257 agents to connect timeouts while the SYNs were retried."""
+    agents = 1000
+    fault.expect(
+        "1,000 agents dial a busy head at once (SIGSTOPped, as after a restart)",
+        "the kernel completes every handshake within 2 s; each gets its greeting once the head runs",
+    )
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert hard >= agents + 200, "this test needs 1,200 descriptors for its own sockets"
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, agents + 200), hard))
+    head = Head(tmp_path / "head.log", token, extra=("--max-pending", str(agents + 64)))
+    socks: list[socket.socket] = []
+    try:
+        head.process.send_signal(signal.SIGSTOP)
+        for _ in range(agents):
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", head.listen_port))
+            socks.append(s)
+        import select
+
+        poller = select.poll()
+        for s in socks:
+            poller.register(s, select.POLLOUT)
+        connected: set[int] = set()
+        until = time.monotonic() + 2.0  # a dropped SYN is first retried after 1 s, then 3 s
+        while len(connected) < agents and time.monotonic() < until:
+            for fd, events in poller.poll(100):
+                if events & select.POLLOUT:
+                    connected.add(fd)
+                    poller.unregister(fd)
+        assert len(connected) == agents, f"only {len(connected)} of {agents} handshakes completed"
+        head.process.send_signal(signal.SIGCONT)
+        resumed = time.monotonic()
+        greeted = 0
+        deadline = time.monotonic() + 30
+        for s in socks:
+            s.setblocking(True)
+            s.settimeout(max(0.1, deadline - time.monotonic()))
+            data = b""
+            with contextlib.suppress(OSError):
+                while len(data) < wire.GREETING_BYTES:
+                    chunk = s.recv(64)
+                    if not chunk:
+                        break
+                    data += chunk
+            greeted += len(data) >= wire.GREETING_BYTES
+        assert greeted == agents, f"{greeted} of {agents} got a greeting"
+        fault.observe(
+            f"{len(connected)} of {agents} handshakes completed while the head was stopped;"
+            f" {greeted} greeted {time.monotonic() - resumed:.1f} s after it ran again"
+        )
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            head.process.send_signal(signal.SIGCONT)
+        for s in socks:
+            s.close()
+        head.stop()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

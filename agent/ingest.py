@@ -283,8 +283,17 @@ class ReportProtocol(asyncio.Protocol):
             raise wire.FrameError(str(err), wire.BAD_REPORT) from None
         self._authenticated()
         if node != self._node:
+            if self._node is None:  # the connection's first report: once per connection
+                log.info("agent %s reports node %s", self.peer, node or "(no raylet)")
+            else:  # a connection that changes node every frame must not flood the log
+                self._guard.throttle.note(
+                    "node-changed",
+                    "agent %s now reports node %s",
+                    self.peer,
+                    node or "(no raylet)",
+                    level=logging.INFO,
+                )
             self._node = node
-            log.info("agent %s reports node %s", self.peer, node or "(no raylet)")
 
     def _read_header(self, buffer: bytearray, used: int) -> int:
         """Bytes of a header consumed from ``buffer[used:]`` (0: not all there yet)."""

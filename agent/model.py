@@ -16,14 +16,34 @@ The Structs a head agent holds by the thousand are ``gc=False`` (msgspec's optio
 scalars and containers of other Structs, never a reference back, so no cycle can form and the
 garbage collector need not scan them. Measured at 10,000 nodes: report ingest 35k → 79k/s,
 rollup 47 → 38 ms (``make bench``).
+
+A node report's numbers and lists carry their bounds in their types (:data:`Count`,
+:data:`Amount`, ``Annotated[list[...], Meta(max_length=...)]``): msgspec checks them, in C,
+when the head decodes a report, and names the field that broke one. Building a Struct does
+not check them. Strings are checked by ``agent.validate`` (SECURITY.md, rule 4).
 """
 
-from typing import Optional
+import sys
+from typing import Annotated, Optional
 
 import msgspec
 
 SCHEMA_VERSION = 1
 """Version of :class:`NodeReport` and :class:`ClusterStatus`; a head rejects newer ones."""
+
+MAX_GPUS = 64
+MAX_MIG_DEVICES = 16
+"""NVIDIA's largest MIG split is 7 instances; 16 leaves room."""
+MAX_PROCESSES_PER_GPU = 256
+MAX_ITEMS = 4096
+"""Any other list or map in a report: sources, a raylet's resources and labels, the process
+table, a GPU's errors."""
+
+Count = Annotated[int, msgspec.Meta(ge=0)]
+"""A non-negative integer: a pid, an index, bytes, a percentage, a counter."""
+Amount = Annotated[float, msgspec.Meta(ge=0.0, le=sys.float_info.max)]
+"""A finite, non-negative float: NaN fails ``ge``, infinity fails ``le``."""
+ITEMS = msgspec.Meta(max_length=MAX_ITEMS)
 
 
 class SourceStatus(msgspec.Struct, kw_only=True, gc=False):
@@ -45,19 +65,19 @@ class GpuProcess(msgspec.Struct, kw_only=True, gc=False):
     ``pid`` is in the driver's pid namespace: the host's, even when rayscope runs in a container.
     """
 
-    pid: int
-    used_memory_bytes: Optional[int] = None
+    pid: Count
+    used_memory_bytes: Optional[Count] = None
     """``None`` when the driver does not say (WDDM, some MIG set-ups, no permission)."""
-    kinds: list[str] = []
+    kinds: Annotated[list[str], ITEMS] = []
     """``compute`` and/or ``graphics``: the NVML process lists the pid appeared in."""
-    gpu_instance_id: Optional[int] = None
-    compute_instance_id: Optional[int] = None
+    gpu_instance_id: Optional[Count] = None
+    compute_instance_id: Optional[Count] = None
 
 
 class ProcessInfo(msgspec.Struct, kw_only=True, gc=False):
     """What this host says about one GPU process's pid: psutil and Ray's own session logs."""
 
-    pid: int
+    pid: Count
     visible: bool = True
     """``False``: no such pid in this host's process table (exited, or another namespace)."""
     name: Optional[str] = None
@@ -65,9 +85,9 @@ class ProcessInfo(msgspec.Struct, kw_only=True, gc=False):
     title: Optional[str] = None
     """The process title of the Ray worker that owns it: ``ray::Replica``,
     ``ray::ServeReplica:app:deployment``, ``ray::IDLE``; ``None`` outside Ray."""
-    worker_pid: Optional[int] = None
+    worker_pid: Optional[Count] = None
     """The Ray worker process that owns this pid: itself, or the ancestor the raylet started."""
-    raylet_pid: Optional[int] = None
+    raylet_pid: Optional[Count] = None
     node_id: Optional[str] = None
     """The Ray node id of the raylet that started the worker (its command line)."""
     job_id: Optional[str] = None
@@ -168,11 +188,11 @@ class GpuHealth(msgspec.Struct, kw_only=True, gc=False):
     """What an operator triages a GPU with, from NVML. ``None`` = not supported or not read
     (absent, never 0). DCGM's field in brackets says what each means."""
 
-    xid_errors: Optional[int] = None
+    xid_errors: Optional[Count] = None
     """XID events since this process began watching (the agent's start)
     [``DCGM_FI_DEV_XID_ERRORS`` holds the last one's code]."""
-    last_xid: Optional[int] = None
-    ecc_uncorrected_volatile: Optional[int] = None
+    last_xid: Optional[Count] = None
+    ecc_uncorrected_volatile: Optional[Count] = None
     """Uncorrected ECC errors since the driver loaded [``DCGM_FI_DEV_ECC_DBE_VOL_TOTAL``]."""
     retired_pages_pending: Optional[bool] = None
     """Pages waiting to be retired at the next reset [``DCGM_FI_DEV_RETIRED_PENDING``]."""
@@ -180,7 +200,7 @@ class GpuHealth(msgspec.Struct, kw_only=True, gc=False):
     """Rows waiting to be remapped at the next reset [``DCGM_FI_DEV_ROW_REMAP_PENDING``]."""
     row_remap_failure: Optional[bool] = None
     """A row remapping failed [``DCGM_FI_DEV_ROW_REMAP_FAILURE``]."""
-    clock_throttle_reasons: Optional[int] = None
+    clock_throttle_reasons: Optional[Count] = None
     """NVML's clock event reason bits now [``DCGM_FI_DEV_CLOCK_THROTTLE_REASONS``]."""
     lost: bool = False
     """The GPU has fallen off the bus (``NVML_ERROR_GPU_IS_LOST``)."""
@@ -189,40 +209,42 @@ class GpuHealth(msgspec.Struct, kw_only=True, gc=False):
 class GpuDevice(msgspec.Struct, kw_only=True, gc=False):
     """One GPU as NVML reports it (``nvidia-smi --query-gpu=...``). ``None`` = unknown."""
 
-    index: int
+    index: Count
     name: Optional[str] = None
     uuid: Optional[str] = None
-    memory_total_bytes: Optional[int] = None
-    memory_used_bytes: Optional[int] = None
-    memory_info_version: Optional[int] = None
+    memory_total_bytes: Optional[Count] = None
+    memory_used_bytes: Optional[Count] = None
+    memory_info_version: Optional[Count] = None
     """2 when ``nvmlDeviceGetMemoryInfo_v2`` answered, 1 for the v1 fallback."""
-    utilization_gpu_pct: Optional[int] = None
-    errors: dict[str, str] = {}
+    utilization_gpu_pct: Optional[Count] = None
+    errors: Annotated[dict[str, str], ITEMS] = {}
     """Field name → why it is ``None`` (``Not Supported``, ``GPU is lost``)."""
     pci_bus_id: Optional[str] = None
-    memory_reserved_bytes: Optional[int] = None
+    memory_reserved_bytes: Optional[Count] = None
     """Memory the driver reserves (memory info v2 only; ``None`` with v1)."""
     temperature_c: Optional[int] = None
-    power_draw_mw: Optional[int] = None
-    power_limit_mw: Optional[int] = None
+    """Degrees Celsius: the one signed number in a report."""
+    power_draw_mw: Optional[Count] = None
+    power_limit_mw: Optional[Count] = None
     """The enforced power limit (``nvidia-smi --query-gpu=enforced.power.limit``), mW."""
     mig_enabled: Optional[bool] = None
     """Current MIG mode; ``False`` too where the GPU does not support MIG."""
-    parent_index: Optional[int] = None
+    parent_index: Optional[Count] = None
     """A MIG instance: the index of its physical GPU (``index`` is then the MIG index)."""
-    gpu_instance_id: Optional[int] = None
-    compute_instance_id: Optional[int] = None
-    mig_devices: "list[GpuDevice]" = []  # one string: 3.9/3.10 leave list["X"] unresolved
+    gpu_instance_id: Optional[Count] = None
+    compute_instance_id: Optional[Count] = None
+    mig_devices: "Annotated[list[GpuDevice], msgspec.Meta(max_length=MAX_MIG_DEVICES)]" = []
+    # one string: 3.9/3.10 leave list["X"] unresolved
     """MIG instances of this GPU, each reported as its own device (their memory is part of
     the parent's: sums use the parents only)."""
-    processes: Optional[list[GpuProcess]] = None
+    processes: Optional[Annotated[list[GpuProcess], msgspec.Meta(max_length=MAX_PROCESSES_PER_GPU)]] = None
     """Processes holding memory on this device; ``None`` when NVML could not list them
     (reason in ``errors``). On a MIG-enabled GPU they are listed on its MIG devices."""
     attribution: Optional[GpuAttribution] = None
     """Bookings beside measured memory; set by ``agent.attribution``, never by a node agent."""
     health: Optional[GpuHealth] = None
     """XID, ECC, row remapping, throttling, lost (``None``: not read, e.g. a MIG instance)."""
-    process_list_version: Optional[int] = None
+    process_list_version: Optional[Count] = None
     """The NVML process-list call version that answered: 3 (``_v3``, drivers >= 510.39) or
     2 (``_v2``, R450/R470)."""
 
@@ -231,30 +253,30 @@ class HostInfo(msgspec.Struct, kw_only=True, gc=False):
     """The machine itself, from the kernel via psutil."""
 
     hostname: str
-    cpu_count: Optional[int] = None
-    load_1m: Optional[float] = None
-    load_5m: Optional[float] = None
-    load_15m: Optional[float] = None
-    memory_total_bytes: Optional[int] = None
-    memory_available_bytes: Optional[int] = None
+    cpu_count: Optional[Count] = None
+    load_1m: Optional[Amount] = None
+    load_5m: Optional[Amount] = None
+    load_15m: Optional[Amount] = None
+    memory_total_bytes: Optional[Count] = None
+    memory_available_bytes: Optional[Count] = None
 
 
 class RayletInfo(msgspec.Struct, kw_only=True, gc=False):
     """The local raylet process, as its command line describes it."""
 
-    pid: int
+    pid: Count
     node_id: str
     node_ip: str
     is_head: bool = False
     gcs_address: Optional[str] = None
     session_dir: Optional[str] = None
     temp_dir: Optional[str] = None
-    static_resources: dict[str, float] = {}
+    static_resources: Annotated[dict[str, Amount], ITEMS] = {}
     """``--static_resource_list``: what the node advertises (CPU, GPU, VRAM_MB, ...)."""
-    labels: dict[str, str] = {}
+    labels: Annotated[dict[str, str], ITEMS] = {}
     python_executable: Optional[str] = None
     """The Ray node's own Python, first word of ``--python_worker_command``."""
-    started_at: Optional[float] = None
+    started_at: Optional[Amount] = None
     """The raylet process's start time (epoch seconds): with ``pid``, tells a restart apart."""
     cuda_visible_devices: Optional[str] = None
     """The raylet's ``CUDA_VISIBLE_DEVICES`` (its environment): Ray's GPU id *i* is entry *i*."""
@@ -326,20 +348,20 @@ class NodePlacement(msgspec.Struct, kw_only=True, gc=False):
 class NodeReport(msgspec.Struct, kw_only=True, gc=False):
     """What a node agent knows about its own node: sent to the head, or read locally."""
 
-    schema: int = SCHEMA_VERSION
+    schema: Count = SCHEMA_VERSION
     node_id: str
     """The Ray node id this report is for; ``""`` when no raylet runs here."""
-    collected_at: float
+    collected_at: Amount
     """The node's own clock, for information only: staleness uses the head's clock."""
     raylet: Optional[RayletInfo] = None
     host: Optional[HostInfo] = None
     driver_version: Optional[str] = None
-    gpus: Optional[list[GpuDevice]] = None
+    gpus: Optional[Annotated[list[GpuDevice], msgspec.Meta(max_length=MAX_GPUS)]] = None
     """``None`` when NVML did not answer (see ``sources``); ``[]`` when it found no GPU."""
-    sources: list[SourceStatus] = []
-    interval_s: Optional[float] = None
+    sources: Annotated[list[SourceStatus], ITEMS] = []
+    interval_s: Optional[Amount] = None
     """How often the agent sends: the head judges staleness by its own interval and this."""
-    processes: Optional[list[ProcessInfo]] = None
+    processes: Optional[Annotated[list[ProcessInfo], ITEMS]] = None
     """This host's view of the GPU processes' pids; ``None`` when not read or not mappable."""
     started_by: str = ""
     """How the agent was started: ``ray`` (placed by ``head --agents ray``), ``systemd``,

@@ -1,17 +1,24 @@
 """What a head accepts from a node report, and how many nodes it holds (SECURITY.md, rule 4).
 
 A report is judged by the head, never by its own fields: a node that holds the token can
-still send anything msgspec decodes. :func:`check_report` runs once per report, at the one
-place the head ingests it, and either raises :class:`ReportError` (the connection counts the
-rejection in ``frames_rejected`` and logs why) or leaves a report that is
+still send anything msgspec decodes. A report the head keeps is
 
 * bounded: at most :data:`MAX_GPUS` devices, :data:`MAX_MIG_DEVICES` MIG devices each (and no
   deeper nesting), :data:`MAX_PROCESSES_PER_GPU` processes per device, :data:`MAX_ITEMS` items
   in any other list or map, :data:`MAX_STRING_CHARS` characters in any string;
-* made of finite, non-negative numbers (temperatures excepted: finite);
+* made of finite, non-negative numbers (temperatures excepted);
 * free of control characters: every string goes through :func:`printable` (escape sequences
   would otherwise reach terminals, log lines and Prometheus labels);
 * without what only the head computes (a GPU's ``attribution``).
+
+The numbers and the list lengths are types in ``agent.model`` (``Count``, ``Amount``,
+``max_length``): the head's msgspec decoder checks them in C and names the field. What types
+cannot say is checked here, by :func:`check_report`, once per report at the one place the
+head ingests it: MIG nesting, ``attribution``, and the strings. The strings of a report are
+gathered by a walker compiled per Struct type from its fields (:func:`_gatherer`), then
+judged in one pass; only a report that fails it takes the slow path (:func:`_clean_struct`),
+which strips control characters in place or raises :class:`ReportError` naming the rule
+broken. The connection counts a rejection in ``frames_rejected`` and logs why.
 
 Staleness is the head's business too: a report's own ``interval_s`` is informational.
 
@@ -25,20 +32,23 @@ import functools
 import math
 import operator
 import re
-from collections.abc import Callable, Container, Iterable, Mapping
-from typing import Any, NamedTuple, Optional
+from collections.abc import Callable, Container, Mapping
+from typing import Any, Optional
 
 import msgspec
-import msgspec.inspect
+import msgspec.inspect as mi
 
-from agent.model import NodeReport, ReceivedReport
+from agent.model import (
+    MAX_GPUS,
+    MAX_ITEMS,
+    MAX_MIG_DEVICES,
+    MAX_PROCESSES_PER_GPU,
+    NodeReport,
+    ReceivedReport,
+)
 
-MAX_GPUS = 64
-MAX_MIG_DEVICES = 16
-"""NVIDIA's largest MIG split is 7 instances; 16 leaves room."""
-MAX_PROCESSES_PER_GPU = 256
-MAX_ITEMS = 4096
-"""Any other list or map: sources, a raylet's resources and labels, the process table."""
+__all__ = ["MAX_GPUS", "MAX_ITEMS", "MAX_MIG_DEVICES", "MAX_PROCESSES_PER_GPU"]  # bounds live in the model
+
 MAX_STRING_CHARS = 4096
 """Paths (a session directory, a Python) are the longest strings; Linux's PATH_MAX is 4096."""
 MAX_NODES_HELD = 16_384
@@ -62,122 +72,133 @@ def printable_lines(lines: list[str]) -> list[str]:
 
 
 def check_report(report: NodeReport) -> None:
-    """Bounds, numbers and strings of one decoded report (see the module's docstring);
-    strips control characters in place; :class:`ReportError` names the first rule broken."""
-    gpus = report.gpus or []
-    if len(gpus) > MAX_GPUS:
-        raise ReportError(f"{len(gpus)} GPUs in one report (at most {MAX_GPUS})")
-    for gpu in gpus:
-        if len(gpu.mig_devices) > MAX_MIG_DEVICES:
-            raise ReportError(f"{len(gpu.mig_devices)} MIG devices on one GPU (at most {MAX_MIG_DEVICES})")
-        for device in [gpu, *gpu.mig_devices]:
+    """What the decoder's types do not check (see the module's docstring); strips control
+    characters in place; :class:`ReportError` names the first rule broken."""
+    for gpu in report.gpus or ():
+        for device in (gpu, *gpu.mig_devices):
             if device is not gpu and device.mig_devices:
                 raise ReportError("MIG devices nested inside a MIG device")
-            if device.processes is not None and len(device.processes) > MAX_PROCESSES_PER_GPU:
-                raise ReportError(
-                    f"{len(device.processes)} processes on one GPU (at most {MAX_PROCESSES_PER_GPU})"
-                )
             if device.attribution is not None:
                 raise ReportError("a GPU's attribution is set (only the head computes it)")
-    _check_struct(report, "report")
+    strings: list[Any] = []
+    _gatherer(NodeReport)(report, strings)
+    if not _strings_ok(strings):
+        _clean_struct(report, "report")
 
 
-class _Plan(NamedTuple):
-    """One Struct type's fields by kind, read with one ``attrgetter`` call per kind."""
-
-    strings: Optional[Callable[[Any], tuple[Any, ...]]]
-    numbers: Optional[Callable[[Any], tuple[Any, ...]]]
-    signed: tuple[str, ...]
-    nested: tuple[str, ...]
+Gather = Callable[[Any, list[Any]], None]
+"""Appends every string a value holds (``None`` and empty ones too) to the list."""
 
 
-def _getter(names: list[str]) -> Optional[Callable[[Any], tuple[Any, ...]]]:
-    if not names:
+def _unwrap(kind: Any) -> Any:
+    """``Optional[X]`` → ``X``; any other type unchanged."""
+    if isinstance(kind, mi.UnionType):
+        inner = [t for t in kind.types if not isinstance(t, mi.NoneType)]
+        if len(inner) == 1:
+            return inner[0]
+    return kind
+
+
+def _holds_strings(kind: Any, seen: frozenset[type] = frozenset()) -> bool:
+    """Whether a value of type ``kind`` can hold a string (a Struct met again: assume so)."""
+    kind = _unwrap(kind)
+    if isinstance(kind, mi.StrType):
+        return True
+    if isinstance(kind, mi.StructType):
+        return kind.cls in seen or any(
+            _holds_strings(f.type, seen | {kind.cls})
+            for f in mi.type_info(kind.cls).fields  # type: ignore[attr-defined]
+        )
+    if isinstance(kind, mi.ListType):
+        return _holds_strings(kind.item_type, seen)
+    if isinstance(kind, mi.DictType):
+        return _holds_strings(kind.key_type, seen) or _holds_strings(kind.value_type, seen)
+    if isinstance(kind, (mi.IntType, mi.FloatType, mi.BoolType, mi.NoneType)):
+        return False
+    raise TypeError(f"validate does not know where the strings are in a {kind!r}")
+
+
+def _gather_field(name: str, kind: Any) -> Optional[Gather]:
+    """A walker for a field ``name`` of type ``kind`` that is not a string; ``None`` when it
+    cannot hold one."""
+    kind = _unwrap(kind)
+    if not _holds_strings(kind):
         return None
-    get = operator.attrgetter(*names)
-    return get if len(names) > 1 else lambda value: (get(value),)
+    if isinstance(kind, mi.StructType):
+        cls = kind.cls
+
+        def gather_struct(value: Any, out: list[Any]) -> None:
+            item = getattr(value, name)
+            if item is not None:
+                _gatherer(cls)(item, out)
+
+        return gather_struct
+    if isinstance(kind, mi.ListType):
+        item_kind = _unwrap(kind.item_type)
+        if isinstance(item_kind, mi.StrType):
+            return lambda value, out: out.extend(getattr(value, name) or ())
+        if not isinstance(item_kind, mi.StructType):
+            raise TypeError(f"validate does not know where the strings are in {name}: {kind!r}")
+        item_cls = item_kind.cls
+
+        def gather_list(value: Any, out: list[Any]) -> None:
+            items = getattr(value, name)
+            if items:
+                each = _gatherer(item_cls)
+                for element in items:
+                    each(element, out)
+
+        return gather_list
+    if isinstance(kind, mi.DictType):
+        keys = isinstance(_unwrap(kind.key_type), mi.StrType)
+        values = isinstance(_unwrap(kind.value_type), mi.StrType)
+        if _holds_strings(kind.value_type) and not values:
+            raise TypeError(f"validate does not know where the strings are in {name}: {kind!r}")
+
+        def gather_dict(value: Any, out: list[Any]) -> None:
+            mapping = getattr(value, name)
+            if mapping:
+                if keys:
+                    out.extend(mapping)
+                if values:
+                    out.extend(mapping.values())
+
+        return gather_dict
+    raise TypeError(f"validate does not know where the strings are in {name}: {kind!r}")
 
 
 @functools.cache
-def _plan(cls: type) -> _Plan:
-    strings: list[str] = []
-    numbers: list[str] = []
-    signed: list[str] = []
-    nested: list[str] = []
-    for field in msgspec.inspect.type_info(cls).fields:  # type: ignore[attr-defined]
-        kind = field.type
-        if isinstance(kind, msgspec.inspect.UnionType):
-            inner = [t for t in kind.types if not isinstance(t, msgspec.inspect.NoneType)]
-            kind = inner[0] if len(inner) == 1 else kind
-        if isinstance(kind, msgspec.inspect.StrType):
-            strings.append(field.name)
-        elif isinstance(kind, (msgspec.inspect.IntType, msgspec.inspect.FloatType)):
-            (signed if field.name in SIGNED_FIELDS else numbers).append(field.name)
-        elif not isinstance(kind, msgspec.inspect.BoolType):
-            nested.append(field.name)
-    return _Plan(_getter(strings), _getter(numbers), tuple(signed), tuple(nested))
+def _gatherer(cls: type) -> Gather:
+    """The strings walker of one Struct type, built once from its fields: its own strings in
+    one ``attrgetter`` call, then a step per field that can hold more."""
+    fields = mi.type_info(cls).fields  # type: ignore[attr-defined]
+    names = [f.name for f in fields if isinstance(_unwrap(f.type), mi.StrType)]
+    steps = [
+        step
+        for f in fields
+        if not isinstance(_unwrap(f.type), mi.StrType) and (step := _gather_field(f.name, f.type)) is not None
+    ]
+    own = operator.attrgetter(*names) if names else None
+    single = len(names) == 1
+
+    def gather(value: Any, out: list[Any]) -> None:
+        if own is not None:
+            if single:
+                out.append(own(value))
+            else:
+                out.extend(own(value))
+        for step in steps:
+            step(value, out)
+
+    return gather
 
 
-def _strings_ok(values: Iterable[Any]) -> bool:
+def _strings_ok(values: list[Any]) -> bool:
     strings = [s for s in values if s]
     try:
         return not strings or (max(map(len, strings)) <= MAX_STRING_CHARS and "".join(strings).isprintable())
     except TypeError:  # not all strings: the slow path says which
         return False
-
-
-def _numbers_ok(values: Iterable[Any]) -> bool:
-    numbers = [x for x in values if x is not None]
-    try:
-        return not numbers or (min(numbers) >= 0 and math.isfinite(math.fsum(numbers)))
-    except (TypeError, ValueError, OverflowError):  # inf - inf, or not all numbers
-        return False
-
-
-def _scalars_ok(values: Iterable[Any]) -> bool:
-    items = tuple(values)
-    return not items or (_strings_ok(items) if isinstance(items[0], str) else _numbers_ok(items))
-
-
-def _check_struct(value: msgspec.Struct, where: str) -> None:
-    """The fast path: each kind of field checked in one pass of C-level calls; anything it
-    does not pass goes to :func:`_clean_struct`, which names the rule broken or cleans."""
-    plan = _plan(type(value))
-    if (plan.strings is not None and not _strings_ok(plan.strings(value))) or (
-        plan.numbers is not None and not _numbers_ok(plan.numbers(value))
-    ):
-        _clean_struct(value, where)
-        return
-    for name in plan.signed:
-        number = getattr(value, name)
-        if number is not None and not math.isfinite(number):
-            raise ReportError(f"{where}.{name}: {number!r} is not a finite number")
-    for name in plan.nested:
-        _check_nested(value, name, f"{where}.{name}")
-
-
-def _check_nested(value: msgspec.Struct, name: str, where: str) -> None:
-    """A list, map or Struct field: Structs on the fast path, lists and maps of scalars in
-    one pass, anything else (or anything that fails) through :func:`_clean`."""
-    item = getattr(value, name)
-    if item is None:
-        return
-    if isinstance(item, msgspec.Struct):
-        _check_struct(item, where)
-        return
-    if isinstance(item, (list, dict)) and len(item) > MAX_ITEMS:
-        raise ReportError(f"{where}: {len(item)} items (at most {MAX_ITEMS})")
-    if isinstance(item, list) and item and isinstance(item[0], msgspec.Struct):
-        for element in item:
-            _check_struct(element, where)
-        return
-    if isinstance(item, list) and _scalars_ok(item):
-        return
-    if isinstance(item, dict) and _scalars_ok(item.keys()) and _scalars_ok(item.values()):
-        return
-    cleaned = _clean(item, where)
-    if cleaned is not item:
-        setattr(value, name, cleaned)
 
 
 def _clean_struct(value: msgspec.Struct, where: str) -> None:

@@ -7,6 +7,7 @@ raises ``ReportError``, which the connection counts in ``frames_rejected``.
 
 import math
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import msgspec
@@ -185,3 +186,118 @@ def test_the_number_of_nodes_held_is_bounded_oldest_unknown_evicted(monkeypatch:
     with pytest.raises(ReportError, match="full"):
         ingest(full, report(node_id="u5", raylet=None))
     assert set(full.status(NOW).nodes) == set(known)
+
+
+def _report_types() -> list[msgspec.inspect.StructType]:
+    """Every Struct type a node report can hold, NodeReport first."""
+    seen: dict[type, msgspec.inspect.StructType] = {}
+
+    def visit(kind: Any) -> None:
+        if isinstance(kind, msgspec.inspect.StructType) and kind.cls not in seen:
+            seen[kind.cls] = kind
+            for field in kind.fields:
+                visit(field.type)
+        for inner in ("types", "item_type", "key_type", "value_type"):
+            value = getattr(kind, inner, None)
+            for item in value if isinstance(value, tuple) else [value] if value is not None else []:
+                visit(item)
+
+    visit(msgspec.inspect.type_info(NodeReport))
+    return list(seen.values())
+
+
+def test_every_number_and_list_of_a_report_is_bounded_by_its_type() -> None:
+    """The decoder checks what the types say, so a report field added without a bound is a
+    hole: every int is ``>= 0`` (temperatures excepted), every float finite and ``>= 0``, and
+    every list or map has a ``max_length``. (GpuAttribution is refused whole by validate.)
+    Positive control: give ``HostInfo.load_1m`` back the plain type ``Optional[float]``."""
+    from agent.model import GpuAttribution, GpuUser
+
+    mi = msgspec.inspect
+
+    def unbounded(kind: Any, signed: bool) -> bool:
+        if isinstance(kind, mi.IntType):
+            return kind.ge != 0 and not signed
+        if isinstance(kind, mi.FloatType):
+            return kind.ge != 0 or kind.le is None
+        if isinstance(kind, mi.DictType):
+            return kind.max_length is None or unbounded(kind.value_type, False)
+        return isinstance(kind, mi.ListType) and kind.max_length is None
+
+    holes = []
+    for struct in _report_types():
+        if struct.cls in (GpuAttribution, GpuUser):
+            continue
+        for field in struct.fields:
+            kinds = field.type.types if isinstance(field.type, mi.UnionType) else (field.type,)
+            if any(unbounded(kind, field.name == "temperature_c") for kind in kinds):
+                holes.append(f"{struct.cls.__name__}.{field.name}")
+    assert not holes, holes
+
+
+EVIL = "\x1b]0;owned\x07\u202e\x9b"
+
+
+def _filled(struct: msgspec.inspect.StructType, depth: int = 0) -> dict[str, Any]:
+    """A report part with every field set: every string its own name, every list one item."""
+
+    scalars: dict[type, Any] = {
+        msgspec.inspect.BoolType: True,
+        msgspec.inspect.IntType: 1,
+        msgspec.inspect.FloatType: 1.0,
+    }
+
+    def value(kind: Any, name: str) -> Any:
+        if isinstance(kind, msgspec.inspect.UnionType):
+            kind = next(t for t in kind.types if not isinstance(t, msgspec.inspect.NoneType))
+        if isinstance(kind, msgspec.inspect.StrType):
+            return name
+        if type(kind) in scalars:
+            return scalars[type(kind)]
+        if isinstance(kind, msgspec.inspect.ListType):
+            item = value(kind.item_type, name)
+            return [] if item is None else [item]
+        if isinstance(kind, msgspec.inspect.DictType):
+            return {value(kind.key_type, name + "-key"): value(kind.value_type, name)}
+        assert isinstance(kind, msgspec.inspect.StructType), kind
+        return _filled(kind, depth + 1) if depth < 3 else None
+
+    filled = {f.name: value(f.type, f.name) for f in struct.fields if f.name not in ("attribution", "schema")}
+    if "mig_devices" in filled and depth > 1:
+        filled["mig_devices"] = []  # a MIG device (report, GPU, MIG) has none of its own
+    return {k: v for k, v in filled.items() if v is not None}
+
+
+def _with_one_evil_string(document: Any) -> Iterator[Any]:
+    """Copies of ``document``, each with one of its strings (or map keys) made ``EVIL``."""
+    if isinstance(document, str):
+        yield document + EVIL
+    elif isinstance(document, list):
+        for i, item in enumerate(document):
+            for changed in _with_one_evil_string(item):
+                yield [*document[:i], changed, *document[i + 1 :]]
+    elif isinstance(document, dict):
+        for key, item in document.items():
+            for changed in _with_one_evil_string(item):
+                yield {**document, key: changed}
+            if isinstance(key, str) and key not in NodeReport.__struct_fields__ and "-key" in key:
+                yield {(k + EVIL if k == key else k): v for k, v in document.items()}
+
+
+def test_every_string_of_a_report_loses_its_control_characters() -> None:
+    """A report with every field set; in turn, each of its strings (map keys too) carries an
+    escape sequence: the head keeps none. The strings walker is built from the types, so a
+    field added later is covered; this proves it.
+    Positive control: make ``validate._gatherer`` skip dict values."""
+    report_type = msgspec.inspect.type_info(NodeReport)
+    assert isinstance(report_type, msgspec.inspect.StructType)
+    document = _filled(report_type)
+    variants = list(_with_one_evil_string(document))
+    assert len(variants) > 30
+    for variant in variants:
+        kept = ingest(HeadState(INTERVAL_S, None), variant)
+        assert kept.gpus and kept.gpus[0].mig_devices and kept.processes  # every part is there
+        assert kept.raylet and kept.raylet.labels
+        text = msgspec.json.encode(kept).decode()
+        assert "owned" in text
+        assert not re.search(r"\\u00|\\u20|\x9b|\u202e", text), text

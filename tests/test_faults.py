@@ -3,10 +3,12 @@ an old scheduler view, hosts without a raylet, a lost GPU, a dead GCS poller, on
 completeness rule. The live versions are in test_live_faults.py.
 """
 
+import socket
 import subprocess
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Optional
 
 import msgspec
@@ -245,6 +247,33 @@ def test_the_port_check_and_the_child_share_one_deadline(monkeypatch: pytest.Mon
     with pytest.raises(gcs.GcsUnavailable, match=r"timeout 0\.5 s"):
         gcs._run_child("127.0.0.1:1", 0.5, "python3")
     assert seen["timeout"] <= 0.21
+
+
+@pytest.mark.parametrize("imported", [False, True], ids=["still importing ray", "GCS silent"])
+def test_a_child_past_its_deadline_says_whether_it_had_imported_ray(tmp_path: Path, imported: bool) -> None:
+    """On a loaded host ``import ray`` alone can outlast the 5 s deadline; the error said
+    "GCS unreachable" either way, sending the operator after a healthy GCS. The child now
+    says when ray is imported; the parent reads that from the killed child's stderr."""
+    from agent.sources import gcs_read
+
+    fake = tmp_path / "python"
+    marker = f"echo '{gcs_read.IMPORTED}' >&2; " if imported else ""
+    fake.write_text(f"#!/bin/sh\n{marker}exec sleep 30\n")
+    fake.chmod(0o755)
+    with socket.socket() as listening:  # a port that takes the connection (the port check)
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        address = f"127.0.0.1:{listening.getsockname()[1]}"
+        started = time.monotonic()
+        with pytest.raises(gcs.GcsUnavailable) as caught:
+            gcs._run_child(address, 1.0, str(fake))
+    assert time.monotonic() - started < 10
+    message = str(caught.value)
+    assert "timeout 1 s" in message
+    if imported:
+        assert message == f"GCS unreachable at {address} (timeout 1 s)"
+    else:
+        assert "still importing ray" in message and "raise --timeout" in message
 
 
 class BrokenState(HeadState):

@@ -307,8 +307,8 @@ def _run_child(address: str, timeout_s: float, python: str, *extra: str) -> dict
             text=True,
             check=False,
         )
-    except subprocess.TimeoutExpired:
-        raise GcsUnavailable(f"GCS unreachable at {address} (timeout {timeout_s:g} s)") from None
+    except subprocess.TimeoutExpired as err:
+        raise GcsUnavailable(_child_timeout(err, address, timeout_s, python)) from None
     except OSError as err:
         raise GcsUnavailable(f"cannot run {python} for the GCS read: {err.strerror}") from None
     try:
@@ -321,6 +321,19 @@ def _run_child(address: str, timeout_s: float, python: str, *extra: str) -> dict
             explain(RuntimeError(answer.get("error", "")), address, timeout_s, _token_source())
         )
     return answer  # type: ignore[no-any-return]
+
+
+def _child_timeout(err: subprocess.TimeoutExpired, address: str, timeout_s: float, python: str) -> str:
+    """Why the child ran past the deadline: still importing ray (a loaded host, a slow
+    filesystem), or waiting on a GCS whose port took the connection but did not answer."""
+    stderr = err.stderr or b""
+    text = stderr.decode("utf-8", "replace") if isinstance(stderr, bytes) else stderr
+    if gcs_read.IMPORTED in text:
+        return f"GCS unreachable at {address} (timeout {timeout_s:g} s)"
+    return (
+        f"GCS read stopped at its deadline (timeout {timeout_s:g} s) while {python} was still"
+        " importing ray (a loaded host or a slow file system): the GCS was not asked; raise --timeout"
+    )
 
 
 def _token_source() -> Optional[str]:

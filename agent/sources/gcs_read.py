@@ -209,12 +209,19 @@ def ray_version() -> str:
     return str(_ray("ray").__version__)
 
 
+IMPORTED = "rayscope: ray imported"
+"""Written to stderr once ``import ray`` is done: a parent that kills this script at its
+deadline tells a slow import from a GCS that did not answer."""
+
+
 def main(argv: list[str]) -> int:
     """Script mode: ``ADDRESS TIMEOUT_S [actors] [pending]`` → one JSON document on stdout."""
     address, timeout_s = argv[1], float(argv[2])
     with_actors = "actors" in argv[3:]
     prepare_auth_env(os.environ)
     try:
+        _ray("ray._raylet")  # the slow part on a loaded host: the parent's timeout names it
+        print(IMPORTED, file=sys.stderr, flush=True)
         client = connect(address)
         nodes = read_nodes(client, timeout_s)
         out: dict[str, Any] = {"ok": True, "nodes": nodes, "ray_version": ray_version()}

@@ -150,16 +150,18 @@ def _family(name: str, help_text: str, samples: Iterable[tuple[str, Optional[flo
 
 
 def _gpu_samples(nodes: list[NodeStatus]) -> list[str]:
-    """Per GPU of every fresh NVML report, labelled by node, NVML index and UUID."""
+    """Per GPU of every fresh NVML report, labelled by node, NVML index and UUID (each GPU's
+    labels built once, not once per family: 11 families × 80,000 GPUs at 10,000 nodes)."""
+    gpus = [
+        (f'{node_labels},gpu="{gpu.index}",uuid="{_label(gpu.uuid or "")}"', gpu)
+        for node in nodes
+        if not node.stale and node.gpus
+        for node_labels in (_node_label(node),)
+        for gpu in node.gpus
+    ]
     lines: list[str] = []
     for name, help_text, value_of in _GPU_METRICS:
-        samples = (
-            (f'{_node_label(node)},gpu="{gpu.index}",uuid="{_label(gpu.uuid or "")}"', value_of(gpu))
-            for node in nodes
-            if not node.stale
-            for gpu in node.gpus or []
-        )
-        lines += _family(name, help_text, samples)
+        lines += _family(name, help_text, ((labels, value_of(gpu)) for labels, gpu in gpus))
     return lines
 
 
@@ -212,12 +214,12 @@ def metrics_text(status: ClusterStatus) -> str:
     report's NVML numbers (``rayscope_report_stale`` says why they went)."""
     lines: list[str] = []
     nodes = list(status.nodes.values())
+    labelled = [(f'node_id="{_label(n.node_id)}",node_ip="{_label(n.node_ip or "")}"', n) for n in nodes]
     for name, help_text, value_of in _NODE_METRICS:
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
-        for node in nodes:
+        for labels, node in labelled:
             value = value_of(node)
             if value is not None:
-                labels = f'node_id="{_label(node.node_id)}",node_ip="{_label(node.node_ip or "")}"'
                 lines.append(f"{name}{{{labels}}} {_sample(value)}")
     lines += _gpu_samples(nodes)
     lines += _device_samples(nodes)

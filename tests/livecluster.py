@@ -319,13 +319,18 @@ class LiveCluster:
         self.cluster.shutdown()
 
 
+class Stopped(Exception):
+    """SIGTERM: leave the command loop and shut the cluster down."""
+
+
 def serve(args: argparse.Namespace) -> int:
     cluster = LiveCluster(args.topology)
-    stopping: list[int] = []
 
     def on_sigterm(*_: object) -> None:
-        stopping.append(1)
-        sys.stdin.close()  # ends the command loop below
+        # Raise, do not close stdin: closing it under a read in progress raised "reentrant
+        # call inside BufferedReader". One stop only: the shutdown below is not interrupted.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Stopped
 
     signal.signal(signal.SIGTERM, on_sigterm)
     try:
@@ -338,8 +343,6 @@ def serve(args: argparse.Namespace) -> int:
         os.replace(tmp, args.state)
         print(f"{REPLY}{json.dumps({'ok': True, 'ready': True})}", flush=True)
         for line in sys.stdin:
-            if stopping:
-                break
             request = json.loads(line)
             try:
                 op = request.pop("op")
@@ -368,7 +371,7 @@ def serve(args: argparse.Namespace) -> int:
             except Exception as err:  # reported to the test, which decides
                 out = {"ok": False, "error": f"{type(err).__name__}: {err}"}
             print(f"{REPLY}{json.dumps(out)}", flush=True)
-    except ValueError:  # stdin closed by SIGTERM
+    except Stopped:
         pass
     finally:
         cluster.shutdown()

@@ -539,8 +539,9 @@ def node(
     """This node's diagnostics: raylet, booking, GPUs, host, sources.
 
     Shows the raylet's identity and what the scheduler booked on it, the GPUs as NVML sees
-    them, the host, and which sources answered. Runs on any node, with or without Ray
-    importable. Exit code 0 unless rayscope itself fails.
+    them, the host, the rayscope node agents running here (push or placed by Ray, by pid),
+    and which sources answered. Runs on any node, with or without Ray importable. Exit code
+    0 unless rayscope itself fails.
     """
     with _one_line_errors():
         from agent import collect

@@ -27,6 +27,7 @@ from agent.model import (
 )
 from agent.rollup import merge, scheduler_nodes
 from agent.sources import gcs, host, nvml, procs, raylet
+from agent.sources.agents import find_agents
 
 
 def local_report(
@@ -172,6 +173,7 @@ def node_diagnostics(
         status = merge(scheduler_nodes(mine), {}, now=clock(), stale_after_s=math.inf, view="gcs")
         booking = dict(status.nodes)
     report = local_report(None, clock())
+    agents, agents_status = find_agents()
     diag = NodeDiagnostics(
         schema=SCHEMA_VERSION,
         generated_at=clock(),
@@ -181,8 +183,9 @@ def node_diagnostics(
         driver_version=report.driver_version,
         gpus=report.gpus,
         booking=booking,
-        sources=sources + report.sources,
+        sources=sources + report.sources + [agents_status],
         processes=report.processes,
+        agents=agents,
     )
     if gpus and report.gpus is not None:
         diag.gpus, diag.attribution = attribute_node(

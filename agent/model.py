@@ -575,6 +575,20 @@ class ClusterStatus(msgspec.Struct, kw_only=True):
     nodes, liveness and bookings are as of ``scheduler_age_s`` ago."""
 
 
+class AgentProcess(msgspec.Struct, kw_only=True, gc=False):
+    """A rayscope node agent running on this host, as its process shows it (``rayscope node``)."""
+
+    pid: int
+    user: str = ""
+    started_by: str
+    """``ray`` (a Ray worker titled ``ray::RayscopeAgent``), ``systemd`` (its cgroup is a
+    ``.service`` unit) or ``manual``, as ``status --head`` words it."""
+    head: Optional[str] = None
+    """The ``--head`` on its command line; ``None`` for an agent placed through Ray."""
+    unit: Optional[str] = None
+    """The systemd unit it runs in, if any."""
+
+
 class NodeDiagnostics(msgspec.Struct, kw_only=True):
     """What ``rayscope node`` prints: this host's raylets, GPUs and host, and their booking."""
 
@@ -591,6 +605,8 @@ class NodeDiagnostics(msgspec.Struct, kw_only=True):
     processes: Optional[list[ProcessInfo]] = None
     attribution: Optional[NodeAttribution] = None
     """This host's GPUs attributed to the local raylets' actors (``node --gpus``)."""
+    agents: Optional[list[AgentProcess]] = None
+    """rayscope node agents running on this host (``None``: not looked for)."""
 
 
 class FitRequest(msgspec.Struct, kw_only=True):

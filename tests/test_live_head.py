@@ -113,6 +113,25 @@ def test_every_node_reports_fresh_through_the_head(fleet: Fleet) -> None:
     assert (head["used_vram_mb"], head["total_vram_mb"], head["used_gpu"]) == (20480, 24576, 0.04)
 
 
+def test_node_lists_the_push_agents_running_on_its_host(fleet: Fleet) -> None:
+    """``rayscope node`` names each node agent on this host by pid, with the head it pushes
+    to. Control: a process that is rayscope but not ``push`` (this ``node`` itself) is not one."""
+    from agent.sources.agents import parse_unit
+
+    done = run_rayscope("node", "--json", env=fleet.env)
+    assert done.returncode in (0, 1), done.stderr
+    agents = {a["pid"]: a for a in json.loads(done.stdout)["agents"]}
+    own_unit = parse_unit(Path("/proc/self/cgroup").read_text())  # the agents inherit it
+    for name, daemon in fleet.agents.items():
+        agent = agents.get(daemon.process.pid)
+        assert agent is not None, (name, agents)
+        assert agent["head"] == f"127.0.0.1:{fleet.head.listen_port}"
+        assert agent["started_by"] == ("systemd" if own_unit else "manual")
+    assert all(a["head"] for a in agents.values() if a["started_by"] != "ray")
+    lines = run_rayscope("node", env=fleet.env).stdout
+    assert f"push -> 127.0.0.1:{fleet.head.listen_port}" in lines
+
+
 def test_head_lines_carry_no_marker_when_all_report(fleet: Fleet) -> None:
     done = fleet.run_status()
     assert done.returncode == 0, done.stderr

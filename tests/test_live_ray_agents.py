@@ -137,6 +137,10 @@ def test_every_node_reports_through_a_ray_placed_agent(cluster: LiveCluster, ray
     assert done.returncode == 0, done.stderr
     node_lines = [line for line in done.stdout.splitlines() if line.startswith("  127.0.0.1")]
     assert len(node_lines) == 2 and all(line.endswith("agent: ray") for line in node_lines), done.stdout
+    # ``rayscope node`` on this host (both raylets run here) finds both agents' workers.
+    node = run_rayscope("node", "--json", env=ray_head.env)
+    placed = [a for a in json.loads(node.stdout)["agents"] or [] if a["started_by"] == "ray"]
+    assert len(placed) == 2, node.stdout[-2000:]
 
 
 def test_agents_book_nothing(cluster: LiveCluster, tmp_path: Path, wire_token: Path) -> None:

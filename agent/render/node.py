@@ -2,7 +2,7 @@
 
 from typing import Optional
 
-from agent.model import GpuDevice, HostInfo, NodeDiagnostics, NodeStatus, RayletInfo
+from agent.model import AgentProcess, GpuDevice, HostInfo, NodeDiagnostics, NodeStatus, RayletInfo
 from agent.render.fmt import booking, cpus, encode, gib, number, size, source_notes
 from agent.render.gpus import gpu_block_lines
 from agent.validate import printable_lines
@@ -67,8 +67,25 @@ def host_line(host: HostInfo) -> str:
     return " ".join(parts).rstrip(",")
 
 
+def agent_lines(agents: list[AgentProcess]) -> list[str]:
+    """``Agents: pid 4242 push -> 10.0.0.1:7000 (systemd rayscope.service, user root)``: the
+    rayscope node agents running here, or that none does."""
+    if not agents:
+        return ["Agents: none running here"]
+    words = []
+    for agent in agents:
+        if agent.started_by == "ray":
+            what, how = f"pid {agent.pid} placed by Ray", "head --agents ray"
+        else:
+            what = f"pid {agent.pid} push -> {agent.head or 'NA'}"
+            how = f"systemd {agent.unit}" if agent.unit else agent.started_by
+        words.append(f"{what} ({how}, user {agent.user or 'NA'})")
+    return ["Agents: " + words[0], *("        " + w for w in words[1:])]
+
+
 def node_lines(diag: NodeDiagnostics, gpus: bool = False) -> list[str]:
-    """``rayscope node``: raylets and their booking, GPUs, host, which sources answered.
+    """``rayscope node``: raylets and their booking, GPUs, host, the rayscope agents running
+    here, which sources answered.
     ``gpus``: each GPU's details, bookings and processes (``node --gpus``)."""
     lines: list[str] = []
     for raylet in diag.raylets:
@@ -86,6 +103,8 @@ def node_lines(diag: NodeDiagnostics, gpus: bool = False) -> list[str]:
         lines.append("GPUs: NA")
     if diag.host is not None:
         lines.append(host_line(diag.host))
+    if diag.agents is not None:
+        lines += agent_lines(diag.agents)
     answered = ", ".join(f"{s.name} {'ok' if s.ok else 'no'}" for s in diag.sources)
     lines.append(f"Sources: {answered}")
     lines += ["  " + note for note in source_notes(diag.sources)]

@@ -38,6 +38,9 @@ log = logging.getLogger("rayscope.agents")
 NAMESPACE = "rayscope"
 NAME_PREFIX = "rayscope-agent:"
 STARTED_BY = "ray"
+PROCESS_TITLE = "ray::RayscopeAgent"
+"""What Ray titles the actor's worker process (``ray::<class>``): how ``rayscope node``
+finds a Ray-placed agent among the host's processes."""
 SLOW_START_S = 60.0
 """A placed agent whose push loop has not started after this long counts as failing (Ray may
 take tens of seconds to start a worker with a new runtime environment on a busy node)."""
@@ -100,7 +103,7 @@ def shipped_modules() -> list[str]:
     return paths
 
 
-class NodeAgent:
+class RayscopeAgent:
     """The actor: the push loop for the node it is pinned to (``ray.remote`` at placement)."""
 
     def __init__(self, node_id: str, head_host: str, head_port: int, interval_s: float) -> None:
@@ -138,7 +141,7 @@ class NodeAgent:
 
 
 class RayAgents:
-    """Keeps one :class:`NodeAgent` on every alive node; owned by the head agent."""
+    """Keeps one :class:`RayscopeAgent` on every alive node; owned by the head agent."""
 
     def __init__(self, gcs_address: str, head: tuple[str, int], token: bytes, interval_s: float) -> None:
         self.gcs_address, self.head, self.interval_s = gcs_address, head, interval_s
@@ -200,7 +203,7 @@ class RayAgents:
         ray = self._ray
         strategies: Any = importlib.import_module("ray.util.scheduling_strategies")
         host, port = self.head_address_for_agents()
-        actor_class = ray.remote(NodeAgent)
+        actor_class = ray.remote(RayscopeAgent)
         handle = actor_class.options(
             name=agent_name(node_id),
             namespace=NAMESPACE,

@@ -181,23 +181,30 @@ def _ray_pending_demands(text: str) -> dict[tuple[str, str], int]:
 
 
 def test_counts_per_shape_agree_with_ray_status(waiting: Waiting) -> None:
-    ray_cli = str(Path(sys.executable).parent / "ray")
-    done = subprocess.run(
-        [ray_cli, "status", "--address", waiting.cluster.gcs_address],
-        env=waiting.env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    theirs = _ray_pending_demands(done.stdout)
     ours: dict[tuple[str, str], int] = {}
     for demand in json.loads(waiting.status("--json").stdout)["cluster"]["pending"]:
         if demand["kind"] in ("request", "placement_group"):
             key = (demand["kind"], shape_key(demand["shape"]))
             ours[key] = ours.get(key, 0) + demand["count"]
+    assert len(ours) == 5  # four shapes of tasks/actors, one placement group
+    ray_cli = str(Path(sys.executable).parent / "ray")
+    theirs: dict[tuple[str, str], int] = {}
+    deadline = time.monotonic() + 60
+    while theirs != ours and time.monotonic() < deadline:
+        # `ray status` reads the autoscaler's report, which lags the GCS by a few seconds:
+        # once it listed no demand at all while ours (read from the GCS) had all five.
+        done = subprocess.run(
+            [ray_cli, "status", "--address", waiting.cluster.gcs_address],
+            env=waiting.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        theirs = _ray_pending_demands(done.stdout)
+        if theirs != ours:
+            time.sleep(2)
     assert theirs == ours
-    assert len(theirs) == 5  # four shapes of tasks/actors, one placement group
 
 
 def test_bioengine_pending_resources_shape(waiting: Waiting) -> None:

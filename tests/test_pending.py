@@ -283,3 +283,15 @@ def test_an_actor_name_cannot_write_to_the_terminal() -> None:
     lines = status_lines(pending.attach(seed_status(), read))
     assert any("x]0;owned" in line for line in lines)  # shown, without its control characters
     assert not any("\x1b" in line or "\x07" in line for line in lines)
+
+
+def test_pending_under_an_old_scheduler_view_says_how_old() -> None:
+    """The demand is read with the scheduler view: when the GCS stops answering, the head
+    keeps both, and the Pending header must carry the view's age like the node lines do.
+    Positive control: call ``pending_lines(status)`` without the age in ``status_lines``."""
+    status = pending_status()
+    status.scheduler_age_s, status.scheduler_stale = 42.0, True
+    lines = status_lines(status)
+    assert "Pending: (scheduler view 42s old)" in lines
+    fresh = status_lines(pending_status())
+    assert "Pending:" in fresh and not any("old" in line for line in fresh if line.startswith("Pending"))

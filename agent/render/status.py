@@ -107,7 +107,7 @@ def status_lines(status: ClusterStatus, include_dead: bool = False) -> list[str]
                 lines.append("  " + node_line(n, status.view, scheduler_ok, old_age))
                 # A device much fuller than the node sum: its own line (needs Ray's placement).
                 lines += ["    " + device_line(d) + "  fuller than the node sum" for d in fuller_devices(n)]
-    lines += pending_lines(status)
+    lines += pending_lines(status, old_age)
     notes = source_notes(status.sources)
     if old_age is not None:
         notes.insert(
@@ -138,13 +138,14 @@ def demand_line(demand: PendingDemand) -> str:
     return text
 
 
-def pending_lines(status: ClusterStatus) -> list[str]:
+def pending_lines(status: ClusterStatus, old_age: Optional[float] = None) -> list[str]:
     """``Pending:``, one line per waiting shape and its reason under it; nothing when
-    nothing waits (or the pending demand was not read)."""
+    nothing waits (or the pending demand was not read). ``old_age``: the scheduler view's
+    age when it is old; the demand was read with it, so the header says as of when."""
     demands = status.cluster.pending or []
     if not demands:
         return []
-    lines = ["", "Pending:"]
+    lines = ["", "Pending:" if old_age is None else f"Pending: (scheduler view {old_age:.0f}s old)"]
     for demand in demands:
         lines.append("  " + demand_line(demand))
         lines.append(f"    {demand.reason_text}")

@@ -7,9 +7,10 @@ unit (1e-4), since the GCS hands back ``1 - 0.96 = 0.040000000000000036``.
 """
 
 from collections.abc import Iterable, Mapping, Sequence
-from copy import copy
 from operator import attrgetter
 from typing import Optional
+
+from msgspec.structs import replace
 
 from agent.model import (
     SCHEMA_VERSION,
@@ -97,25 +98,24 @@ def slurm_job_id(resources: Iterable[str]) -> Optional[str]:
     return resource_tokens(resources)[2]
 
 
-def unmeasured_gpus(gpus: Optional[Sequence[GpuDevice]]) -> int:
-    """GPUs listed whose memory NVML did not give (a GPU lost from the bus, a failed read)."""
-    return sum(1 for g in gpus or () if g.memory_total_bytes is None or g.memory_used_bytes is None)
+def measured_memory(gpus: Optional[Sequence[GpuDevice]]) -> tuple[Optional[int], Optional[int], int]:
+    """(total, used) bytes summed over the node's GPUs, and how many GPUs were not measured.
 
-
-def measured_memory(gpus: Optional[Sequence[GpuDevice]]) -> tuple[Optional[int], Optional[int]]:
-    """(total, used) bytes summed over the node's GPUs.
-
-    ``None`` when NVML did not answer, or when any GPU's memory is unknown (a lost GPU):
-    a sum without it would be a made-up smaller number; ``(0, 0)`` when NVML answered and
-    found no GPU.
+    The sums are ``None`` when NVML did not answer, or when any GPU's memory is unknown (a
+    lost GPU): a sum without it would be a made-up smaller number; ``(0, 0)`` when NVML
+    answered and found no GPU. One pass: the head runs this for every node on every query.
     """
-    if gpus is None or unmeasured_gpus(gpus):
-        return None, None
-    total = used = 0
-    for gpu in gpus:  # one pass: the head runs this for every node on every query
-        total += gpu.memory_total_bytes or 0
-        used += gpu.memory_used_bytes or 0
-    return total, used
+    if gpus is None:
+        return None, None, 0
+    total = used = unmeasured = 0
+    for gpu in gpus:
+        gpu_total, gpu_used = gpu.memory_total_bytes, gpu.memory_used_bytes
+        if gpu_total is None or gpu_used is None:
+            unmeasured += 1
+        else:
+            total += gpu_total
+            used += gpu_used
+    return (None, None, unmeasured) if unmeasured else (total, used, 0)
 
 
 def _booking(total: Mapping[str, float], available: Mapping[str, float], name: str) -> tuple[float, float]:
@@ -204,10 +204,7 @@ def _apply_report(node: NodeStatus, received: ReceivedReport, now: float, stale_
     age = round(max(0.0, now - received.received_at), 1)
     # The head's interval only: a report's own interval_s must not decide its freshness.
     stale = not received.local and age > stale_after_s
-    total, used = measured_memory(report.gpus)
-    node.total_gpu_memory = total
-    node.used_gpu_memory = used
-    node.gpus_unmeasured = unmeasured_gpus(report.gpus)
+    node.total_gpu_memory, node.used_gpu_memory, node.gpus_unmeasured = measured_memory(report.gpus)
     node.collected_at = report.collected_at
     node.received_at = received.received_at
     node.gpus = report.gpus
@@ -284,7 +281,7 @@ def merge(
     for node_id, received in reports.items():
         known = nodes.get(node_id)
         unknown = unknown or known is None
-        node = copy(known) if known is not None else _node_from_report(received.report, node_id)
+        node = replace(known) if known is not None else _node_from_report(received.report, node_id)
         _apply_report(node, received, now, stale_after_s)
         nodes[node_id] = node
     ordered = sorted(nodes.values(), key=sort_key) if unknown else list(nodes.values())

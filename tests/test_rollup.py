@@ -99,13 +99,13 @@ def test_cpu_only_node_without_report_has_unknown_gpu_memory() -> None:
 
 
 def test_measured_memory_distinguishes_unknown_from_none() -> None:
-    assert measured_memory(None) == (None, None)
-    assert measured_memory([]) == (0, 0)
+    assert measured_memory(None) == (None, None, 0)
+    assert measured_memory([]) == (0, 0, 0)
     lost = GpuDevice(index=0, errors={"device": "GPU is lost"})
-    assert measured_memory([lost]) == (None, None)
+    assert measured_memory([lost]) == (None, None, 1)
     ok = GpuDevice(index=1, memory_total_bytes=10, memory_used_bytes=4)
-    assert measured_memory([ok]) == (10, 4)
-    assert measured_memory([lost, ok]) == (None, None)  # not 10: a GPU is missing from it
+    assert measured_memory([ok]) == (10, 4, 0)
+    assert measured_memory([lost, ok, lost]) == (None, None, 2)  # not 10: GPUs are missing from it
 
 
 def test_order_is_head_then_ip_numerically_then_id() -> None:

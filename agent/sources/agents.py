@@ -94,7 +94,10 @@ def find_agents() -> tuple[list[AgentProcess], SourceStatus]:
         if argv is None:  # psutil gives None when the command line is not readable
             denied += 1
             continue
-        agent = parse_agent(argv, proc.pid, proc.info.get("username") or "", _cgroup(proc.pid))
+        user = proc.info.get("username") or ""
+        agent = parse_agent(argv, proc.pid, user)
+        if agent is not None and agent.started_by != STARTED_BY:  # read the cgroup of agents only
+            agent = parse_agent(argv, proc.pid, user, _cgroup(proc.pid))
         if agent is not None:
             agents.append(agent)
     agents.sort(key=lambda a: a.pid)

@@ -276,6 +276,22 @@ def test_a_child_past_its_deadline_says_whether_it_had_imported_ray(tmp_path: Pa
         assert "still importing ray" in message and "raise --timeout" in message
 
 
+def test_a_child_that_dies_after_importing_ray_names_its_own_last_words(tmp_path: Path) -> None:
+    """The import marker is rayscope's, not the child's error: a child that crashes after it
+    is reported by its exit code or its own last stderr line, never "ray imported"."""
+    from agent.sources import gcs_read
+
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\necho '{gcs_read.IMPORTED}' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        with pytest.raises(gcs.GcsUnavailable) as caught:
+            gcs._run_child(f"127.0.0.1:{listening.getsockname()[1]}", 5.0, str(fake))
+    assert str(caught.value) == f"GCS read under {fake} failed: exit code 3"
+
+
 class BrokenState(HeadState):
     """A head state whose rollup raises (a bug in one answer)."""
 

@@ -314,7 +314,8 @@ def _run_child(address: str, timeout_s: float, python: str, *extra: str) -> dict
     try:
         answer = json.loads(done.stdout)
     except ValueError:
-        last = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+        said = [line for line in done.stderr.strip().splitlines() if line != gcs_read.IMPORTED]
+        last = (said or [f"exit code {done.returncode}"])[-1]
         raise GcsUnavailable(f"GCS read under {python} failed: {last}") from None
     if not answer.get("ok"):
         raise GcsUnavailable(

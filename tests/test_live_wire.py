@@ -12,6 +12,7 @@ import contextlib
 import datetime
 import json
 import resource
+import select
 import signal
 import socket
 import ssl
@@ -542,8 +543,6 @@ def test_a_whole_cluster_reconnecting_at_once_waits_in_the_listen_queue(
             s.setblocking(False)
             s.connect_ex(("127.0.0.1", head.listen_port))
             socks.append(s)
-        import select
-
         poller = select.poll()
         for s in socks:
             poller.register(s, select.POLLOUT)

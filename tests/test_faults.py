@@ -249,6 +249,21 @@ def test_the_port_check_and_the_child_share_one_deadline(monkeypatch: pytest.Mon
     assert seen["timeout"] <= 0.21
 
 
+def _child_error(tmp_path: Path, shell: str, timeout_s: float) -> tuple[str, str]:
+    """(address, message) of the GCS read run by a fake interpreter (a ``sh`` script) against
+    a port that takes the connection, so the port check passes."""
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\n{shell}\n")
+    fake.chmod(0o755)
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        address = f"127.0.0.1:{listening.getsockname()[1]}"
+        with pytest.raises(gcs.GcsUnavailable) as caught:
+            gcs._run_child(address, timeout_s, str(fake))
+    return address, str(caught.value)
+
+
 @pytest.mark.parametrize("imported", [False, True], ids=["still importing ray", "GCS silent"])
 def test_a_child_past_its_deadline_says_whether_it_had_imported_ray(tmp_path: Path, imported: bool) -> None:
     """On a loaded host ``import ray`` alone can outlast the 5 s deadline; the error said
@@ -256,19 +271,10 @@ def test_a_child_past_its_deadline_says_whether_it_had_imported_ray(tmp_path: Pa
     says when ray is imported; the parent reads that from the killed child's stderr."""
     from agent.sources import gcs_read
 
-    fake = tmp_path / "python"
     marker = f"echo '{gcs_read.IMPORTED}' >&2; " if imported else ""
-    fake.write_text(f"#!/bin/sh\n{marker}exec sleep 30\n")
-    fake.chmod(0o755)
-    with socket.socket() as listening:  # a port that takes the connection (the port check)
-        listening.bind(("127.0.0.1", 0))
-        listening.listen()
-        address = f"127.0.0.1:{listening.getsockname()[1]}"
-        started = time.monotonic()
-        with pytest.raises(gcs.GcsUnavailable) as caught:
-            gcs._run_child(address, 1.0, str(fake))
+    started = time.monotonic()
+    address, message = _child_error(tmp_path, f"{marker}exec sleep 30", 1.0)
     assert time.monotonic() - started < 10
-    message = str(caught.value)
     assert "timeout 1 s" in message
     if imported:
         assert message == f"GCS unreachable at {address} (timeout 1 s)"
@@ -281,15 +287,8 @@ def test_a_child_that_dies_after_importing_ray_names_its_own_last_words(tmp_path
     is reported by its exit code or its own last stderr line, never "ray imported"."""
     from agent.sources import gcs_read
 
-    fake = tmp_path / "python"
-    fake.write_text(f"#!/bin/sh\necho '{gcs_read.IMPORTED}' >&2\nexit 3\n")
-    fake.chmod(0o755)
-    with socket.socket() as listening:
-        listening.bind(("127.0.0.1", 0))
-        listening.listen()
-        with pytest.raises(gcs.GcsUnavailable) as caught:
-            gcs._run_child(f"127.0.0.1:{listening.getsockname()[1]}", 5.0, str(fake))
-    assert str(caught.value) == f"GCS read under {fake} failed: exit code 3"
+    _, message = _child_error(tmp_path, f"echo '{gcs_read.IMPORTED}' >&2; exit 3", 5.0)
+    assert message == f"GCS read under {tmp_path / 'python'} failed: exit code 3"
 
 
 class BrokenState(HeadState):

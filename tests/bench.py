@@ -54,6 +54,19 @@ def median_s(fn: Callable[[], object], runs: int) -> float:
     return statistics.median(times)
 
 
+def interleaved_medians_s(fns: dict[str, Callable[[], object]], runs: int) -> dict[str, float]:
+    """Median wall time of each function, run in turn (a, b, a, b, ...): this machine's speed
+    drifts within minutes, and a drift must hit a figure and its peer alike."""
+    gc.collect()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(runs):
+        for name, fn in fns.items():
+            started = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - started)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 # Synthetic cluster --------------------------------------------------------------------------
 
 
@@ -127,7 +140,8 @@ def bench_ingest_in_process(reports: list[NodeReport]) -> tuple[float, float]:
             decoded = json.loads(document)
             latest[decoded["node_id"]] = (decoded, 1.0)
 
-    return len(frames) / median_s(ours, 5), len(documents) / median_s(peer, 5)
+    medians = interleaved_medians_s({"ours": ours, "peer": peer}, 7)
+    return len(frames) / medians["ours"], len(documents) / medians["peer"]
 
 
 def bench_rollup(reports: list[NodeReport]) -> dict[str, float]:
@@ -162,13 +176,17 @@ def bench_rollup(reports: list[NodeReport]) -> dict[str, float]:
                 cluster[key] += node[key]
         return json.dumps({"cluster": cluster, "nodes": nodes})
 
-    return {
-        "rollup": median_s(lambda: state.status(2.0), 15),
-        "json": median_s(lambda: status_json(status, indent=0), 15),
-        "lines": median_s(lambda: status_lines(status), 15),
-        "metrics": median_s(lambda: metrics_text(status), 5),
-        "peer": median_s(peer, 15),
-    }
+    figures = interleaved_medians_s(
+        {
+            "rollup": lambda: state.status(2.0),
+            "json": lambda: status_json(status, indent=0),
+            "lines": lambda: status_lines(status),
+            "peer": peer,
+        },
+        15,
+    )
+    figures["metrics"] = median_s(lambda: metrics_text(status), 5)
+    return figures
 
 
 def bench_ingest_tcp(reports: list[NodeReport], logs: Path) -> float:

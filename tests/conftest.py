@@ -173,6 +173,17 @@ class LiveCluster:
         self.log.close()
 
 
+@contextlib.contextmanager
+def running_cluster(topology: str) -> Iterator[LiveCluster]:
+    """A live cluster of ``topology`` (auth off) for the block, then stopped and removed."""
+    cluster = start_cluster(topology, {"RAY_AUTH_MODE": "disabled"})
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(cluster.root, ignore_errors=True)
+
+
 def start_cluster(topology: str, auth_env: Mapping[str, str]) -> LiveCluster:
     # Short path: Ray's Unix socket paths must stay under 108 bytes.
     root = Path(tempfile.mkdtemp(prefix="rs-", dir="/tmp"))
@@ -183,12 +194,8 @@ def start_cluster(topology: str, auth_env: Mapping[str, str]) -> LiveCluster:
 def live_cluster() -> Iterator[LiveCluster]:
     """The seed's three nodes: Europa head (VRAM_MB 24576, 4 × 5120 MB booked), a deNBI T4
     worker (0.33 GPU booked), a CPU-only worker."""
-    cluster = start_cluster("seed", {"RAY_AUTH_MODE": "disabled"})
-    try:
+    with running_cluster("seed") as cluster:
         yield cluster
-    finally:
-        cluster.stop()
-        shutil.rmtree(cluster.root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

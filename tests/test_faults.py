@@ -186,12 +186,20 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float = 20.0) -> None:
         time.sleep(0.02)
 
 
-def test_a_round_that_raises_is_counted_and_the_poller_goes_on() -> None:
+def _guarded_poller(
+    failure: BaseException,
+) -> tuple[HeadState, "FailingReader", threading.Event, PollerGuard]:
+    """A started poller whose every GCS read raises ``failure`` (set the event to stop it)."""
     state = HeadState(interval_s=0.05, gcs_address="127.0.0.1:1")
-    reader = FailingReader(RuntimeError("bug in a GCS answer"))
+    reader = FailingReader(failure)
     stop = threading.Event()
     guard = PollerGuard(state, reader, stop)  # type: ignore[arg-type]
     guard.start()
+    return state, reader, stop, guard
+
+
+def test_a_round_that_raises_is_counted_and_the_poller_goes_on() -> None:
+    state, reader, stop, _ = _guarded_poller(RuntimeError("bug in a GCS answer"))
     try:
         wait_for(lambda: reader.calls >= 3)
         poller = state.health(time.time())["gcs_poller"]
@@ -204,11 +212,7 @@ def test_a_round_that_raises_is_counted_and_the_poller_goes_on() -> None:
 def test_a_dead_poller_is_restarted_and_healthz_says_so() -> None:
     """Positive control: make ``PollerGuard.check`` a no-op and ``alive`` stays false,
     ``restarts`` 0 — the old head served its last view for good."""
-    state = HeadState(interval_s=0.05, gcs_address="127.0.0.1:1")
-    reader = FailingReader(SystemExit("killed from inside a library"))
-    stop = threading.Event()
-    guard = PollerGuard(state, reader, stop)  # type: ignore[arg-type]
-    guard.start()
+    state, reader, stop, guard = _guarded_poller(SystemExit("killed from inside a library"))
     try:
         wait_for(lambda: not state.health(time.time())["gcs_poller"]["alive"])
         dead = state.health(time.time())["gcs_poller"]

@@ -13,14 +13,14 @@ replica pending.
 """
 
 import json
-import shutil
+import subprocess
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests import fake_nvml as fake
-from tests.conftest import LiveCluster, base_env, run_rayscope, start_cluster
+from tests.conftest import LiveCluster, base_env, run_rayscope, running_cluster
 from tests.livecluster import FAKE_UUID
 
 pytestmark = pytest.mark.live
@@ -49,8 +49,7 @@ def nvml_index(node: str, entry: str) -> int:
 
 @pytest.fixture(scope="module")
 def multigpu() -> Iterator[tuple[LiveCluster, dict[str, dict[str, Any]]]]:
-    cluster = start_cluster("multigpu", {"RAY_AUTH_MODE": "disabled"})
-    try:
+    with running_cluster("multigpu") as cluster:
         placed = {}
         for name, node, gpu, vram in ACTORS:
             options: dict[str, Any] = {"num_gpus": gpu, "num_cpus": 0}
@@ -59,9 +58,6 @@ def multigpu() -> Iterator[tuple[LiveCluster, dict[str, dict[str, Any]]]]:
             placed[name] = {**cluster.request(op="actor", name=name, node=node, options=options), "gpu": gpu}
             placed[name]["vram"] = vram
         yield cluster, placed
-    finally:
-        cluster.stop()
-        shutil.rmtree(cluster.root, ignore_errors=True)
 
 
 def scenario(placed: dict[str, dict[str, Any]]) -> str:
@@ -129,28 +125,17 @@ def test_fit_refuses_what_no_single_device_holds_and_ray_agrees(
     )
     assert status["nodes"][doc_node]["used_gpu"] == pytest.approx(1.2)
     pin = {"accelerator_type:V100": 0.001}
-    no = run_rayscope(
-        "fit",
-        "--shape",
-        json.dumps({"GPU": 0.5, **pin}),
-        "--gcs",
-        cluster.gcs_address,
-        "--timeout",
-        "30",
-        env=fake_env,
-    )
+
+    def fit(gpu: float) -> "subprocess.CompletedProcess[str]":
+        shape = json.dumps({"GPU": gpu, **pin})
+        return run_rayscope(
+            "fit", "--shape", shape, "--gcs", cluster.gcs_address, "--timeout", "30", env=fake_env
+        )
+
+    no = fit(0.5)
     assert no.returncode == 1, no.stdout + no.stderr
     assert "fits 0, gets 0 (GPU per device: no device has 0.5 GPU free)" in no.stdout, no.stdout
-    yes = run_rayscope(
-        "fit",
-        "--shape",
-        json.dumps({"GPU": 0.4, **pin}),
-        "--gcs",
-        cluster.gcs_address,
-        "--timeout",
-        "30",
-        env=fake_env,
-    )
+    yes = fit(0.4)
     assert yes.returncode == 0, yes.stdout + yes.stderr
     pending = cluster.request(
         op="try_actor",

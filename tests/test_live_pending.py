@@ -18,7 +18,6 @@ test.
 import ast
 import json
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -28,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import HeadDaemon, LiveCluster, base_env, run_rayscope, start_cluster
+from tests.conftest import HeadDaemon, LiveCluster, base_env, run_rayscope, running_cluster
 
 pytestmark = pytest.mark.live
 
@@ -96,8 +95,7 @@ class Waiting:
 
 @pytest.fixture(scope="module")
 def waiting() -> Iterator[Waiting]:
-    cluster = start_cluster("pending", {"RAY_AUTH_MODE": "disabled"})
-    try:
+    with running_cluster("pending") as cluster:
         zero_cpu = {"num_cpus": 0}
         for i in range(2):
             options = {**zero_cpu, "num_gpus": 0.5, "accelerator_type": "A10G"}
@@ -117,9 +115,6 @@ def waiting() -> Iterator[Waiting]:
         state = Waiting(cluster)
         state.settle()
         yield state
-    finally:
-        cluster.stop()
-        shutil.rmtree(cluster.root, ignore_errors=True)
 
 
 def test_fractional_replicas_on_a_fragmented_two_gpu_node(waiting: Waiting) -> None:

@@ -7,7 +7,6 @@ in the GCS.
 """
 
 import json
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import HeadDaemon, LiveCluster, base_env, free_port, run_rayscope, start_cluster
+from tests.conftest import HeadDaemon, LiveCluster, base_env, free_port, run_rayscope, running_cluster
 
 pytestmark = pytest.mark.live
 
@@ -33,12 +32,8 @@ RESOURCE_KEYS = (
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LiveCluster]:
-    live = start_cluster("demo", {"RAY_AUTH_MODE": "disabled"})
-    try:
+    with running_cluster("demo") as live:
         yield live
-    finally:
-        live.stop()
-        shutil.rmtree(live.root, ignore_errors=True)
 
 
 def rayscope_actors(cluster: LiveCluster) -> list[str]:
@@ -70,6 +65,14 @@ class RayHead:
         node = self.node(node_id)
         received = time.time() - (node["report_age_s"] if node["report_age_s"] is not None else 1e9)
         return bool(node["agent"] == "reporting" and node["agent_started_by"] == "ray" and received > since)
+
+    def wait_all_reporting(self) -> None:
+        """Until every alive node reports through its Ray-placed agent."""
+        eventually(
+            lambda: all(self.fresh_since(n, 0) for n in alive_ids(self.cluster)),
+            timeout_s=2 * INTERVAL + WORKER_START_S,
+            what="every node reporting through a Ray-placed agent",
+        )
 
     def health(self) -> dict[str, Any]:
         code, body = self.daemon.get("/healthz")
@@ -112,11 +115,7 @@ def ray_head(cluster: LiveCluster, tmp_path: Path, wire_token: Path) -> Iterator
     assert rayscope_actors(cluster) == [], "an earlier test left agents behind"
     head = RayHead(cluster, tmp_path, wire_token)
     try:
-        eventually(
-            lambda: all(head.fresh_since(n, 0) for n in alive_ids(cluster)),
-            timeout_s=2 * INTERVAL + WORKER_START_S,
-            what="every node reporting through a Ray-placed agent",
-        )
+        head.wait_all_reporting()
         yield head
     finally:
         code = head.daemon.stop(timeout_s=60)
@@ -159,11 +158,7 @@ def test_agents_book_nothing(cluster: LiveCluster, tmp_path: Path, wire_token: P
     without = sums()
     head = RayHead(cluster, tmp_path, wire_token)
     try:
-        eventually(
-            lambda: all(head.fresh_since(n, 0) for n in alive_ids(cluster)),
-            timeout_s=2 * INTERVAL + WORKER_START_S,
-            what="every node reporting",
-        )
+        head.wait_all_reporting()
         assert len(rayscope_actors(cluster)) == 2
         time.sleep(1.0)  # raylets send their availability to the GCS asynchronously
         assert sums() == without

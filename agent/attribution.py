@@ -25,18 +25,9 @@ from typing import Optional
 
 import msgspec
 
-from agent.model import (
-    ActorBooking,
-    ClusterStatus,
-    GpuAttribution,
-    GpuDevice,
-    GpuUser,
-    NodeAttribution,
-    NodeReport,
-    ProcessInfo,
-    RayletInfo,
-)
 from agent.placement import id_map, place_devices
+from agent.schema.report import GpuAttribution, GpuDevice, GpuUser, NodeReport, ProcessInfo, RayletInfo
+from agent.schema.status import ActorBooking, ClusterStatus, NodeAttribution
 from agent.units import MIB
 
 IdMaps = Mapping[str, Mapping[int, Optional[int]]]

@@ -21,12 +21,14 @@ import typer
 from agent import SUPPORTED_PYTHON, SUPPORTED_RAY, __version__, client, completeness
 from agent.addresses import DEFAULT_TIMEOUT_S, GCS_ADDRESS_ENV, parse_address, split_address
 from agent.errors import EXIT_FAILED, EXIT_NO_DATA, AgentError
-from agent.model import ClusterStatus, FitRequest, SourceStatus
 from agent.render.fit import fit_json, fit_lines
 from agent.render.gpus import status_gpu_lines
 from agent.render.metrics import metrics_text
 from agent.render.node import node_json, node_lines
 from agent.render.status import source_details, status_json, status_lines, status_ndjson
+from agent.schema.fit import FitRequest
+from agent.schema.report import SourceStatus
+from agent.schema.status import ClusterStatus
 from agent.tls import TlsFiles
 from agent.validate import printable
 

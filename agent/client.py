@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 from agent.errors import EXIT_NO_DATA, AgentError
-from agent.model import ClusterStatus
+from agent.schema.status import ClusterStatus
 from agent.tls import NO_TLS, TlsFiles
 
 HEAD_ENV = "RAYSCOPE_HEAD"

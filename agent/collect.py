@@ -12,20 +12,10 @@ from agent import pending
 from agent.addresses import parse_address
 from agent.attribution import attribute_cluster, attribute_node, leaf_devices
 from agent.errors import EXIT_NO_DATA, AgentError
-from agent.model import (
-    SCHEMA_VERSION,
-    ActorBooking,
-    ClusterStatus,
-    GpuDevice,
-    NodeDiagnostics,
-    NodeReport,
-    ProcessInfo,
-    RayletInfo,
-    RayNode,
-    ReceivedReport,
-    SourceStatus,
-)
 from agent.rollup import merge, scheduler_nodes
+from agent.schema.node import NodeDiagnostics
+from agent.schema.report import REPORT_SCHEMA, GpuDevice, NodeReport, ProcessInfo, RayletInfo, SourceStatus
+from agent.schema.status import ActorBooking, ClusterStatus, RayNode, ReceivedReport
 from agent.sources import gcs, host, nvml, procs, raylet
 from agent.sources.agents import find_agents
 
@@ -39,7 +29,7 @@ def local_report(
     host_info, host_status = host.read_host()
     processes, procs_sources = gpu_processes(gpus)
     return NodeReport(
-        schema=SCHEMA_VERSION,
+        schema=REPORT_SCHEMA,
         node_id=node_raylet.node_id if node_raylet else "",
         collected_at=now,
         raylet=node_raylet,
@@ -175,7 +165,6 @@ def node_diagnostics(
     report = local_report(None, clock())
     agents, agents_status = find_agents()
     diag = NodeDiagnostics(
-        schema=SCHEMA_VERSION,
         generated_at=clock(),
         gcs_address=address,
         raylets=raylets,

@@ -19,8 +19,8 @@ from enum import Enum
 from typing import NamedTuple, Optional
 
 from agent.errors import EXIT_FAILED, EXIT_NO_DATA
-from agent.model import ClusterStatus, NodeStatus
 from agent.rollup import schedulable_nodes, scheduler_failure, scheduler_view_ok
+from agent.schema.status import ClusterStatus, NodeStatus
 from agent.validate import printable
 
 EXIT_COMPLETE = 0

@@ -36,9 +36,10 @@ from typing import NamedTuple, Optional
 
 from agent.completeness import SchedulerView, scheduler_view
 from agent.errors import AgentError
-from agent.model import ClusterStatus, FitRequest, FitResult, GpuFit, NodeFit, NodeStatus
 from agent.placement import device_free, placement_known, replicas_on_devices
 from agent.rollup import SCHEDULER_STEMS, schedulable_nodes, scheduler_failure
+from agent.schema.fit import FitRequest, FitResult, GpuFit, NodeFit
+from agent.schema.status import ClusterStatus, NodeStatus
 from agent.units import MIB
 
 EXIT_FITS = 0

@@ -33,20 +33,12 @@ import msgspec
 from agent import ingest, pending, validate
 from agent.addresses import DEFAULT_TIMEOUT_S
 from agent.attribution import attribute_cluster
-from agent.model import (
-    SCHEMA_VERSION,
-    ActorBooking,
-    ClusterStatus,
-    NodeReport,
-    NodeStatus,
-    PendingRead,
-    RayNode,
-    ReceivedReport,
-    SourceStatus,
-)
 from agent.render.metrics import metrics_text
 from agent.render.status import status_json
 from agent.rollup import STALE_INTERVALS, merge, scheduler_nodes
+from agent.schema.pending import PendingRead
+from agent.schema.report import REPORT_SCHEMA, NodeReport, SourceStatus
+from agent.schema.status import ActorBooking, ClusterStatus, NodeStatus, RayNode, ReceivedReport
 from agent.sources import gcs
 from agent.sources.ray_agents import RayAgents
 from agent.tls import NO_TLS, TlsFiles, server_context
@@ -93,8 +85,8 @@ class HeadState:
         # ValidationError included; nesting; bad UTF-8 in a str raises UnicodeDecodeError (fuzz_wire)
         except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as err:
             raise ReportError(f"malformed report: {err}") from None
-        if report.schema > SCHEMA_VERSION:
-            raise ReportError(f"report schema {report.schema} is newer than this head's {SCHEMA_VERSION}")
+        if report.schema > REPORT_SCHEMA:
+            raise ReportError(f"report schema {report.schema} is newer than this head's {REPORT_SCHEMA}")
         validate.check_report(report)  # bounds, numbers, strings (SECURITY.md rule 4)
         key = report.node_id or f"host:{report.host.hostname if report.host else '?'}"
         with self._lock:

@@ -5,7 +5,7 @@ raises no flag. Clock reasons that are not a fault (idle, application clocks, sy
 display) raise none either.
 """
 
-from agent.model import GpuDevice
+from agent.schema.report import GpuDevice
 
 # NVML clock event reason bits that mean the GPU is held back (nvmlClocksEventReason*).
 THROTTLE_FAULTS: dict[int, str] = {

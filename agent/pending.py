@@ -28,8 +28,8 @@ from typing import NamedTuple, Optional
 import msgspec
 
 from agent.fit import RESOURCE_UNIT, replicas_in
-from agent.model import (
-    ClusterStatus,
+from agent.placement import replicas_on_free
+from agent.schema.pending import (
     PendingActor,
     PendingDemand,
     PendingGang,
@@ -38,7 +38,7 @@ from agent.model import (
     PendingResources,
     PendingTask,
 )
-from agent.placement import replicas_on_free
+from agent.schema.status import ClusterStatus
 from agent.units import GIB, MIB
 
 ACCELERATOR_PREFIX = "accelerator_type:"

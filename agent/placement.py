@@ -22,7 +22,8 @@ unset). An entry is an index or a UUID (``GPU-…``, a prefix is enough for CUDA
 from collections.abc import Mapping, Sequence
 from typing import Optional
 
-from agent.model import ActorBooking, DeviceFree, GpuDevice, NodePlacement, NodeStatus, RayletInfo
+from agent.schema.report import GpuDevice, RayletInfo
+from agent.schema.status import ActorBooking, DeviceFree, NodePlacement, NodeStatus
 
 PCI_BUS_ID = "PCI_BUS_ID"
 EPSILON = 1e-4

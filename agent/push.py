@@ -26,7 +26,7 @@ from typing import Optional
 import msgspec
 
 from agent import collect, wire
-from agent.model import GpuDevice, NodeReport, RayletInfo
+from agent.schema.report import GpuDevice, NodeReport, RayletInfo
 from agent.sources import nvml, raylet
 
 log = logging.getLogger("rayscope.push")

@@ -12,16 +12,14 @@ from typing import Optional
 
 from msgspec.structs import replace
 
-from agent.model import (
-    SCHEMA_VERSION,
+from agent.schema.report import GpuDevice, NodeReport, SourceStatus
+from agent.schema.status import (
+    DOCUMENT_SCHEMA,
     ClusterStatus,
     ClusterTotals,
-    GpuDevice,
-    NodeReport,
     NodeStatus,
     RayNode,
     ReceivedReport,
-    SourceStatus,
 )
 
 STALE_INTERVALS = 3
@@ -289,7 +287,7 @@ def merge(
     return ClusterStatus(
         scheduler_age_s=age,
         scheduler_stale=age is not None and age > stale_after_s,
-        schema=SCHEMA_VERSION,
+        schema=DOCUMENT_SCHEMA,
         generated_at=now,
         view=view,
         gcs_address=gcs_address,

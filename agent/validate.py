@@ -11,7 +11,7 @@ still send anything msgspec decodes. A report the head keeps is
   would otherwise reach terminals, log lines and Prometheus labels);
 * without what only the head computes (a GPU's ``attribution``).
 
-The numbers and the list lengths are types in ``agent.model`` (``Count``, ``Amount``,
+The numbers and the list lengths are types in ``agent.schema.report`` (``Count``, ``Amount``,
 ``max_length``): the head's msgspec decoder checks them in C and names the field. What types
 cannot say is checked here, by :func:`check_report`, once per report at the one place the
 head ingests it: MIG nesting, ``attribution``, and the strings. The strings of a report are
@@ -38,14 +38,8 @@ from typing import Any, Optional
 import msgspec
 import msgspec.inspect as mi
 
-from agent.model import (
-    MAX_GPUS,
-    MAX_ITEMS,
-    MAX_MIG_DEVICES,
-    MAX_PROCESSES_PER_GPU,
-    NodeReport,
-    ReceivedReport,
-)
+from agent.schema.report import MAX_GPUS, MAX_ITEMS, MAX_MIG_DEVICES, MAX_PROCESSES_PER_GPU, NodeReport
+from agent.schema.status import ReceivedReport
 
 __all__ = ["MAX_GPUS", "MAX_ITEMS", "MAX_MIG_DEVICES", "MAX_PROCESSES_PER_GPU"]  # bounds live in the model
 

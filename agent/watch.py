@@ -21,8 +21,8 @@ from types import FrameType
 from typing import Callable, Optional, TextIO
 
 from agent.errors import AgentError
-from agent.model import ClusterStatus
 from agent.render.watch import fit_screen, highlight_changes, watch_header
+from agent.schema.status import ClusterStatus
 
 ENTER = "\x1b[?1049h\x1b[?25l"  # alternate screen on, cursor hidden
 LEAVE = "\x1b[?25h\x1b[?1049l"  # cursor shown, alternate screen off

@@ -30,9 +30,10 @@ import psutil
 
 from agent import wire
 from agent.head import HeadState
-from agent.model import GpuDevice, HostInfo, NodeReport, RayletInfo, RayNode, SourceStatus
 from agent.render.metrics import metrics_text
 from agent.render.status import status_json, status_lines
+from agent.schema.report import GpuDevice, HostInfo, NodeReport, RayletInfo, SourceStatus
+from agent.schema.status import RayNode
 from tests.bench_agents import keep_marked
 from tests.conftest import REPO, HeadDaemon, LiveCluster, base_env, push_agent, start_cluster
 

@@ -14,20 +14,11 @@ from typing import Optional
 import msgspec
 
 from agent import pending
-from agent.model import (
-    ClusterStatus,
-    GpuDevice,
-    HostInfo,
-    NodeDiagnostics,
-    NodeReport,
-    NodeStatus,
-    PendingRead,
-    RayletInfo,
-    RayNode,
-    ReceivedReport,
-    SourceStatus,
-)
 from agent.rollup import merge, scheduler_nodes
+from agent.schema.node import NodeDiagnostics
+from agent.schema.pending import PendingRead
+from agent.schema.report import GpuDevice, HostInfo, NodeReport, RayletInfo, SourceStatus
+from agent.schema.status import ClusterStatus, NodeStatus, RayNode, ReceivedReport
 
 DATA = Path(__file__).resolve().parent / "data"
 NOW = 1_796_000_000.0

@@ -17,7 +17,7 @@ Measured, written as JSON to FILE:
 * ``rayscope status --head`` latency under that load, beside ``ray status`` in the same run.
 
 Frames come from :mod:`agent.wire` (the greeting's challenge, ``Sealer``; acks are read
-and dropped), reports are :class:`agent.model.NodeReport` encoded as the node agent encodes
+and dropped), reports are :class:`agent.schema.report.NodeReport` encoded as the node agent encodes
 them: the soak follows the wire, it does not restate it.
 """
 
@@ -40,7 +40,7 @@ from typing import Any, Optional
 import msgspec
 
 from agent import wire
-from agent.model import GpuDevice, HostInfo, NodeReport, SourceStatus
+from agent.schema.report import GpuDevice, HostInfo, NodeReport, SourceStatus
 
 GIB = 1024**3
 

@@ -6,8 +6,8 @@ from typing import Optional
 
 import pytest
 
-from agent.model import AgentProcess, NodeDiagnostics
 from agent.render.node import node_lines
+from agent.schema.node import AgentProcess, NodeDiagnostics
 from agent.sources.agents import parse_agent, parse_unit
 from agent.sources.ray_agents import PROCESS_TITLE
 

@@ -9,19 +9,11 @@ from typing import Optional
 import msgspec
 
 from agent.attribution import attribute_cluster, attribute_node
-from agent.model import (
-    ActorBooking,
-    ClusterStatus,
-    GpuDevice,
-    GpuProcess,
-    NodeReport,
-    ProcessInfo,
-    ReceivedReport,
-    SourceStatus,
-)
 from agent.render.gpus import gpu_block_lines, status_gpu_lines
 from agent.render.status import status_json, status_lines
 from agent.rollup import merge, scheduler_nodes
+from agent.schema.report import GpuDevice, GpuProcess, NodeReport, ProcessInfo, SourceStatus
+from agent.schema.status import ActorBooking, ClusterStatus, ReceivedReport
 from tests.golden import check_golden
 from tests.scenarios import EUROPA, NOW, SEED_REPORTS, SEED_VIEWS, T4
 

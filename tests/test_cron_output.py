@@ -23,9 +23,10 @@ import pytest
 from agent import completeness, output
 from agent.completeness import completeness_note
 from agent.errors import AgentError
-from agent.model import ClusterStatus, SourceStatus
 from agent.render.metrics import metrics_text
 from agent.render.status import status_json, status_ndjson
+from agent.schema.report import SourceStatus
+from agent.schema.status import ClusterStatus
 from tests.conftest import REPO, base_env, run_rayscope
 from tests.golden import check_golden
 from tests.scenarios import (

@@ -16,10 +16,11 @@ import pytest
 
 from agent import completeness
 from agent.head import HeadState, PollerGuard
-from agent.model import ClusterStatus, GpuDevice, HostInfo, NodeReport, RayNode, ReceivedReport, SourceStatus
 from agent.render.metrics import metrics_text
 from agent.render.status import status_lines
 from agent.rollup import merge, scheduler_nodes
+from agent.schema.report import GpuDevice, HostInfo, NodeReport, SourceStatus
+from agent.schema.status import ClusterStatus, RayNode, ReceivedReport
 from agent.sources import gcs
 from tests.scenarios import CPU, NOW, SEED_REPORTS, SEED_VIEWS, T4, UNKNOWN, gpu, mixed_status, report
 

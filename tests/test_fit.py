@@ -20,8 +20,9 @@ import pytest
 from agent import fit
 from agent.errors import AgentError
 from agent.fit import gpu_fraction, validate_shape
-from agent.model import FitRequest, FitResult, NodeFit, SourceStatus
 from agent.render.fit import fit_json, fit_lines, fit_node_line
+from agent.schema.fit import FitRequest, FitResult, NodeFit
+from agent.schema.report import SourceStatus
 from tests.golden import check_golden
 from tests.scenarios import (
     A100,

@@ -4,7 +4,7 @@ node's own (a local raylet's worker command), this cluster's raylets first."""
 import sys
 from typing import Optional
 
-from agent.model import RayletInfo
+from agent.schema.report import RayletInfo
 from agent.sources.gcs import gcs_python
 
 RAY_VENV = "/opt/ray/bin/python"

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from agent.addresses import parse_address
-from agent.model import RayletInfo
+from agent.schema.report import RayletInfo
 from agent.sources.gcs import explain, ray_temp_dir, resolve_address
 from agent.sources.gcs_read import prepare_auth_env
 

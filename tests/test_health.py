@@ -6,8 +6,9 @@ throttle flag.
 """
 
 from agent.health import health_flags, throttle_names
-from agent.model import ClusterStatus, ClusterTotals, GpuDevice, GpuHealth
 from agent.render.metrics import metrics_text
+from agent.schema.report import GpuDevice, GpuHealth
+from agent.schema.status import ClusterStatus, ClusterTotals
 from tests.scenarios import a100_worker
 
 NODE = "4a" * 28

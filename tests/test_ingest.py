@@ -14,8 +14,8 @@ import pytest
 
 from agent import ingest, wire
 from agent.head import HeadState
-from agent.model import GpuDevice, GpuProcess, NodeReport, ProcessInfo
 from agent.push import Pusher
+from agent.schema.report import GpuDevice, GpuProcess, NodeReport, ProcessInfo
 from tests.scenarios import SEED_REPORTS
 
 TOKEN = b"0123456789abcdef0123456789abcdef"

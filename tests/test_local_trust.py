@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from agent.errors import AgentError
-from agent.model import RayletInfo
+from agent.schema.report import RayletInfo
 from agent.sources import gcs, raylet, trust
 
 NOBODY = 65534

@@ -7,9 +7,16 @@ import msgspec
 import pytest
 
 from agent import pending
-from agent.model import PendingActor, PendingDemand, PendingGang, PendingNode, PendingRead, PendingRequest
 from agent.render.metrics import metrics_text
 from agent.render.status import status_json, status_lines
+from agent.schema.pending import (
+    PendingActor,
+    PendingDemand,
+    PendingGang,
+    PendingNode,
+    PendingRead,
+    PendingRequest,
+)
 from tests.golden import check_golden
 from tests.scenarios import pending_status, seed_status
 

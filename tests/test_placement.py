@@ -10,22 +10,14 @@ from typing import Optional
 
 from agent.attribution import attribute_cluster
 from agent.fit import fit
-from agent.model import (
-    ActorBooking,
-    ClusterStatus,
-    ClusterTotals,
-    FitRequest,
-    GpuDevice,
-    NodeReport,
-    NodeStatus,
-    RayletInfo,
-    SourceStatus,
-)
 from agent.placement import device_free, match_visible, place_devices, placement_known, replicas_on_devices
 from agent.render.fit import fit_lines
 from agent.render.gpus import status_gpu_lines
 from agent.render.metrics import metrics_text
 from agent.render.status import status_lines
+from agent.schema.fit import FitRequest
+from agent.schema.report import GpuDevice, NodeReport, RayletInfo, SourceStatus
+from agent.schema.status import ActorBooking, ClusterStatus, ClusterTotals, NodeStatus
 from tests.golden import check_golden
 from tests.scenarios import a100_worker
 

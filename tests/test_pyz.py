@@ -194,8 +194,10 @@ def test_every_supported_python_runs_node_json_from_the_same_file(
     site_packages = shared_cache / build_info(pyz)["build_id"][:16] / "site-packages"
     program = (
         "import os, sys; sys.path[:0] = [sys.argv[1], f'{sys.argv[1]}/_arch/{os.uname().machine}']\n"
-        "import msgspec, agent.model as m\n"
-        "structs = [t for t in vars(m).values() if isinstance(t, type) and issubclass(t, msgspec.Struct)]\n"
+        "import importlib, pkgutil, msgspec, agent.schema as s\n"
+        "names = [f'agent.schema.{i.name}' for i in pkgutil.iter_modules(s.__path__)]\n"
+        "found = [t for n in names for t in vars(importlib.import_module(n)).values()]\n"
+        "structs = {t for t in found if isinstance(t, type) and issubclass(t, msgspec.Struct)}\n"
         "for t in structs: msgspec.json.Decoder(t); msgspec.msgpack.Decoder(t)\n"
         "print(len(structs))"
     )

@@ -5,10 +5,11 @@ from pathlib import Path
 
 import msgspec
 
-from agent.model import NodeReport, NodeStatus, RayNode, ReceivedReport
 from agent.push import started_by
 from agent.render.status import node_line
 from agent.rollup import merge, scheduler_nodes
+from agent.schema.report import NodeReport
+from agent.schema.status import NodeStatus, RayNode, ReceivedReport
 from agent.sources.ray_agents import agent_name, node_of, plan, shipped_modules
 from tests.bench_agents import BEGIN, END, keep_marked, write_section
 from tests.conftest import run_rayscope

@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import pytest
 
-from agent.model import RayletInfo
+from agent.schema.report import RayletInfo
 from agent.sources import gcs, raycompat
 from agent.sources.gcs import gcs_python, ray_versions_status
 

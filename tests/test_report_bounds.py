@@ -15,10 +15,11 @@ import pytest
 
 from agent.completeness import completeness_note
 from agent.head import HeadState, ReportError
-from agent.model import GpuDevice, GpuProcess, HostInfo, NodeReport, RayletInfo, RayNode, SourceStatus
 from agent.render.gpus import status_gpu_lines
 from agent.render.metrics import metrics_text
 from agent.render.status import source_details, status_json, status_lines
+from agent.schema.report import GpuDevice, GpuProcess, HostInfo, NodeReport, RayletInfo, SourceStatus
+from agent.schema.status import RayNode
 from tests.scenarios import NOW, gpu, view
 
 INTERVAL_S = 1.0
@@ -211,7 +212,7 @@ def test_every_number_and_list_of_a_report_is_bounded_by_its_type() -> None:
     hole: every int is ``>= 0`` (temperatures excepted), every float finite and ``>= 0``, and
     every list or map has a ``max_length``. (GpuAttribution is refused whole by validate.)
     Positive control: give ``HostInfo.load_1m`` back the plain type ``Optional[float]``."""
-    from agent.model import GpuAttribution, GpuUser
+    from agent.schema.report import GpuAttribution, GpuUser
 
     mi = msgspec.inspect
 

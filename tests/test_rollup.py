@@ -8,8 +8,9 @@ still passes; summing dead nodes fails ``test_dead_nodes_are_not_summed``.
 
 import math
 
-from agent.model import GpuDevice, RayNode
 from agent.rollup import accelerator_type, measured_memory, merge, scheduler_nodes, slurm_job_id, used_amount
+from agent.schema.report import GpuDevice
+from agent.schema.status import RayNode
 from tests.scenarios import (
     CPU,
     DEAD,

@@ -17,9 +17,9 @@ import pytest
 from agent import watch
 from agent.cli import optional_watch_value
 from agent.errors import AgentError
-from agent.model import ClusterStatus
 from agent.render.status import status_lines
 from agent.render.watch import HIGHLIGHT_OFF, HIGHLIGHT_ON, fit_screen, highlight_changes
+from agent.schema.status import ClusterStatus
 from tests.conftest import REPO, LiveCluster
 from tests.scenarios import T4, seed_status
 

@@ -14,15 +14,9 @@ from hypothesis import strategies as st
 
 from agent import wire
 from agent.head import HeadState, ReportError
-from agent.model import (
-    SCHEMA_VERSION,
-    ClusterStatus,
-    NodeDiagnostics,
-    NodeReport,
-    RayletInfo,
-    RayNode,
-    SourceStatus,
-)
+from agent.schema.node import NodeDiagnostics
+from agent.schema.report import REPORT_SCHEMA, NodeReport, RayletInfo, SourceStatus
+from agent.schema.status import ClusterStatus, RayNode
 from tests.scenarios import SEED_REPORTS, mixed_status, seed_node_diagnostics
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -77,7 +71,7 @@ def test_oversized_header_is_refused_before_the_body() -> None:
 
 def test_newer_schema_is_rejected() -> None:
     state = HeadState(5.0, None)
-    newer = msgspec.structs.replace(a_report(), schema=SCHEMA_VERSION + 1)
+    newer = msgspec.structs.replace(a_report(), schema=REPORT_SCHEMA + 1)
     with pytest.raises(ReportError, match="newer"):
         state.ingest(msgspec.msgpack.encode(newer), 0.0)
 

@@ -2,8 +2,8 @@
 
 from typing import Optional
 
-from agent.model import FitResult, NodeFit
 from agent.render.fmt import encode, gib, number, size
+from agent.schema.fit import FitResult, NodeFit
 from agent.validate import printable_lines
 
 UNBOUNDED = 10**9

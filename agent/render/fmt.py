@@ -8,7 +8,8 @@ from typing import Optional
 
 import msgspec
 
-from agent.model import ClusterStatus, NodeStatus, SourceStatus
+from agent.schema.report import SourceStatus
+from agent.schema.status import ClusterStatus, NodeStatus
 from agent.units import GIB, MIB
 
 

@@ -4,8 +4,9 @@ from collections.abc import Sequence
 from typing import Optional
 
 from agent.health import health_flags
-from agent.model import ClusterStatus, DeviceFree, GpuDevice, GpuUser, NodeAttribution, NodeStatus
 from agent.render.fmt import gib, has_gpus, visible_nodes
+from agent.schema.report import GpuDevice, GpuUser
+from agent.schema.status import ClusterStatus, DeviceFree, NodeAttribution, NodeStatus
 from agent.units import MIB
 from agent.validate import printable_lines
 

@@ -9,8 +9,9 @@ NVML UUID (``uuid``, empty where Ray's id could not be matched) and Ray's ``gpu_
 from collections.abc import Callable, Iterable
 from typing import Optional
 
-from agent.model import ClusterStatus, DeviceFree, GpuDevice, NodeStatus
 from agent.pending import shape_text
+from agent.schema.report import GpuDevice
+from agent.schema.status import ClusterStatus, DeviceFree, NodeStatus
 from agent.units import MIB
 from agent.validate import printable
 

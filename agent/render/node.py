@@ -2,9 +2,11 @@
 
 from typing import Optional
 
-from agent.model import AgentProcess, GpuDevice, HostInfo, NodeDiagnostics, NodeStatus, RayletInfo
 from agent.render.fmt import booking, cpus, encode, gib, number, size, source_notes
 from agent.render.gpus import gpu_block_lines
+from agent.schema.node import AgentProcess, NodeDiagnostics
+from agent.schema.report import GpuDevice, HostInfo, RayletInfo
+from agent.schema.status import NodeStatus
 from agent.validate import printable_lines
 
 # Resources a raylet advertises that say nothing to an operator reading `node`.

@@ -13,10 +13,12 @@ from typing import Optional
 import msgspec
 
 from agent.completeness import SchedulerView, scheduler_view
-from agent.model import ClusterStatus, NodeStatus, PendingDemand, SourceStatus
 from agent.pending import shape_text
 from agent.render.fmt import booking, cpus, encode, gib, has_gpus, source_notes, visible_nodes
 from agent.render.gpus import device_line, fuller_devices
+from agent.schema.pending import PendingDemand
+from agent.schema.report import SourceStatus
+from agent.schema.status import ClusterStatus, NodeStatus
 from agent.validate import printable_lines
 
 AGENT_STARTERS = ("ray", "systemd", "manual")

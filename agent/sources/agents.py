@@ -13,7 +13,8 @@ from typing import Optional
 
 import psutil
 
-from agent.model import AgentProcess, SourceStatus
+from agent.schema.node import AgentProcess
+from agent.schema.report import SourceStatus
 from agent.sources.procs import parse_title
 from agent.sources.ray_agents import PROCESS_TITLE, STARTED_BY
 from agent.sources.raylet import NOT_RUNNING

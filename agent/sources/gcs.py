@@ -26,7 +26,9 @@ from typing import Any, Callable, Optional, TypeVar
 import msgspec
 
 from agent.addresses import DEFAULT_TIMEOUT_S, GCS_ADDRESS_ENV, split_address
-from agent.model import ActorBooking, PendingRead, RayletInfo, RayNode, SourceStatus
+from agent.schema.pending import PendingRead
+from agent.schema.report import RayletInfo, SourceStatus
+from agent.schema.status import ActorBooking, RayNode
 from agent.sources import gcs_read, raycompat, trust
 
 T = TypeVar("T")

@@ -6,7 +6,7 @@ from typing import Optional
 
 import psutil
 
-from agent.model import HostInfo, SourceStatus
+from agent.schema.report import HostInfo, SourceStatus
 
 
 def read_host() -> tuple[HostInfo, SourceStatus]:

@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional, TypeVar
 
 import pynvml
 
-from agent.model import GpuDevice, GpuHealth, GpuProcess, SourceStatus
+from agent.schema.report import GpuDevice, GpuHealth, GpuProcess, SourceStatus
 
 T = TypeVar("T")
 

@@ -22,7 +22,7 @@ from typing import Optional
 
 import psutil
 
-from agent.model import ProcessInfo, SourceStatus
+from agent.schema.report import ProcessInfo, SourceStatus
 from agent.sources.raylet import RAYLET_NAME, parse_raylet_cmdline
 
 HOST_PID_NAMESPACE = "pid:[4026531836]"

@@ -31,7 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from agent.model import SourceStatus
+from agent.schema.report import SourceStatus
 
 log = logging.getLogger("rayscope.agents")
 

@@ -15,7 +15,7 @@ from typing import Optional
 
 import psutil
 
-from agent.model import RayletInfo, SourceStatus
+from agent.schema.report import RayletInfo, SourceStatus
 from agent.sources import raycompat, trust
 
 RAYLET_NAME = "raylet"

@@ -1,0 +1,235 @@
+"""The cluster status document (``status --json``, ``/v1/status``) and what it is merged from.
+
+Three GPU numbers that are never merged:
+
+* ``total_gpu`` / ``used_gpu`` — Ray's ``GPU`` resource: device handles booked (fraction);
+* ``total_vram_mb`` / ``used_vram_mb`` — Ray's custom ``VRAM_MB`` resource: memory booked;
+* ``total_gpu_memory`` / ``used_gpu_memory`` — NVML: bytes the driver sees in use.
+
+These types are the head's and the CLI's own (a head and its clients are one release), so a
+field may change here when the document's ``schema`` (:data:`DOCUMENT_SCHEMA`) says so;
+``agent.schema.report`` is the schema that crosses releases.
+"""
+
+from typing import Optional
+
+import msgspec
+
+from agent.schema.pending import PendingDemand, PendingResources
+from agent.schema.report import GpuDevice, GpuUser, NodeReport, SourceStatus
+
+DOCUMENT_SCHEMA = 1
+"""Version of the documents rayscope prints and serves (status, node, fit)."""
+
+
+class RayNode(msgspec.Struct, kw_only=True, gc=False):
+    """One node as the Ray scheduler (the GCS) sees it."""
+
+    node_id: str
+    node_ip: str
+    hostname: str = ""
+    is_head: bool = False
+    alive: bool = True
+    total: dict[str, float] = {}
+    available: Optional[dict[str, float]] = None
+    """``None`` when the GCS holds no availability for the node (a dead node)."""
+    labels: dict[str, str] = {}
+
+
+class ActorBooking(msgspec.Struct, kw_only=True, gc=False):
+    """One live actor as the GCS actor table holds it: what it booked, where it runs."""
+
+    actor_id: str
+    node_id: str
+    pid: Optional[int] = None
+    name: str = ""
+    """The name given with ``options(name=...)``; ``""`` for an anonymous actor."""
+    class_name: str = ""
+    """``Replica``, ``ServeReplica:app:deployment``, ... (outer scopes as Ray records them)."""
+    state: str = "ALIVE"
+    job_id: str = ""
+    required: dict[str, float] = {}
+    """Required resources: ``GPU`` (device handles), ``VRAM_MB`` (MB booked), ``CPU``, ..."""
+    gpu_ids: list[int] = []
+    """The GPU ids Ray assigned it (indices of the raylet's visible GPUs)."""
+    gpu_shares: list[tuple[int, float]] = []
+    """``(gpu_id, quantity)``: how much of each of its GPU ids it holds (the actor table's
+    ``resource_mapping``); empty from a reader that predates it."""
+
+
+class DeviceFree(msgspec.Struct, kw_only=True, gc=False):
+    """One physical GPU of a Ray node as the scheduler placed work on it (agent.placement).
+
+    Ray keeps one ``GPU`` number per node but hands each actor specific GPU ids; a fraction
+    must fit on one device. This is that per-device view, from the actor table.
+    """
+
+    gpu_id: int
+    """Ray's GPU id on its node (an index into the raylet's visible GPUs)."""
+    visible_id: str
+    """What ``ray.get_gpu_ids()`` returns in a worker on it: the raylet's
+    ``CUDA_VISIBLE_DEVICES`` entry (an index or a UUID), else the id itself."""
+    uuid: Optional[str] = None
+    """NVML's UUID of the device; ``None`` when it cannot be told (see ``mapping``)."""
+    nvml_index: Optional[int] = None
+    mapping: str = ""
+    """How the Ray id was matched to an NVML device, or why it could not be (``ambiguous: ...``)."""
+    booked_gpu: float = 0.0
+    """``GPU`` booked on this device by actors (the actor table's ``resource_mapping``)."""
+    free_gpu: float = 1.0
+    """``1 - booked_gpu``: what one more fraction may take here (tasks not counted, see
+    :class:`NodePlacement`)."""
+    booked_vram_mb: float = 0.0
+    """``VRAM_MB`` (MiB) booked by the actors placed on this device (split evenly over an
+    actor's devices): Ray books ``VRAM_MB`` node-wide and never binds it to a device."""
+    actors: dict[str, float] = {}
+    """Actor id → the ``GPU`` quantity it holds here."""
+    memory_used_bytes: Optional[int] = None
+    """NVML, when the device was matched and measured."""
+    memory_total_bytes: Optional[int] = None
+
+
+class NodePlacement(msgspec.Struct, kw_only=True, gc=False):
+    """A node's per-device placement (:class:`DeviceFree` per Ray GPU id)."""
+
+    devices: list[DeviceFree] = []
+    unplaced_gpu: float = 0.0
+    """``GPU`` the node has booked that no actor accounts for (tasks, whose devices the actor
+    table does not name): where it is > 0 the per-device free numbers are an upper bound."""
+    note: str = ""
+    """Why the Ray id → NVML device mapping is partial, in the operator's words."""
+
+
+class NodeAttribution(msgspec.Struct, kw_only=True, gc=False):
+    """A node's GPU attribution beyond single devices."""
+
+    actors_read: bool = False
+    """Whether the GCS actor table was read (else bookings are unknown, ``NA``)."""
+    processes_mapped: bool = False
+    """Whether GPU pids could be mapped to this host's processes (not in a container)."""
+    node_total_vram_mb: float = 0.0
+    node_used_vram_mb: float = 0.0
+    full_gpus: list[int] = []
+    """Indices of full devices (see :class:`GpuAttribution`)."""
+    flags: list[str] = []
+    """``hidden_full``: a multi-GPU node whose node-wide ``VRAM_MB`` shows room while a
+    device is fully booked: the node-level number hides it."""
+    off_gpu: list[GpuUser] = []
+    """Actors of this node that booked ``GPU``/``VRAM_MB`` but are on none of its GPUs."""
+    booked_vram_mb: Optional[float] = None
+    """Summed over this node's GPUs: ``VRAM_MB`` the actors on them booked (``None``: the
+    actor table was not read)."""
+    booked_gpu: Optional[float] = None
+    booked_actors: int = 0
+    """Distinct actors with a ``GPU`` or ``VRAM_MB`` booking on this node's GPUs."""
+    actors_used_bytes: int = 0
+    """NVML: memory the actors' processes hold, summed over this node's GPUs."""
+    unbooked_bytes: int = 0
+    """NVML: memory held by processes that booked nothing, summed over this node's GPUs."""
+
+
+class ReceivedReport(msgspec.Struct, kw_only=True, gc=False):
+    """A node report as the rollup sees it: when it arrived, by the reader's own clock."""
+
+    report: NodeReport
+    received_at: float
+    local: bool = False
+    """``True``: read on this host by this command, not sent by an agent."""
+
+
+class NodeStatus(msgspec.Struct, kw_only=True, gc=False):
+    """One node of the rollup: BioEngine's ``get_cluster_state`` node keys, then ours."""
+
+    node_ip: Optional[str]
+    head: bool
+    total_cpu: float
+    used_cpu: float
+    total_gpu: float
+    used_gpu: float
+    total_gpu_memory: Optional[int]
+    """Bytes, NVML. ``None`` = nobody measured it (BioEngine wrote the string ``"NA"``)."""
+    used_gpu_memory: Optional[int]
+    total_vram_mb: float
+    """MB booked capacity (``VRAM_MB``); 0 = this node does not book VRAM, not "free"."""
+    used_vram_mb: float
+    total_memory: float
+    used_memory: float
+    total_object_store_memory: float
+    used_object_store_memory: float
+    accelerator_type: Optional[str]
+    """Ray's ``accelerator_type:X`` token: the key users schedule on ("G" = any GeForce)."""
+    slurm_job_id: Optional[str]
+    node_id: str
+    hostname: Optional[str] = None
+    alive: bool = True
+    in_scheduler: bool = True
+    """``False``: an agent reports this node but the GCS does not know it (``no raylet``)."""
+    agent: str = "none"
+    """Where the NVML/host numbers come from: ``local`` (read by this command),
+    ``reporting`` (a fresh agent report), ``stale`` (an old one) or ``none``."""
+    agent_started_by: str = ""
+    """How the reporting agent was started (the report's ``started_by``); ``""`` if unknown."""
+    report_age_s: Optional[float] = None
+    stale: bool = False
+    driver_version: Optional[str] = None
+    gpus: Optional[list[GpuDevice]] = None
+    sources: list[SourceStatus] = []
+    attribution: Optional[NodeAttribution] = None
+    """Set by ``agent.attribution`` (``status --gpus``); ``None`` otherwise."""
+    placement: Optional[NodePlacement] = None
+    """Ray's per-device placement (``agent.placement``); ``None`` when the actor table was
+    not read."""
+    collected_at: Optional[float] = None
+    """The agent's clock when it collected the report (for information: staleness uses
+    ``received_at``)."""
+    received_at: Optional[float] = None
+    """The reader's clock when the report arrived (the head's, for a pushed report)."""
+    gpus_unmeasured: int = 0
+    """GPUs the agent lists whose memory NVML did not give (a lost GPU): the node's
+    ``total_gpu_memory``/``used_gpu_memory`` are then ``None``, not a sum without them."""
+
+
+class ClusterTotals(msgspec.Struct, kw_only=True):
+    """Sums over alive nodes. NVML sums cover only nodes measured and fresh."""
+
+    total_cpu: float = 0.0
+    used_cpu: float = 0.0
+    total_gpu: float = 0.0
+    used_gpu: float = 0.0
+    total_vram_mb: float = 0.0
+    used_vram_mb: float = 0.0
+    total_gpu_memory: Optional[int] = None
+    used_gpu_memory: Optional[int] = None
+    total_memory: float = 0.0
+    used_memory: float = 0.0
+    total_object_store_memory: float = 0.0
+    used_object_store_memory: float = 0.0
+    nodes_alive: int = 0
+    nodes_dead: int = 0
+    gpu_nodes: int = 0
+    gpu_nodes_measured: int = 0
+    """How many of ``gpu_nodes`` the NVML sums cover."""
+    pending_resources: Optional[PendingResources] = None
+    """BioEngine's shape of what waits; ``None`` when the pending demand was not read."""
+    pending: Optional[list[PendingDemand]] = None
+    """Each waiting shape with its reason (agent.pending); ``None`` when not read."""
+
+
+class ClusterStatus(msgspec.Struct, kw_only=True):
+    """The document ``status --json`` prints: BioEngine's shape plus rayscope's keys."""
+
+    schema: int = DOCUMENT_SCHEMA
+    generated_at: float
+    view: str
+    """``gcs``: read straight from the GCS plus local NVML (no head agent);
+    ``head``: served by a head agent from node agents' reports."""
+    gcs_address: Optional[str] = None
+    sources: list[SourceStatus] = []
+    cluster: ClusterTotals
+    nodes: dict[str, NodeStatus] = {}
+    scheduler_age_s: Optional[float] = None
+    """Seconds since the scheduler's view (nodes, liveness, bookings) was read, by the
+    reader's clock; ``None`` when it was never read (then ``sources`` says why)."""
+    scheduler_stale: bool = False
+    """``True``: the view is older than 3 intervals: the GCS has stopped answering and
+    nodes, liveness and bookings are as of ``scheduler_age_s`` ago."""

@@ -28,7 +28,7 @@ import msgspec
 from agent.placement import id_map, place_devices
 from agent.schema.report import GpuAttribution, GpuDevice, GpuUser, NodeReport, ProcessInfo, RayletInfo
 from agent.schema.status import ActorBooking, ClusterStatus, NodeAttribution
-from agent.units import MIB
+from agent.units import MIB, ray_round
 
 IdMaps = Mapping[str, Mapping[int, Optional[int]]]
 """Node id → (Ray GPU id → NVML index, ``None`` where the mapping is ambiguous). A node not
@@ -225,8 +225,8 @@ def _gpu_per_device(
     shares = _device_shares(actor, id_maps)
     on = {_device_key(d)[0] for d, _ in placed}
     if shares and set(shares) == on:
-        return {i: round(q, 4) for i, q in shares.items()}
-    return {i: round(actor.required.get("GPU", 0.0) / len(placed), 4) for i in on}
+        return {i: ray_round(q) for i, q in shares.items()}
+    return {i: ray_round(actor.required.get("GPU", 0.0) / len(placed)) for i in on}
 
 
 def _book(
@@ -247,7 +247,7 @@ def _book(
         actor = seen[actor_id]
         gpu_shares = _gpu_per_device(actor, placed, id_maps)
         for device, user in placed:
-            user.booked_vram_mb = round(actor.required.get("VRAM_MB", 0.0) / len(placed), 4)
+            user.booked_vram_mb = ray_round(actor.required.get("VRAM_MB", 0.0) / len(placed))
             user.booked_gpu = gpu_shares[_device_key(device)[0]]
             user.pids = user.pids or ([actor.pid] if actor.pid else [])
         used = sum(u.used_memory_bytes or 0 for _, u in placed)
@@ -268,8 +268,8 @@ def _book(
 def _device_attribution(device: GpuDevice, users: Sequence[GpuUser], actors_read: bool) -> GpuAttribution:
     actors = [u for u in users if u.kind == "actor"]
     capacity = None if device.memory_total_bytes is None else round(device.memory_total_bytes / MIB, 1)
-    booked_vram = round(sum(u.booked_vram_mb or 0.0 for u in actors), 4) if actors_read else None
-    booked_gpu = round(sum(u.booked_gpu or 0.0 for u in actors), 4) if actors_read else None
+    booked_vram = ray_round(sum(u.booked_vram_mb or 0.0 for u in actors)) if actors_read else None
+    booked_gpu = ray_round(sum(u.booked_gpu or 0.0 for u in actors)) if actors_read else None
     full = booked_vram is not None and capacity is not None and booked_vram > 0 and booked_vram >= capacity
     return GpuAttribution(
         booked_gpu=booked_gpu,
@@ -286,8 +286,8 @@ def _parent_attribution(children: Sequence[GpuDevice], actors_read: bool) -> Gpu
     """A MIG-enabled GPU: the sums over its instances (their users are listed on them)."""
     parts = [c.attribution for c in children if c.attribution is not None]
     return GpuAttribution(
-        booked_gpu=round(sum(p.booked_gpu or 0.0 for p in parts), 4) if actors_read else None,
-        booked_vram_mb=round(sum(p.booked_vram_mb or 0.0 for p in parts), 4) if actors_read else None,
+        booked_gpu=ray_round(sum(p.booked_gpu or 0.0 for p in parts)) if actors_read else None,
+        booked_vram_mb=ray_round(sum(p.booked_vram_mb or 0.0 for p in parts)) if actors_read else None,
         booked_actors=sum(p.booked_actors for p in parts),
         unbooked_bytes=sum(p.unbooked_bytes for p in parts),
         flags=[FULL] if any(FULL in p.flags for p in parts) else [],
@@ -344,10 +344,10 @@ def attribute_node(
         u.actor_id for u in users if u.actor_id and ((u.booked_vram_mb or 0) > 0 or (u.booked_gpu or 0) > 0)
     }
     node = NodeAttribution(
-        booked_vram_mb=round(sum(u.booked_vram_mb or 0.0 for u in users if u.actor_id), 4)
+        booked_vram_mb=ray_round(sum(u.booked_vram_mb or 0.0 for u in users if u.actor_id))
         if matcher.actors_read
         else None,
-        booked_gpu=round(sum(u.booked_gpu or 0.0 for u in users if u.actor_id), 4)
+        booked_gpu=ray_round(sum(u.booked_gpu or 0.0 for u in users if u.actor_id))
         if matcher.actors_read
         else None,
         booked_actors=len(booked),
@@ -406,8 +406,8 @@ def attribute_cluster(
             report.processes,
             actors,
             group,
-            total_vram_mb=round(sum(m.total_vram_mb for m in members), 4),
-            used_vram_mb=round(sum(m.used_vram_mb for m in members), 4),
+            total_vram_mb=ray_round(sum(m.total_vram_mb for m in members)),
+            used_vram_mb=ray_round(sum(m.used_vram_mb for m in members)),
             id_maps=id_maps,
         )
         nodes[node_id] = msgspec.structs.replace(node, gpus=gpus, attribution=attribution)

@@ -18,6 +18,7 @@ from agent.schema.report import REPORT_SCHEMA, GpuDevice, NodeReport, ProcessInf
 from agent.schema.status import ActorBooking, ClusterStatus, RayNode, ReceivedReport
 from agent.sources import gcs, host, nvml, procs, raylet
 from agent.sources.agents import find_agents
+from agent.units import ray_round
 
 
 def local_report(
@@ -182,7 +183,7 @@ def node_diagnostics(
             report.processes,
             actors,
             {r.node_id for r in raylets},
-            total_vram_mb=round(sum(n.total_vram_mb for n in booking.values()), 4),
-            used_vram_mb=round(sum(n.used_vram_mb for n in booking.values()), 4),
+            total_vram_mb=ray_round(sum(n.total_vram_mb for n in booking.values())),
+            used_vram_mb=ray_round(sum(n.used_vram_mb for n in booking.values())),
         )
     return diag

@@ -15,41 +15,22 @@ raylet whose agent stopped): its line is marked, the head agent forgets it after
 and it does not make the answer partial.
 """
 
-from enum import Enum
 from typing import NamedTuple, Optional
 
 from agent.errors import EXIT_FAILED, EXIT_NO_DATA
-from agent.rollup import schedulable_nodes, scheduler_failure, scheduler_view_ok
+from agent.rollup import SchedulerView, schedulable_nodes, scheduler_failure, scheduler_view
 from agent.schema.status import ClusterStatus, NodeStatus
+from agent.text import node_label
 from agent.validate import printable
 
 EXIT_COMPLETE = 0
 EXIT_PARTIAL = EXIT_FAILED
 
 
-class SchedulerView(Enum):
-    """What the scheduler's half of a status is worth."""
-
-    FRESH = "fresh"
-    """Read within 3 intervals (or just now, by the embedded default)."""
-    OLD = "old"
-    """Kept from an earlier read: the GCS has not answered for more than 3 intervals."""
-    NONE = "none"
-    """Never read: only agents' reports are there."""
-
-
 class Completeness(NamedTuple):
     code: int
     note: Optional[str]
     """``no data: ...`` / ``partial: ...``; ``None`` when complete."""
-
-
-def scheduler_view(status: ClusterStatus) -> SchedulerView:
-    """Fresh, old or none. A head older than this field (no ``scheduler_age_s``) that says
-    the GCS answered has a fresh view; one that says it did not has none."""
-    if status.scheduler_age_s is None:
-        return SchedulerView.FRESH if scheduler_view_ok(status) else SchedulerView.NONE
-    return SchedulerView.OLD if status.scheduler_stale else SchedulerView.FRESH
 
 
 def stale_nodes(status: ClusterStatus) -> list[NodeStatus]:
@@ -62,10 +43,6 @@ def stale_nodes(status: ClusterStatus) -> list[NodeStatus]:
 def reporting_nodes(status: ClusterStatus) -> list[NodeStatus]:
     """Nodes with an agent's (or this host's own) measurement attached."""
     return [n for n in status.nodes.values() if n.agent != "none"]
-
-
-def node_name(node: NodeStatus) -> str:
-    return node.node_ip or node.hostname or node.node_id[:12]
 
 
 def assess(status: ClusterStatus) -> Completeness:
@@ -85,7 +62,9 @@ def assess(status: ClusterStatus) -> Completeness:
         )
     stale = stale_nodes(status)
     if stale:
-        names = ", ".join(f"{node_name(n)} ({n.report_age_s or 0:.0f}s)" for n in stale)
+        names = ", ".join(
+            f"{node_label(n.node_ip, n.node_id, n.hostname)} ({n.report_age_s or 0:.0f}s)" for n in stale
+        )
         reasons.append(f"stale report from {len(stale)} node(s): {names}")
     if reasons:
         return Completeness(EXIT_PARTIAL, printable("partial: " + "; ".join(reasons)))

@@ -34,13 +34,13 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Optional
 
-from agent.completeness import SchedulerView, scheduler_view
 from agent.errors import AgentError
 from agent.placement import device_free, placement_known, replicas_on_devices
-from agent.rollup import SCHEDULER_STEMS, schedulable_nodes, scheduler_failure
+from agent.rollup import SCHEDULER_STEMS, SchedulerView, schedulable_nodes, scheduler_failure, scheduler_view
 from agent.schema.fit import FitRequest, FitResult, GpuFit, NodeFit
 from agent.schema.status import ClusterStatus, NodeStatus
-from agent.units import MIB
+from agent.text import node_label
+from agent.units import ACCELERATOR_PREFIX, MIB, ray_round, ray_units
 
 EXIT_FITS = 0
 EXIT_DOES_NOT_FIT = 1
@@ -57,9 +57,6 @@ FRACTION_DECIMALS = 2
 UNBOUNDED = 10**9
 """Capacity of a node for a shape that asks for nothing it could run out of."""
 PER_DEVICE = "GPU per device"
-RESOURCE_UNIT = 10_000
-"""Ray books resources in fixed point with 1e-4 resolution."""
-ACCELERATOR_PREFIX = "accelerator_type:"
 
 
 def validate_shape(shape: Mapping[str, object]) -> dict[str, float]:
@@ -98,10 +95,6 @@ def gpu_size_mb(node: NodeStatus) -> tuple[Optional[float], str]:
     return None, ""
 
 
-def node_label(node: NodeStatus) -> str:
-    return node.node_ip or node.hostname or node.node_id[:12]
-
-
 def smallest_gpu(status: ClusterStatus, override_mb: Optional[float]) -> tuple[Optional[float], str]:
     """(MB, origin) of the smallest GPU the fraction path divides by; ``(None, ...)`` when the
     cluster has no GPU node. Raises "could not tell" when a GPU node's size is unknown."""
@@ -120,11 +113,7 @@ def smallest_gpu(status: ClusterStatus, override_mb: Optional[float]) -> tuple[O
         )
     (size_mb, origin), node = min(sizes, key=lambda entry: entry[0][0] or 0.0)
     assert size_mb is not None
-    return size_mb, f"{origin} on {node_label(node)}"
-
-
-def _units(amount: float) -> int:
-    return round(amount * RESOURCE_UNIT)
+    return size_mb, f"{origin} on {node_label(node.node_ip, node.node_id, node.hostname)}"
 
 
 def available(node: NodeStatus, resource: str) -> Optional[float]:
@@ -151,7 +140,7 @@ def node_capacity(node: NodeStatus, shape: Mapping[str, float]) -> NodeFit:
     )
     free = {resource: available(node, resource) for resource, amount in shape.items() if amount > 0}
     fit.capacity, fit.limited_by, fit.missing = replicas_in(free, shape)
-    fit.available = {resource: round(amount, 4) for resource, amount in free.items() if amount is not None}
+    fit.available = {resource: ray_round(amount) for resource, amount in free.items() if amount is not None}
     if not free:  # e.g. num_gpus=0 and nothing else: nothing to run out of
         fit.capacity = UNBOUNDED
     gpu = shape.get("GPU", 0.0)
@@ -182,7 +171,7 @@ def replicas_in(
         if have is None:
             missing.append(resource)
             continue
-        counts.append((_units(have) // _units(amount), resource))
+        counts.append((ray_units(have) // ray_units(amount), resource))
     if missing or not counts:
         return 0, None, missing
     capacity, limited_by = min(counts, key=lambda c: c[0])

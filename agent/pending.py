@@ -27,7 +27,7 @@ from typing import NamedTuple, Optional
 
 import msgspec
 
-from agent.fit import RESOURCE_UNIT, replicas_in
+from agent.fit import replicas_in
 from agent.placement import replicas_on_free
 from agent.schema.pending import (
     PendingActor,
@@ -39,9 +39,9 @@ from agent.schema.pending import (
     PendingTask,
 )
 from agent.schema.status import ClusterStatus
-from agent.units import GIB, MIB
+from agent.text import node_label
+from agent.units import ACCELERATOR_PREFIX, GIB, MIB, ray_round, ray_units
 
-ACCELERATOR_PREFIX = "accelerator_type:"
 BIOENGINE_LIST_LIMIT = 100
 """BioEngine lists pending entries through Ray's state API, which answers at most 100."""
 
@@ -61,13 +61,9 @@ DeviceFree = Callable[[PendingNode], Optional[list[tuple[int, float]]]]
 """A node → ``[(GPU index, fraction free)]`` of its devices; ``None`` = not known."""
 
 
-def _units(amount: float) -> int:
-    return round(amount * RESOURCE_UNIT)
-
-
 def canonical(shape: Mapping[str, float]) -> dict[str, float]:
     """Ray's order, as ``ray status`` prints a demand: names sorted; zero amounts dropped."""
-    return {name: round(amount, 4) for name, amount in sorted(shape.items()) if amount > 0}
+    return {name: ray_round(amount) for name, amount in sorted(shape.items()) if amount > 0}
 
 
 def split_group(shape: Mapping[str, float]) -> tuple[dict[str, float], str]:
@@ -101,11 +97,11 @@ def amount_text(resource: str, amount: float) -> str:
         return f"{amount:.0f} MB"
     if resource in ("memory", "object_store_memory"):
         return f"{amount / GIB:.1f} GB" if amount >= GIB else f"{amount / MIB:.0f} MB"
-    return f"{_number(round(amount, 4))} {resource}"
+    return f"{_number(ray_round(amount))} {resource}"
 
 
 def _label(node: PendingNode) -> str:
-    return node.node_ip or node.node_id[:12]
+    return node_label(node.node_ip, node.node_id)
 
 
 def gpus_free_from_actors(read: PendingRead) -> DeviceFree:
@@ -117,9 +113,9 @@ def gpus_free_from_actors(read: PendingRead) -> DeviceFree:
         count = int(node.total.get("GPU", 0.0))
         held = read.device_use.get(node.node_id, {}).get("GPU", {})
         booked = node.total.get("GPU", 0.0) - node.available.get("GPU", 0.0)
-        if _units(sum(held.values())) != _units(booked):
+        if ray_units(sum(held.values())) != ray_units(booked):
             return None
-        return [(index, round(1.0 - held.get(str(index), 0.0), 4)) for index in range(count)]
+        return [(index, ray_round(1.0 - held.get(str(index), 0.0))) for index in range(count)]
 
     return free
 
@@ -166,7 +162,7 @@ def _infeasible(shape: Mapping[str, float], nodes: Sequence[PendingNode]) -> Opt
                 here = f" (accelerator types here: {', '.join(kinds)})" if kinds else " (no node names one)"
                 return f"no node has {resource}{here}"
             return f"no node has {resource}"
-        if _units(max(have)) < _units(amount):
+        if ray_units(max(have)) < ray_units(amount):
             most = amount_text(resource, max(have))
             return f"no node has {amount_text(resource, amount)} (at most {most} on one node)"
     return "no single node has all of it: " + ", ".join(shape)
@@ -200,7 +196,7 @@ def judge(shape: Mapping[str, float], nodes: Sequence[PendingNode], device_free:
                 "device" if devices is not None else "node_sum",
             )
         node, devices = max(fragmented, key=lambda entry: _free(entry[0], "GPU") or 0.0)
-        summed = _number(round(_free(node, "GPU") or 0.0, 4))
+        summed = _number(ray_round(_free(node, "GPU") or 0.0))
         lacking_device = (
             f"no single GPU has {_number(gpu)}" if gpu < 1 else f"not {int(gpu)} GPU(s) wholly free"
         )
@@ -210,7 +206,9 @@ def judge(shape: Mapping[str, float], nodes: Sequence[PendingNode], device_free:
             f" {devices_text(devices)}",
             "device",
         )
-    short = [(node, [r for r in shape if _units(_free(node, r) or 0.0) < _units(shape[r])]) for node in able]
+    short = [
+        (node, [r for r in shape if ray_units(_free(node, r) or 0.0) < ray_units(shape[r])]) for node in able
+    ]
     order = {r: i for i, r in enumerate(_EXHAUSTED_ORDER)}
     node, lacking = min(short, key=lambda entry: len(entry[1]))
     resource = min(lacking, key=lambda r: (order.get(r, len(order)), r))

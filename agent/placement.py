@@ -24,10 +24,11 @@ from typing import Optional
 
 from agent.schema.report import GpuDevice, RayletInfo
 from agent.schema.status import ActorBooking, DeviceFree, NodePlacement, NodeStatus
+from agent.units import RAY_UNITS_PER_ONE, ray_round
 
 PCI_BUS_ID = "PCI_BUS_ID"
-EPSILON = 1e-4
-"""Ray books resources in 1e-4 fixed point."""
+EPSILON = 1 / RAY_UNITS_PER_ONE
+"""One of Ray's resource units: a smaller remainder is float noise."""
 
 
 def visible_entries(text: Optional[str]) -> Optional[list[str]]:
@@ -143,13 +144,13 @@ def place_devices(
         vram = actor.required.get("VRAM_MB", 0.0)
         for gpu_id, quantity in shares:
             device = devices[gpu_id]
-            device.actors[actor.actor_id] = round(device.actors.get(actor.actor_id, 0.0) + quantity, 4)
-            device.booked_gpu = round(device.booked_gpu + quantity, 4)
-            device.booked_vram_mb = round(device.booked_vram_mb + vram / len(shares), 4)
+            device.actors[actor.actor_id] = ray_round(device.actors.get(actor.actor_id, 0.0) + quantity)
+            device.booked_gpu = ray_round(device.booked_gpu + quantity)
+            device.booked_vram_mb = ray_round(device.booked_vram_mb + vram / len(shares))
             placed += quantity
     for device in devices:
-        device.free_gpu = round(max(0.0, 1.0 - device.booked_gpu), 4)
-    unplaced = round(max(0.0, node.used_gpu - placed), 4)
+        device.free_gpu = ray_round(max(0.0, 1.0 - device.booked_gpu))
+    unplaced = ray_round(max(0.0, node.used_gpu - placed))
     notes = sorted({d.mapping for d in devices if d.uuid is None and d.mapping})
     unplaced = unplaced if unplaced > EPSILON else 0.0
     return NodePlacement(devices=devices, unplaced_gpu=unplaced, note="; ".join(notes))

@@ -7,6 +7,7 @@ unit (1e-4), since the GCS hands back ``1 - 0.96 = 0.040000000000000036``.
 """
 
 from collections.abc import Iterable, Mapping, Sequence
+from enum import Enum
 from operator import attrgetter
 from typing import Optional
 
@@ -21,12 +22,10 @@ from agent.schema.status import (
     RayNode,
     ReceivedReport,
 )
+from agent.units import ray_round
 
 STALE_INTERVALS = 3
 """A report older than this many reporting intervals is stale (docs/architecture.md, agents)."""
-
-RESOURCE_DECIMALS = 4
-"""Ray stores resources as fixed point with 1e-4 resolution; more digits are float noise."""
 
 
 # (JSON key stem, Ray resource name): the scheduler quantities every node and the cluster carry.
@@ -48,6 +47,25 @@ def scheduler_view_ok(status: ClusterStatus) -> bool:
     return any(s.name == "gcs" and s.ok for s in status.sources)
 
 
+class SchedulerView(Enum):
+    """What the scheduler's half of a status is worth."""
+
+    FRESH = "fresh"
+    """Read within :data:`STALE_INTERVALS` intervals (or just now, by the embedded default)."""
+    OLD = "old"
+    """Kept from an earlier read: the GCS has not answered for more than :data:`STALE_INTERVALS` intervals."""
+    NONE = "none"
+    """Never read: only agents' reports are there."""
+
+
+def scheduler_view(status: ClusterStatus) -> SchedulerView:
+    """Fresh, old or none. A head older than this field (no ``scheduler_age_s``) that says
+    the GCS answered has a fresh view; one that says it did not has none."""
+    if status.scheduler_age_s is None:
+        return SchedulerView.FRESH if scheduler_view_ok(status) else SchedulerView.NONE
+    return SchedulerView.OLD if status.scheduler_stale else SchedulerView.FRESH
+
+
 def scheduler_failure(status: ClusterStatus) -> str:
     """`` (why the GCS could not be read)``, or ``""`` when it gave no reason."""
     reasons = [s.reason for s in status.sources if s.name == "gcs" and not s.ok and s.reason]
@@ -61,7 +79,7 @@ def schedulable_nodes(status: ClusterStatus) -> list[NodeStatus]:
 
 def used_amount(total: float, available: float) -> float:
     """``total - available``, clamped at 0 and rounded to Ray's 1e-4 resource unit."""
-    return round(max(0.0, total - available), RESOURCE_DECIMALS)
+    return ray_round(max(0.0, total - available))
 
 
 def resource_tokens(resources: Iterable[str]) -> tuple[Optional[str], Optional[str], Optional[str], bool]:
@@ -240,7 +258,7 @@ def totals(nodes: Iterable[NodeStatus]) -> ClusterTotals:
         gpu_nodes_measured=len(measured),
     )
     for key in _SUMMED:
-        setattr(sums, key, round(sum(map(attrgetter(key), alive)), RESOURCE_DECIMALS))
+        setattr(sums, key, ray_round(sum(map(attrgetter(key), alive))))
     if measured:
         sums.total_gpu_memory = sum(n.total_gpu_memory or 0 for n in measured)
         sums.used_gpu_memory = sum(n.used_gpu_memory or 0 for n in measured)

@@ -42,7 +42,7 @@ def old_view_status(read_s_ago: float) -> ClusterStatus:
 
 
 def test_an_old_scheduler_view_is_partial_and_says_how_old() -> None:
-    """Positive control: drop ``scheduler_stale`` from ``completeness.scheduler_view`` and the
+    """Positive control: drop ``scheduler_stale`` from ``rollup.scheduler_view`` and the
     head serves a 60 s old view with exit 0, as it did before (every node "alive")."""
     status = old_view_status(60.0)
     assert status.scheduler_age_s == 60.0 and status.scheduler_stale

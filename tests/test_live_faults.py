@@ -71,7 +71,7 @@ def node_json(head: HeadDaemon, node_id: str) -> Optional[dict[str, Any]]:
 def test_gcs_killed_then_restarted_on_the_same_port(
     fault: FaultRecord, tmp_path: Path, wire_token: Path
 ) -> None:
-    """Positive control: take ``scheduler_stale`` out of ``completeness.scheduler_view`` and
+    """Positive control: take ``scheduler_stale`` out of ``rollup.scheduler_view`` and
     the first wait times out: the head keeps serving its last view with exit 0."""
     fault.expect(
         "GCS SIGKILLed, then a head restarted on the same port",

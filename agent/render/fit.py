@@ -4,6 +4,8 @@ from typing import Optional
 
 from agent.render.fmt import encode, gib, number, size
 from agent.schema.fit import FitResult, NodeFit
+from agent.text import node_label
+from agent.units import ray_round
 from agent.validate import printable_lines
 
 UNBOUNDED = 10**9
@@ -28,12 +30,12 @@ def resource_amount(name: str, value: float) -> str:
         return size(value)
     if name == "VRAM_MB":
         return f"{value:.0f} MB"
-    return number(round(value, 4))
+    return number(ray_round(value))
 
 
 def fit_node_label(fit: NodeFit) -> str:
     """``127.0.0.1 [HEAD] G e0e0e0e0``: IP, role, accelerator, node id (IPs repeat on one host)."""
-    words = [fit.node_ip or fit.node_id[:12], "[HEAD]" if fit.head else "[worker]"]
+    words = [node_label(fit.node_ip, fit.node_id), "[HEAD]" if fit.head else "[worker]"]
     if fit.accelerator_type:
         words.append(fit.accelerator_type)
     words.append(fit.node_id[:8])

@@ -12,13 +12,14 @@ from typing import Optional
 
 import msgspec
 
-from agent.completeness import SchedulerView, scheduler_view
 from agent.pending import shape_text
 from agent.render.fmt import booking, cpus, encode, gib, has_gpus, source_notes, visible_nodes
 from agent.render.gpus import device_line, fuller_devices
+from agent.rollup import SchedulerView, scheduler_view
 from agent.schema.pending import PendingDemand
 from agent.schema.report import SourceStatus
 from agent.schema.status import ClusterStatus, NodeStatus
+from agent.text import node_label
 from agent.validate import printable_lines
 
 AGENT_STARTERS = ("ray", "systemd", "manual")
@@ -54,7 +55,7 @@ def node_line(
     node: NodeStatus, view: str = "gcs", scheduler_ok: bool = True, scheduler_age_s: Optional[float] = None
 ) -> str:
     """One node, e.g. ``10.0.0.5 [worker] T4 GPU: 0.99/1 VRAM: 5.8/24.0 GB  CPU: 6/8``."""
-    words = [node.node_ip or node.hostname or node.node_id[:12], "[HEAD]" if node.head else "[worker]"]
+    words = [node_label(node.node_ip, node.node_id, node.hostname), "[HEAD]" if node.head else "[worker]"]
     cpu = f"CPU: {cpus(node.used_cpu)}/{cpus(node.total_cpu)}"
     memory = f"VRAM: {gib(node.used_gpu_memory)}/{gib(node.total_gpu_memory)} GB"
     if not node.in_scheduler:  # an agent's node the scheduler does not know: nothing booked to show

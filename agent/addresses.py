@@ -22,3 +22,10 @@ def split_address(address: str) -> tuple[str, int]:
     """``"[::1]:6379"`` → ``("::1", 6379)``; the address must have passed :func:`parse_address`."""
     host, _, port = address.rpartition(":")
     return host.strip("[]"), int(port)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an address, IPv6 with or without brackets) is this machine's
+    loopback: ``localhost``, ``127.0.0.0/8``, ``::1``."""
+    bare = host.strip("[]")
+    return bare in ("localhost", "::1") or bare.startswith("127.")

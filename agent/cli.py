@@ -620,8 +620,8 @@ def head_agent(
     import asyncio
 
     from agent import collect
-    from agent.head import Head
-    from agent.sources.ray_agents import RayAgents
+    from agent.head.daemon import Head
+    from agent.ray_agents import RayAgents
 
     with _one_line_errors():
         _daemon_logging()

@@ -29,7 +29,7 @@ import msgspec
 import psutil
 
 from agent import wire
-from agent.head import HeadState
+from agent.head.state import HeadState
 from agent.render.metrics import metrics_text
 from agent.render.status import status_json, status_lines
 from agent.schema.report import GpuDevice, HostInfo, NodeReport, RayletInfo, SourceStatus

@@ -22,8 +22,12 @@ from typing import Any, Callable, Optional
 
 import msgspec
 
-from agent import ingest, wire
-from agent.head import HeadState, ReportError
+from agent import wire
+from agent.head import ingest
+from agent.head.admission import ConnectionGuard
+from agent.head.state import HeadState
+from agent.head.throttle import LogThrottle
+from agent.validate import ReportError
 from tests.scenarios import SEED_REPORTS
 
 TOKEN = b"fuzz-token-0123456789abcdef"
@@ -139,8 +143,8 @@ def chunks(rng: random.Random, data: bytes) -> list[bytes]:
 async def run_one(rng: random.Random, counts: "Counter[str]") -> Optional[str]:
     """Feed one input; a description of the broken invariant, or None."""
     state = HeadState(5.0, None)
-    throttle = ingest.LogThrottle(ingest.log, interval_s=3600)
-    guard = ingest.ConnectionGuard(10, 10, throttle, state.count_rejected)
+    throttle = LogThrottle(ingest.log, interval_s=3600)
+    guard = ConnectionGuard(10, 10, throttle, state.count_rejected)
     protocol = ingest.ReportProtocol(state.take, TOKEN, 60.0, guard)
     transport = FakeTransport()
     data, kind = b"", "?"

@@ -8,8 +8,7 @@ import pytest
 
 from agent.render.node import node_lines
 from agent.schema.node import AgentProcess, NodeDiagnostics
-from agent.sources.agents import parse_agent, parse_unit
-from agent.sources.ray_agents import PROCESS_TITLE
+from agent.sources.agents import PROCESS_TITLE, parse_agent, parse_unit
 
 SERVICE_V2 = "0::/system.slice/rayscope-agent.service\n"
 SERVICE_V1 = (

@@ -15,7 +15,8 @@ import msgspec
 import pytest
 
 from agent import completeness
-from agent.head import HeadState, PollerGuard
+from agent.head.poller import PollerGuard
+from agent.head.state import HeadState
 from agent.render.metrics import metrics_text
 from agent.render.status import status_lines
 from agent.rollup import merge, scheduler_nodes
@@ -309,7 +310,7 @@ def test_a_bug_in_one_answer_is_an_http_500_and_the_head_keeps_serving() -> None
     import http.client
     from http.server import ThreadingHTTPServer
 
-    from agent.head import _StatusHandler
+    from agent.head.http import _StatusHandler
 
     state = BrokenState(interval_s=1.0, gcs_address=None)
     handler = type("Handler", (_StatusHandler,), {"state": state, "read_tokens": ()})

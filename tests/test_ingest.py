@@ -12,8 +12,11 @@ from typing import Any
 import msgspec
 import pytest
 
-from agent import ingest, wire
-from agent.head import HeadState
+from agent import wire
+from agent.head import ingest
+from agent.head.admission import ConnectionGuard
+from agent.head.state import HeadState
+from agent.head.throttle import LogThrottle
 from agent.push import Pusher
 from agent.schema.report import GpuDevice, GpuProcess, NodeReport, ProcessInfo
 from tests.scenarios import SEED_REPORTS
@@ -31,10 +34,8 @@ class Port:
 
     def __init__(self, max_total: int = 100, max_unauth_per_host: int = 10) -> None:
         self.state = HeadState(1.0, None)
-        self.throttle = ingest.LogThrottle(logging.getLogger("rayscope.head"), interval_s=60)
-        self.guard = ingest.ConnectionGuard(
-            max_total, max_unauth_per_host, self.throttle, self.state.count_rejected
-        )
+        self.throttle = LogThrottle(logging.getLogger("rayscope.head"), interval_s=60)
+        self.guard = ConnectionGuard(max_total, max_unauth_per_host, self.throttle, self.state.count_rejected)
         self.loop = asyncio.new_event_loop()
         self.server = self.loop.run_until_complete(
             self.loop.create_server(
@@ -178,7 +179,7 @@ def test_unauthenticated_connections_are_capped_per_address_and_in_total() -> No
 def test_the_log_throttle_says_one_line_per_kind_and_counts_the_rest(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    throttle = ingest.LogThrottle(logging.getLogger("t"), interval_s=0.2)
+    throttle = LogThrottle(logging.getLogger("t"), interval_s=0.2)
     with caplog.at_level(logging.WARNING):
         for i in range(1000):
             throttle.note("a", "event a %d", i)

@@ -6,11 +6,11 @@ from pathlib import Path
 import msgspec
 
 from agent.push import started_by
+from agent.ray_agents import agent_name, node_of, plan, shipped_modules
 from agent.render.status import node_line
 from agent.rollup import merge, scheduler_nodes
 from agent.schema.report import NodeReport
 from agent.schema.status import NodeStatus, RayNode, ReceivedReport
-from agent.sources.ray_agents import agent_name, node_of, plan, shipped_modules
 from tests.bench_agents import BEGIN, END, keep_marked, write_section
 from tests.conftest import run_rayscope
 
@@ -111,3 +111,41 @@ def test_bench_agents_section_is_replaced_in_place_and_kept_by_make_bench(tmp_pa
     assert text.startswith("# Benchmarks\n\n| a | b |\n")
     assert keep_marked(path) == f"{BEGIN}\nsecond\n{END}\n"
     assert keep_marked(tmp_path / "absent.md") == ""
+
+
+def test_rayscope_node_looks_for_the_title_ray_gives_the_agents_worker() -> None:
+    """Ray titles an actor's worker ``ray::<class name>``: renaming the class must rename the title."""
+    from agent.ray_agents import RayscopeAgent
+    from agent.sources.agents import PROCESS_TITLE
+
+    assert f"ray::{RayscopeAgent.__name__}" == PROCESS_TITLE
+
+
+class _BrokenCluster:
+    """Ray's calls failing as they do when the GCS went away mid-reconcile."""
+
+    connected = True
+
+    def connect(self) -> None:
+        return None
+
+    def named_actors(self) -> list[str]:
+        raise ConnectionError("GCS at 127.0.0.1:6379 is gone")
+
+
+def test_a_failed_reconcile_is_a_source_status_of_the_head() -> None:
+    """Positive control: drop ``more_sources`` from ``HeadState.status`` and the status no
+    longer says why no agent is placed."""
+    from typing import Any, cast
+
+    from agent.head.state import HeadState
+    from agent.ray_agents import RayAgents
+
+    agents = RayAgents("127.0.0.1:6379", ("10.0.0.1", 7531), b"t", 5.0, cluster=cast(Any, _BrokenCluster()))
+    state = HeadState(5.0, "127.0.0.1:6379")
+    state.more_sources.append(agents.status)
+    assert [s.name for s in state.status(0.0).sources if s.name == "ray_agents"] == ["ray_agents"]
+    assert agents.status().ok
+    agents.reconcile(["a"])
+    (source,) = [s for s in state.status(0.0).sources if s.name == "ray_agents"]
+    assert not source.ok and "GCS at 127.0.0.1:6379 is gone" in source.reason

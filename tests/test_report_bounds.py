@@ -14,12 +14,13 @@ import msgspec
 import pytest
 
 from agent.completeness import completeness_note
-from agent.head import HeadState, ReportError
+from agent.head.state import HeadState
 from agent.render.gpus import status_gpu_lines
 from agent.render.metrics import metrics_text
 from agent.render.status import source_details, status_json, status_lines
 from agent.schema.report import GpuDevice, GpuProcess, HostInfo, NodeReport, RayletInfo, SourceStatus
 from agent.schema.status import RayNode
+from agent.validate import ReportError
 from tests.scenarios import NOW, gpu, view
 
 INTERVAL_S = 1.0

@@ -13,10 +13,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent import wire
-from agent.head import HeadState, ReportError
+from agent.head.state import HeadState
 from agent.schema.node import NodeDiagnostics
 from agent.schema.report import REPORT_SCHEMA, NodeReport, RayletInfo, SourceStatus
 from agent.schema.status import ClusterStatus, RayNode
+from agent.validate import ReportError
 from tests.scenarios import SEED_REPORTS, mixed_status, seed_node_diagnostics
 
 DATA = Path(__file__).resolve().parent / "data"

@@ -17,13 +17,10 @@ from agent.render.fmt import booking, cpus, encode, gib, has_gpus, source_notes,
 from agent.render.gpus import device_line, fuller_devices
 from agent.rollup import SchedulerView, scheduler_view
 from agent.schema.pending import PendingDemand
-from agent.schema.report import SourceStatus
+from agent.schema.report import AGENT_STARTERS, SourceStatus
 from agent.schema.status import ClusterStatus, NodeStatus
 from agent.text import node_label
 from agent.validate import printable_lines
-
-AGENT_STARTERS = ("ray", "systemd", "manual")
-"""How an agent may say it was started (``NodeReport.started_by``)."""
 
 
 def node_markers(

@@ -42,6 +42,12 @@ Amount = Annotated[float, msgspec.Meta(ge=0.0, le=sys.float_info.max)]
 """A finite, non-negative float: NaN fails ``ge``, infinity fails ``le``."""
 ITEMS = msgspec.Meta(max_length=MAX_ITEMS)
 
+STARTED_BY_RAY = "ray"
+"""``NodeReport.started_by`` of an agent placed by ``head --agents ray``."""
+AGENT_STARTERS = (STARTED_BY_RAY, "systemd", "manual")
+"""Every way an agent may say it was started (``NodeReport.started_by``); anything else is
+shown as ``other``: a report's own word is never printed."""
+
 
 class SourceStatus(msgspec.Struct, kw_only=True, gc=False):
     """Whether one source answered. A failing source is data, never an exception."""

@@ -1,7 +1,7 @@
 """rayscope node agents running on this host, found by their processes (``rayscope node``).
 
 Two kinds: a ``push`` command (``rayscope push``, ``python rayscope.pyz push``, ``python -m
-agent push``), and a Ray worker titled :data:`~agent.sources.ray_agents.PROCESS_TITLE`
+agent push``), and a Ray worker titled :data:`PROCESS_TITLE`
 (placed by ``head --agents ray``). Anyone can name a process so: each entry shows its user,
 and nothing of it is trusted beyond being shown (every string goes through ``printable``).
 A ``push`` whose cgroup is a systemd ``.service`` unit counts as started by systemd.
@@ -14,11 +14,12 @@ from typing import Optional
 import psutil
 
 from agent.schema.node import AgentProcess
-from agent.schema.report import SourceStatus
+from agent.schema.report import STARTED_BY_RAY, SourceStatus
 from agent.sources.procs import parse_title
-from agent.sources.ray_agents import PROCESS_TITLE, STARTED_BY
 from agent.sources.raylet import NOT_RUNNING
 
+PROCESS_TITLE = "ray::RayscopeAgent"
+"""What Ray titles the worker of ``agent.ray_agents.RayscopeAgent`` (``ray::<class>``)."""
 MAX_ARG_CHARS = 256
 """A ``--head`` value longer than this is cut: it is only shown."""
 
@@ -62,7 +63,7 @@ def parse_unit(cgroup: str) -> Optional[str]:
 def parse_agent(argv: Sequence[str], pid: int, user: str, cgroup: str = "") -> Optional[AgentProcess]:
     """The agent ``argv`` (a process's command line) runs, if it is one."""
     if parse_title(argv) == PROCESS_TITLE:
-        return AgentProcess(pid=pid, user=user, started_by=STARTED_BY)
+        return AgentProcess(pid=pid, user=user, started_by=STARTED_BY_RAY)
     arguments = _push_arguments(argv)
     if arguments is None:
         return None
@@ -97,7 +98,7 @@ def find_agents() -> tuple[list[AgentProcess], SourceStatus]:
             continue
         user = proc.info.get("username") or ""
         agent = parse_agent(argv, proc.pid, user)
-        if agent is not None and agent.started_by != STARTED_BY:  # read the cgroup of agents only
+        if agent is not None and agent.started_by != STARTED_BY_RAY:  # read the cgroup of agents only
             agent = parse_agent(argv, proc.pid, user, _cgroup(proc.pid))
         if agent is not None:
             agents.append(agent)

@@ -24,17 +24,16 @@ import logging
 import os
 import socket
 import time
-from collections import OrderedDict
 from typing import Any, Callable, Optional
 
 from agent import wire
+from agent.head.admission import ConnectionGuard
+from agent.head.throttle import LogThrottle
 
 log = logging.getLogger("rayscope.head")
 
 FRAME_DEADLINE_S = 10.0
 """A frame (or a TLS handshake) must be complete this long after its first byte."""
-MAX_CONNECTIONS = 4096
-MAX_UNAUTH_PER_HOST = 256
 ACCEPT_BACKLOG = 64
 """asyncio accepts up to this many connections in one go, before any of them is admitted."""
 LISTEN_QUEUE = 4096
@@ -44,7 +43,6 @@ waits here; a full queue drops SYNs, and each is retried only after 1, 3, 7 s.""
 FD_RESERVE = 192 + ACCEPT_BACKLOG
 """File descriptors kept back from the report port: HTTP, the GCS client, logs, a burst of
 accepts and connections closing."""
-THROTTLE_S = 10.0
 
 
 def widen_listen_queue(fd: int) -> None:
@@ -55,132 +53,6 @@ def widen_listen_queue(fd: int) -> None:
     duplicate descriptor) changes only the kernel's queue and keeps the accept batch small."""
     with socket.socket(fileno=os.dup(fd)) as listening:
         listening.listen(LISTEN_QUEUE)
-
-
-class LogThrottle:
-    """One log line per event kind per interval; the repeats are counted and reported with
-    the next line of that kind (or by :meth:`flush`)."""
-
-    def __init__(self, logger: logging.Logger, interval_s: float = THROTTLE_S) -> None:
-        self._log, self._interval_s = logger, interval_s
-        self._windows: dict[str, tuple[float, int]] = {}  # kind -> (window start, suppressed)
-
-    def note(self, kind: str, message: str, *args: Any, level: int = logging.WARNING) -> None:
-        now = time.monotonic()
-        start, suppressed = self._windows.get(kind, (float("-inf"), 0))
-        if now - start < self._interval_s:
-            self._windows[kind] = (start, suppressed + 1)
-            return
-        self._windows[kind] = (now, 0)
-        more = f" (and {suppressed} more like it in the last {now - start:.0f} s)" if suppressed else ""
-        self._log.log(level, message + "%s", *args, more)
-
-    def flush(self) -> None:
-        """Say how many lines were held back in windows that have ended."""
-        now = time.monotonic()
-        for kind, (start, suppressed) in list(self._windows.items()):
-            if suppressed and now - start >= self._interval_s:
-                self._log.warning("%s: %d more in the last %.0f s", kind, suppressed, now - start)
-                self._windows[kind] = (now, 0)
-
-
-class IngestCounters:
-    """Counters for ``/healthz``; touched only from the event loop (reads are racy but
-    each value is a plain int)."""
-
-    def __init__(self) -> None:
-        self.open = 0
-        self.evicted = 0
-        self.refused = 0
-        self.timed_out = 0
-        self.v1_frames = 0
-        self.rejected: dict[str, int] = {}
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "connections_open": self.open,
-            "connections_evicted": self.evicted,
-            "connections_refused": self.refused,
-            "connections_timed_out": self.timed_out,
-            "v1_frames": self.v1_frames,
-            **{f"rejected_{reason.replace(' ', '_')}": n for reason, n in self.rejected.items()},
-        }
-
-
-class ConnectionGuard:
-    """Admission for the report port: caps, eviction of unauthenticated connections, and the
-    throttled log. One per head."""
-
-    def __init__(
-        self,
-        max_total: int,
-        max_unauth_per_host: int,
-        throttle: LogThrottle,
-        count_rejected: Callable[[], None] = lambda: None,
-    ) -> None:
-        self.max_total, self.max_unauth_per_host = max_total, max_unauth_per_host
-        self.throttle, self._count_rejected = throttle, count_rejected
-        self.counters = IngestCounters()
-        self._all: set[ReportProtocol] = set()
-        self._unauth: OrderedDict[ReportProtocol, None] = OrderedDict()  # oldest first
-        self._unauth_by_host: dict[str, int] = {}
-        self._v1_warned = False
-
-    def admit(self, conn: "ReportProtocol") -> bool:
-        """Take a new connection, evicting an older unauthenticated one if a cap is hit;
-        ``False`` when every slot is held by an authenticated agent."""
-        if self._unauth_by_host.get(conn.host, 0) >= self.max_unauth_per_host:
-            self._evict(next(c for c in self._unauth if c.host == conn.host), "per-address cap")
-        if len(self._all) >= self.max_total and self._unauth:
-            self._evict(next(iter(self._unauth)), "connection cap")
-        if len(self._all) >= self.max_total:
-            self.counters.refused += 1
-            self.throttle.note(
-                "refused", "refusing connection from %s: %d agents connected", conn.peer, len(self._all)
-            )
-            return False
-        self._all.add(conn)
-        self._unauth[conn] = None
-        self._unauth_by_host[conn.host] = self._unauth_by_host.get(conn.host, 0) + 1
-        self.counters.open = len(self._all)
-        return True
-
-    def authenticated(self, conn: "ReportProtocol") -> None:
-        if conn in self._unauth:
-            del self._unauth[conn]
-            self._drop_host(conn.host)
-
-    def gone(self, conn: "ReportProtocol") -> None:
-        self._all.discard(conn)
-        self.authenticated(conn)
-        self.counters.open = len(self._all)
-
-    def rejected(self, reason: str) -> None:
-        self._count_rejected()
-        self.counters.rejected[reason] = self.counters.rejected.get(reason, 0) + 1
-
-    def v1_frame(self, peer: str) -> None:
-        self.counters.v1_frames += 1
-        if not self._v1_warned:
-            self._v1_warned = True
-            log.warning(
-                "agent %s sends version-1 frames: still taken in this release, but they are not"
-                " replay-safe (a recorded frame can be resent); upgrade its rayscope",
-                peer,
-            )
-
-    def _drop_host(self, host: str) -> None:
-        left = self._unauth_by_host.get(host, 0) - 1
-        if left > 0:
-            self._unauth_by_host[host] = left
-        else:
-            self._unauth_by_host.pop(host, None)
-
-    def _evict(self, conn: "ReportProtocol", why: str) -> None:
-        self.counters.evicted += 1
-        self.throttle.note("evicted", "evicting unauthenticated connection from %s: %s", conn.peer, why)
-        self.gone(conn)
-        conn.abort()
 
 
 class ReportProtocol(asyncio.Protocol):

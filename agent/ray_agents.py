@@ -19,6 +19,9 @@ plus the three libraries the push loop needs and Ray's own install lacks (msgspe
 nvidia-ml-py), taken from the head's environment — Ray runs one Python version across a
 cluster, so the same files load on every node. Ray uploads them to the GCS once (by content
 hash) and each node caches them.
+
+This module decides (the plan is pure); :mod:`agent.sources.ray_actors` makes Ray's calls.
+A reconcile that fails is a source status (``ray_agents``) in every status the head serves.
 """
 
 import contextlib
@@ -31,16 +34,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from agent.schema.report import SourceStatus
+from agent.addresses import is_loopback
+from agent.schema.report import STARTED_BY_RAY, SourceStatus
+from agent.sources.ray_actors import RayCluster, this_worker
 
 log = logging.getLogger("rayscope.agents")
 
 NAMESPACE = "rayscope"
 NAME_PREFIX = "rayscope-agent:"
-STARTED_BY = "ray"
-PROCESS_TITLE = "ray::RayscopeAgent"
-"""What Ray titles the actor's worker process (``ray::<class>``): how ``rayscope node``
-finds a Ray-placed agent among the host's processes."""
 SLOW_START_S = 60.0
 """A placed agent whose push loop has not started after this long counts as failing (Ray may
 take tens of seconds to start a worker with a new runtime environment on a busy node)."""
@@ -113,10 +114,10 @@ class RayscopeAgent:
 
     def start(self, token: bytes) -> int:
         """Start the push loop with the head's token (held in memory only); the worker's pid."""
-        from agent.push import Pusher
+        from agent.push import Pusher  # the node's imports, in the actor's worker only
 
         pusher = Pusher(self.head, token, self.interval_s, self.node_id)
-        pusher.started_by = STARTED_BY
+        pusher.started_by = STARTED_BY_RAY
 
         def loop() -> None:
             try:
@@ -130,12 +131,10 @@ class RayscopeAgent:
 
     def probe(self) -> dict[str, Any]:
         """What the tests check: the worker's pid, node and GPU visibility."""
-        ray: Any = importlib.import_module("ray")
         return {
             "pid": os.getpid(),
-            "node_id": ray.get_runtime_context().get_node_id(),
+            **this_worker(),
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-            "gpu_ids": list(ray.get_gpu_ids()),
             "pushing": self._thread is not None and self._thread.is_alive(),
         }
 
@@ -143,9 +142,18 @@ class RayscopeAgent:
 class RayAgents:
     """Keeps one :class:`RayscopeAgent` on every alive node; owned by the head agent."""
 
-    def __init__(self, gcs_address: str, head: tuple[str, int], token: bytes, interval_s: float) -> None:
+    def __init__(
+        self,
+        gcs_address: str,
+        head: tuple[str, int],
+        token: bytes,
+        interval_s: float,
+        cluster: Optional[RayCluster] = None,
+    ) -> None:
+        """``cluster``: Ray's calls (default: a driver of the cluster at ``gcs_address``,
+        connected on first use, carrying :func:`shipped_modules`)."""
         self.gcs_address, self.head, self.interval_s = gcs_address, head, interval_s
-        if head[0] == "localhost" or head[0].startswith("127."):
+        if is_loopback(head[0]):
             log.info(
                 "agents report to %s:%d, which only nodes on this host reach: on a cluster of"
                 " several hosts, --listen 0.0.0.0:%d (with --token-file)",
@@ -153,7 +161,7 @@ class RayAgents:
                 head[1],
             )
         self._token = token
-        self._ray: Any = None
+        self._cluster = cluster
         self._lock = threading.Lock()
         self._closed = False
         self._placed: dict[str, float] = {}  # node id -> when placed (monotonic)
@@ -165,85 +173,56 @@ class RayAgents:
         # reads this when first imported, so before the head's GCS reader imports it.
         os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
 
-    # -- Ray, reached lazily: the head imports ray only when agents are placed through it
-    def _connect(self) -> Any:
-        if self._ray is None:
-            ray: Any = importlib.import_module("ray")
-            if not ray.is_initialized():
-                ray.init(
-                    address=self.gcs_address,
-                    namespace=NAMESPACE,
-                    # Local modules travel only in a job's runtime environment: the head's
-                    # own job carries them, and every agent it places inherits them.
-                    runtime_env={"py_modules": shipped_modules()},
-                    log_to_driver=False,
-                    logging_level=logging.WARNING,
-                    configure_logging=False,
-                )
-            self._ray = ray
-        return self._ray
+    def _ray(self) -> RayCluster:
+        """Ray, reached lazily: the head imports ray only when agents are placed through it."""
+        if self._cluster is None:
+            self._cluster = RayCluster(self.gcs_address, NAMESPACE, shipped_modules())
+        self._cluster.connect()
+        return self._cluster
 
     def _existing(self) -> set[str]:
-        """Nodes whose agent actor exists (any state but DEAD: Ray frees a dead actor's name)."""
-        names = self._ray.util.list_named_actors(all_namespaces=True)
-        return {
-            node
-            for entry in names
-            if entry["namespace"] == NAMESPACE and (node := node_of(entry["name"])) is not None
-        }
+        """Nodes whose agent actor exists."""
+        return {node for name in self._ray().named_actors() if (node := node_of(name)) is not None}
 
     def head_address_for_agents(self) -> tuple[str, int]:
         """Where agents connect: the listen address, or this node's IP when listening on all."""
         host, port = self.head
         if host in ("", "0.0.0.0", "::"):
-            host = str(self._connect().util.get_node_ip_address())
+            host = self._ray().node_ip()
         return host, port
 
     def _place(self, node_id: str) -> None:
-        ray = self._ray
-        strategies: Any = importlib.import_module("ray.util.scheduling_strategies")
         host, port = self.head_address_for_agents()
-        actor_class = ray.remote(RayscopeAgent)
-        handle = actor_class.options(
-            name=agent_name(node_id),
-            namespace=NAMESPACE,
-            lifetime="detached",
-            num_cpus=0,
-            num_gpus=0,
-            max_restarts=0,
-            scheduling_strategy=strategies.NodeAffinitySchedulingStrategy(node_id, soft=False),
-            runtime_env={"env_vars": NO_GPU_ENV},
-        ).remote(node_id, host, port, self.interval_s)
+        cluster = self._ray()
+        handle = cluster.place(
+            RayscopeAgent, agent_name(node_id), node_id, (node_id, host, port, self.interval_s), NO_GPU_ENV
+        )
         self._placed[node_id] = time.monotonic()
-        self._starting[node_id] = handle.start.remote(self._token)  # the token: a direct call only
-
-    def _kill(self, node_id: str) -> None:
-        with contextlib.suppress(ValueError):  # already gone
-            self._ray.kill(self._ray.get_actor(agent_name(node_id), namespace=NAMESPACE), no_restart=True)
+        self._starting[node_id] = cluster.call(handle, "start", self._token)  # the token: a direct call only
 
     def _check_starts(self) -> None:
         """Collect finished ``start`` calls: running, or failed (killed, retried later)."""
         if not self._starting:
             return
-        refs = list(self._starting.values())
-        ready, _ = self._ray.wait(refs, num_returns=len(refs), timeout=0)
-        done = {ref.hex() for ref in ready}
+        cluster = self._ray()
+        done = cluster.finished(self._starting.values())
         for node_id, ref in list(self._starting.items()):
             if ref.hex() not in done:
                 continue
             del self._starting[node_id]
             try:
-                self._ray.get(ref, timeout=5)
+                cluster.result(ref, timeout_s=5)
                 self._running.add(node_id)
             except Exception as err:
                 reason = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
                 log.warning("agent on node %s failed to start: %s; retrying later", node_id, reason)
-                self._kill(node_id)
+                cluster.kill(agent_name(node_id))
                 self._placed.pop(node_id, None)
                 self._retry_at[node_id] = time.monotonic() + RETRY_AFTER_INTERVALS * self.interval_s
 
     def reconcile(self, alive: Iterable[str]) -> None:
-        """One step towards one agent per alive node; logs, never raises."""
+        """One step towards one agent per alive node; logs, never raises (a failure is the
+        ``ray_agents`` source's status: :meth:`status`)."""
         with self._lock:
             if self._closed:
                 return
@@ -254,7 +233,7 @@ class RayAgents:
                 self._note(f"cannot place agents through Ray: {type(err).__name__}: {err}")
 
     def _reconcile(self, alive: set[str]) -> None:
-        self._connect()
+        cluster = self._ray()
         self._check_starts()
         now = time.monotonic()
         waiting = {n for n, at in self._retry_at.items() if at > now}
@@ -266,7 +245,7 @@ class RayAgents:
         if step.adopt_none:
             log.info("replacing %d agent(s) placed by an earlier head", len(step.adopt_none))
             for node_id in step.adopt_none:
-                self._kill(node_id)
+                cluster.kill(agent_name(node_id))
         for node_id in step.replace:
             log.warning("agent on node %s is gone (crashed or killed): placing a new one", node_id)
             self._drop(node_id)
@@ -291,7 +270,7 @@ class RayAgents:
         started), starting, and failing (start failed and waiting to be retried, or not
         started after SLOW_START_S)."""
         with self._lock:
-            if self._ray is not None and not self._closed:
+            if self._cluster is not None and self._cluster.connected and not self._closed:
                 with contextlib.suppress(Exception):  # a health check never fails on Ray's account
                     self._check_starts()
             now = time.monotonic()
@@ -304,17 +283,19 @@ class RayAgents:
             }
 
     def status(self) -> SourceStatus:
-        return SourceStatus(name="ray_agents", ok=not self._state, reason=self._state)
+        """The ``ray_agents`` source: ok unless the last reconcile failed (then why)."""
+        with self._lock:
+            return SourceStatus(name="ray_agents", ok=not self._state, reason=self._state)
 
     def remove_all(self) -> int:
         """Remove every rayscope agent in the cluster (this head's and any earlier one's) and
         wait until the GCS has none; the number removed. Later reconciles do nothing."""
         with self._lock:
             self._closed = True
-            self._connect()
+            cluster = self._ray()
             existing = self._existing()
             for node_id in existing:
-                self._kill(node_id)
+                cluster.kill(agent_name(node_id))
             deadline = time.monotonic() + REMOVE_TIMEOUT_S
             while self._existing() and time.monotonic() < deadline:
                 time.sleep(0.1)
@@ -330,5 +311,5 @@ class RayAgents:
         """Disconnect from Ray (after :meth:`remove_all`)."""
         with self._lock:
             self._closed = True
-            if self._ray is not None:
-                self._ray.shutdown()
+            if self._cluster is not None:
+                self._cluster.shutdown()

@@ -1,0 +1,163 @@
+"""``rayscope head``: the report port, the HTTP port and the poller, run until a signal."""
+
+import asyncio
+import hmac
+import logging
+import resource
+import signal
+import threading
+import weakref
+from typing import Optional
+
+from agent.addresses import DEFAULT_TIMEOUT_S, is_loopback
+from agent.head import admission, ingest
+from agent.head.http import HTTP_WORKERS, BoundedHTTPServer, _StatusHandler
+from agent.head.poller import PollerGuard
+from agent.head.state import HeadState
+from agent.head.throttle import THROTTLE_S, LogThrottle
+from agent.ray_agents import RayAgents
+from agent.sources import gcs
+from agent.tls import NO_TLS, TlsFiles, server_context
+
+log = logging.getLogger("rayscope.head")
+
+
+def raise_fd_limit() -> int:
+    """Raise the soft ``RLIMIT_NOFILE`` to the hard limit; the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (OSError, ValueError) as err:
+            log.warning("cannot raise the file limit from %d to %d: %s", soft, target, err)
+    return int(soft)
+
+
+def remove_agents(agents: RayAgents) -> None:
+    """The head's shutdown with ``--agents ray``: every placed agent goes with it."""
+    try:
+        agents.remove_all()
+        agents.close()
+    except Exception as err:  # the GCS may be gone: say so, and stop anyway
+        log.warning("could not remove the agents placed through Ray: %s", err)
+
+
+class Head:
+    """The head agent's servers: :meth:`serve` runs them until :meth:`stop` or a signal."""
+
+    def __init__(
+        self,
+        listen: tuple[str, int],
+        http: tuple[str, int],
+        gcs_address: Optional[str],
+        interval_s: float,
+        token: bytes,
+        gcs_timeout_s: float = DEFAULT_TIMEOUT_S,
+        read_token: bytes = b"",
+        tls: TlsFiles = NO_TLS,
+        max_pending_per_address: int = admission.MAX_UNAUTH_PER_HOST,
+        agents: Optional[RayAgents] = None,
+    ) -> None:
+        for host, _ in (listen, http):
+            if not token and not is_loopback(host):
+                raise ValueError(
+                    f"refusing to listen on {host} without a token: anyone who reaches it could"
+                    " send reports or read the cluster; pass --token-file (the same file on every agent)"
+                )
+        if read_token and (not token or hmac.compare_digest(read_token, token)):
+            raise ValueError("the read-only token must differ from the agents' token (--token-file)")
+        self.listen, self.http, self.token, self.read_token = listen, http, token, read_token
+        if max_pending_per_address < 1:
+            raise ValueError(f"--max-pending must be at least 1, not {max_pending_per_address}")
+        self.ssl_context = server_context(tls)
+        self.max_pending_per_address = max_pending_per_address
+        self.state = HeadState(interval_s, gcs_address)
+        self._reader = gcs.GcsReader(gcs_address, gcs_timeout_s) if gcs_address else None
+        self._stop = threading.Event()
+        self._httpd: Optional[BoundedHTTPServer] = None
+        self.throttle = LogThrottle(log)
+        self.agents = agents
+        if agents is not None:
+            self.state.more_health.append(agents.health)
+            self.state.more_sources.append(agents.status)
+
+    def _start_http(self) -> None:
+        read_tokens = tuple(t for t in (self.token, self.read_token) if t)
+        handler = type("Handler", (_StatusHandler,), {"state": self.state, "read_tokens": read_tokens})
+        self._httpd = BoundedHTTPServer(self.http, handler)
+        self._httpd.ssl_context, self._httpd.throttle = self.ssl_context, self.throttle
+        threading.Thread(target=self._httpd.serve_forever, name="rayscope-http", daemon=True).start()
+
+    async def serve(self) -> None:
+        """Run until :meth:`stop` (or SIGTERM/SIGINT): ingest, poll, answer queries."""
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(ingest.fd_exception_handler(self.throttle))
+        nofile = raise_fd_limit()
+        max_total = max(16, min(admission.MAX_CONNECTIONS, nofile - ingest.FD_RESERVE - HTTP_WORKERS))
+        guard = admission.ConnectionGuard(
+            max_total, self.max_pending_per_address, self.throttle, self.state.count_rejected
+        )
+        self.state.net = guard.counters
+        idle = max(60.0, 10 * self.state.interval_s)
+        agents: weakref.WeakSet[ingest.ReportProtocol] = weakref.WeakSet()
+
+        def accept() -> ingest.ReportProtocol:
+            agent = ingest.ReportProtocol(self.state.take, self.token, idle, guard)
+            agents.add(agent)
+            return agent
+
+        server = await loop.create_server(
+            accept,
+            *self.listen,
+            ssl=self.ssl_context,
+            backlog=ingest.ACCEPT_BACKLOG,
+            ssl_handshake_timeout=ingest.FRAME_DEADLINE_S if self.ssl_context else None,
+        )
+        for listening in server.sockets:
+            ingest.widen_listen_queue(listening.fileno())
+        self._start_http()
+        poller = PollerGuard(self.state, self._reader, self._stop, self.agents)
+        poller.start()
+
+        def watch_poller() -> None:
+            poller.check()
+            if not self._stop.is_set():
+                loop.call_later(self.state.interval_s, watch_poller)
+
+        loop.call_later(self.state.interval_s, watch_poller)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+        log.info(
+            "head agent: reports on %s:%d, HTTP on %s:%d, GCS %s, interval %g s%s%s; up to %d agents",
+            *self.listen,
+            *self.http,
+            self.state.gcs_address or "(none)",
+            self.state.interval_s,
+            ", token required" if self.token else "",
+            ", TLS" if self.ssl_context else "",
+            max_total,
+        )
+
+        def flush() -> None:
+            self.throttle.flush()
+            loop.call_later(THROTTLE_S, flush)
+
+        loop.call_later(THROTTLE_S, flush)
+        async with server:
+            await loop.run_in_executor(None, self._stop.wait)
+            # From Python 3.12.1 the server's exit waits for every connection to close, and
+            # node agents never hang up by themselves: close theirs first.
+            server.close()
+            for agent in list(agents):
+                agent._close()
+        if self.agents is not None:
+            await loop.run_in_executor(None, remove_agents, self.agents)
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+        log.info("head agent stopped")
+
+    def stop(self) -> None:
+        self._stop.set()

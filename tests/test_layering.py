@@ -1,0 +1,94 @@
+"""The house rules of ``agent/`` that a linter does not check (docs/architecture.md, Modules).
+
+* no import circle, counting every import: at the top, inside functions, under
+  ``TYPE_CHECKING`` — a lazy import that closes a circle is still a circle;
+* no module over 400 lines, and ``cli.py`` (commands and their options only) under 350.
+
+Positive control: make ``agent/sources/agents.py`` import ``agent.ray_agents`` again (the
+circle of the second round: collect → sources/agents → ray_agents → push → collect) and
+:func:`test_agent_has_no_import_circle` names it.
+"""
+
+import ast
+from pathlib import Path
+
+AGENT = Path(__file__).resolve().parent.parent / "agent"
+MAX_MODULE_LINES = 400
+MAX_CLI_LINES = 350
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(AGENT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in AGENT.rglob("*.py")}
+
+
+def imports_of(path: Path, known: set[str]) -> set[str]:
+    """Every module of ``agent`` that ``path`` imports, wherever the import statement is."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
+        else:
+            continue
+        for imported in names:
+            name = imported
+            while name and name not in known:
+                name = name.rpartition(".")[0]
+            if name:
+                found.add(name)
+    return found
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_agent_has_no_import_circle() -> None:
+    known = modules()
+    graph = {
+        name: {m for m in imports_of(path, set(known)) if m != name and not name.startswith(m + ".")}
+        for name, path in known.items()
+    }
+    assert cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    """The check above can fail: a circle through three modules is found."""
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

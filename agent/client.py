@@ -4,6 +4,7 @@ The fast path of the CLI: no ray, no psutil, no pynvml — only the standard lib
 client and msgspec, so a status query costs little more than the interpreter's start.
 """
 
+from typing import Optional
 from urllib.parse import urlsplit
 
 import msgspec
@@ -73,3 +74,25 @@ def head_status(
         return msgspec.json.decode(body, type=ClusterStatus)
     except msgspec.DecodeError as err:
         raise AgentError(f"unexpected answer from head agent at {url}: {err}", EXIT_NO_DATA) from None
+
+
+def read_cluster(
+    head: Optional[str],
+    token_file: Optional[str],
+    gcs: Optional[str],
+    timeout_s: float,
+    gpus: bool = False,
+    tls: Optional[TlsFiles] = None,
+) -> ClusterStatus:
+    """The cluster as ``status`` (every mode) and ``fit`` read it, the one place that picks
+    the source: a head agent (``--head`` / ``$RAYSCOPE_HEAD``), else the embedded default
+    (the GCS and this host's NVML). ``tls``: the ``--tls-*`` files (``None``: from
+    ``$RAYSCOPE_TLS_*``)."""
+    if head:
+        from agent import tokens
+
+        files = TlsFiles.from_env() if tls is None else tls
+        return head_status(head, tokens.read_token(token_file), timeout_s, gpus=gpus, tls=files)
+    from agent import collect  # psutil, pynvml: off the --head fast path
+
+    return collect.embedded_status(gcs, timeout_s, gpus=gpus)

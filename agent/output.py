@@ -21,11 +21,16 @@ import errno
 import fcntl
 import os
 import stat
+import sys
 import tempfile
+from typing import TYPE_CHECKING, Optional
 
-from agent.errors import AgentError
+from agent.errors import EXIT_CANNOT_WRITE, EXIT_NO_DATA, AgentError, say
 
-EXIT_CANNOT_WRITE = 3
+if TYPE_CHECKING:  # the writers stand alone (their tests run them under a bare Python)
+    from agent.schema.status import ClusterStatus
+
+__all__ = ["EXIT_CANNOT_WRITE", "append_line", "deliver_status", "to_stdout", "write_atomic"]
 
 
 def _new_mode(path: str) -> int:
@@ -108,3 +113,83 @@ def append_line(path: str, line: str) -> None:
         raise AgentError(f"cannot append to {path}: {err.strerror}", EXIT_CANNOT_WRITE) from None
     finally:
         os.close(fd)
+
+
+# -- where a status goes: stdout, --output, --append (the status command's routing) -------
+
+FORMATS = ("text", "json", "prom")
+
+
+def status_format(json_out: bool, format_: Optional[str]) -> str:
+    """``--json`` and ``--format`` as one choice; a conflict is a usage error (exit 2)."""
+    if json_out and format_ not in (None, "json"):
+        raise AgentError(f"--json and --format {format_} ask for different outputs", EXIT_NO_DATA)
+    return "json" if json_out else (format_ or "text")
+
+
+def render_status(result: "ClusterStatus", fmt: str, include_dead: bool, gpus: bool) -> str:
+    """The status as ``fmt`` (``text``: the lines, and with ``gpus`` the per-GPU block)."""
+    from agent.render.status import status_json
+
+    if fmt == "json":
+        return status_json(result, include_dead=include_dead) + "\n"
+    if fmt == "prom":
+        from agent.render.metrics import metrics_text
+
+        return metrics_text(result)
+    return "\n".join(status_text_lines(result, include_dead, gpus)) + "\n"
+
+
+def status_text_lines(result: "ClusterStatus", include_dead: bool, gpus: bool) -> list[str]:
+    from agent.render.status import status_lines
+
+    lines = status_lines(result, include_dead=include_dead)
+    if not gpus:
+        return lines
+    from agent.render.gpus import status_gpu_lines
+
+    return lines + status_gpu_lines(result, include_dead=include_dead)
+
+
+def deliver_status(
+    result: "ClusterStatus",
+    fmt: str,
+    include_dead: bool = False,
+    gpus: bool = False,
+    output_file: Optional[str] = None,
+    append_file: Optional[str] = None,
+) -> int:
+    """Print or write ``result`` as asked; the exit code its completeness gives (0, 1).
+
+    Never an empty document over a good one: with no data nothing is written and
+    :class:`AgentError` (exit 2) says why. The completeness note goes to stderr.
+    """
+    from agent.completeness import assess
+    from agent.render.status import status_ndjson
+
+    code, note = assess(result)
+    if code == EXIT_NO_DATA:
+        raise AgentError(note or "no data", code)
+    text = render_status(result, fmt, include_dead, gpus)
+    if output_file:
+        write_atomic(output_file, text)
+    if append_file:
+        append_line(append_file, status_ndjson(result, include_dead=include_dead))
+    if not output_file and not append_file:
+        to_stdout(text)
+    if note:
+        say(note)
+    return code
+
+
+def to_stdout(text: str) -> None:
+    """``text`` on stdout; a reader that went away (``status | head -1``) is not an error:
+    the rest is dropped quietly and the command keeps the exit code it would have had."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The interpreter flushes stdout again at exit: point it at /dev/null first.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)

@@ -25,9 +25,12 @@ from typing import Optional
 
 import msgspec
 
-from agent import collect, wire
+from agent import collect, tokens, wire
+from agent.addresses import split_address
+from agent.errors import EXIT_NO_DATA, AgentError
 from agent.schema.report import GpuDevice, NodeReport, RayletInfo
 from agent.sources import nvml, raylet
+from agent.tls import TlsFiles, client_context
 
 log = logging.getLogger("rayscope.push")
 
@@ -336,3 +339,14 @@ def _explain(reason: str) -> str:
     if reason == wire.BAD_REPORT:
         return "bad report: the head could not take it (is it older than this agent?)"
     return reason
+
+
+def run(
+    head: str, token_file: Optional[str], interval_s: float, node_id: Optional[str], tls: TlsFiles
+) -> None:
+    """``rayscope push``: send this node's report to ``head`` (``HOST:PORT``) until SIGTERM."""
+    try:
+        context = client_context(tls)
+    except ValueError as err:
+        raise AgentError(str(err), EXIT_NO_DATA) from None
+    Pusher(split_address(head), tokens.read_token(token_file), interval_s, node_id, ssl_context=context).run()

@@ -8,6 +8,8 @@ else is refused in one line that names the file and the fix, never the token or 
 import os
 from typing import Optional
 
+from agent.errors import EXIT_NO_DATA, AgentError
+
 MAX_TOKEN_FILE_BYTES = 64 * 1024
 MAKE_ONE = "e.g. `openssl rand -hex 32 > FILE && chmod 600 FILE`"
 
@@ -43,3 +45,12 @@ def read_token_file(path: Optional[str]) -> bytes:
             f" of printable ASCII ({MAKE_ONE})"
         )
     return token
+
+
+def read_token(path: Optional[str]) -> bytes:
+    """:func:`read_token_file` for a command: its refusal is a one-line :class:`AgentError`
+    (exit 2), as every command says it."""
+    try:
+        return read_token_file(path)
+    except ValueError as err:
+        raise AgentError(str(err), EXIT_NO_DATA) from None

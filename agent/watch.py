@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Callable, Optional, TextIO
 
-from agent.errors import AgentError
+from agent.errors import EXIT_NO_DATA, AgentError
 from agent.render.watch import fit_screen, highlight_changes, watch_header
 from agent.schema.status import ClusterStatus
 
@@ -112,3 +112,24 @@ def run(
     except KeyboardInterrupt:
         pass
     return 0
+
+
+def watch_status(
+    read: Callable[[], ClusterStatus],
+    lines_of: Callable[[ClusterStatus], list[str]],
+    interval_s: float,
+    plain_text: bool,
+) -> int:
+    """``status --watch``: :func:`run` on this terminal; a usage error (exit 2) when the output
+    was asked for elsewhere (``plain_text`` false: --json, --format, --output, --append) or
+    stdout is not a terminal."""
+    if not plain_text:
+        raise AgentError(
+            "--watch draws on the terminal: it takes no --json, --format, --output or --append", EXIT_NO_DATA
+        )
+    if not sys.stdout.isatty():
+        raise AgentError(
+            "--watch needs a terminal on stdout (for files, use --output or --append)", EXIT_NO_DATA
+        )
+    keyboard = sys.stdin.fileno() if sys.stdin and sys.stdin.isatty() else None
+    return run(read, lines_of, interval_s, keyboard_fd=keyboard)

@@ -26,7 +26,7 @@ from agent import wire
 from agent.head import ingest
 from agent.head.admission import ConnectionGuard
 from agent.head.state import HeadState
-from agent.head.throttle import LogThrottle
+from agent.logs import LogThrottle
 from agent.validate import ReportError
 from tests.scenarios import SEED_REPORTS
 

@@ -19,10 +19,10 @@ import pytest
 
 from agent import fit
 from agent.errors import AgentError
-from agent.fit import gpu_fraction, validate_shape
 from agent.render.fit import fit_json, fit_lines, fit_node_line
 from agent.schema.fit import FitRequest, FitResult, NodeFit
 from agent.schema.report import SourceStatus
+from agent.sizing import gpu_fraction, validate_shape
 from tests.golden import check_golden
 from tests.scenarios import (
     A100,

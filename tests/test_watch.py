@@ -15,8 +15,8 @@ import pexpect
 import pytest
 
 from agent import watch
-from agent.cli import optional_watch_value
 from agent.errors import AgentError
+from agent.options import optional_watch_value
 from agent.render.status import status_lines
 from agent.render.watch import HIGHLIGHT_OFF, HIGHLIGHT_ON, fit_screen, highlight_changes
 from agent.schema.status import ClusterStatus

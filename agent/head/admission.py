@@ -5,7 +5,7 @@ import logging
 from collections import OrderedDict
 from typing import Any, Callable, Protocol
 
-from agent.head.throttle import LogThrottle
+from agent.logs import LogThrottle
 
 log = logging.getLogger("rayscope.head")
 

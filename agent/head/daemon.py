@@ -9,12 +9,14 @@ import threading
 import weakref
 from typing import Optional
 
-from agent.addresses import DEFAULT_TIMEOUT_S, is_loopback
+from agent import tokens
+from agent.addresses import DEFAULT_TIMEOUT_S, is_loopback, split_address
+from agent.errors import EXIT_FAILED, EXIT_NO_DATA, AgentError
 from agent.head import admission, ingest
 from agent.head.http import HTTP_WORKERS, BoundedHTTPServer, _StatusHandler
 from agent.head.poller import PollerGuard
 from agent.head.state import HeadState
-from agent.head.throttle import THROTTLE_S, LogThrottle
+from agent.logs import THROTTLE_S, LogThrottle
 from agent.ray_agents import RayAgents
 from agent.sources import gcs
 from agent.tls import NO_TLS, TlsFiles, server_context
@@ -35,13 +37,21 @@ def raise_fd_limit() -> int:
     return int(soft)
 
 
-def remove_agents(agents: RayAgents) -> None:
-    """The head's shutdown with ``--agents ray``: every placed agent goes with it."""
+def remove_agents(agents: RayAgents, strict: bool = False) -> int:
+    """Remove every agent placed through Ray and disconnect; how many were removed.
+
+    The head's shutdown (``strict=False``) logs a failure and stops anyway: the GCS may be
+    gone. ``head --remove`` (``strict=True``) is asked for nothing else, so a failure is its
+    answer: :class:`AgentError` (exit 1)."""
     try:
-        agents.remove_all()
+        removed = agents.remove_all()
         agents.close()
-    except Exception as err:  # the GCS may be gone: say so, and stop anyway
+    except Exception as err:  # Ray's own errors, whatever their class
+        if strict:
+            raise AgentError(f"cannot remove the agents placed through Ray: {err}", EXIT_FAILED) from None
         log.warning("could not remove the agents placed through Ray: %s", err)
+        return 0
+    return removed
 
 
 class Head:
@@ -161,3 +171,50 @@ class Head:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def run(
+    *,
+    listen: str,
+    http: str,
+    gcs_address: Optional[str],
+    interval_s: float,
+    token_file: Optional[str],
+    timeout_s: float,
+    read_token_file: Optional[str],
+    tls: TlsFiles,
+    max_pending: int,
+    agents: str,
+    remove: bool,
+) -> Optional[str]:
+    """``rayscope head``: serve until a signal, or with ``remove`` remove the agents placed
+    through Ray and return what to print. :class:`AgentError` for what an operator fixes
+    (exit 2: a bad option or file; exit 1: a port that cannot be had)."""
+    from agent import collect  # the local raylet's address; psutil, off the CLI's fast path
+
+    token, read_token = tokens.read_token(token_file), tokens.read_token(read_token_file)
+    address = collect.resolve_gcs_here(gcs_address)
+    keeper = RayAgents(address, split_address(listen), token, interval_s) if agents == "ray" else None
+    if remove:
+        if keeper is None:
+            raise AgentError("--remove goes with --agents ray", EXIT_NO_DATA)
+        return f"removed {remove_agents(keeper, strict=True)} agent(s) placed through Ray"
+    try:
+        server = Head(
+            split_address(listen),
+            split_address(http),
+            address,
+            interval_s,
+            token,
+            timeout_s,
+            read_token,
+            tls,
+            max_pending,
+            agents=keeper,
+        )
+        asyncio.run(server.serve())
+    except ValueError as err:
+        raise AgentError(str(err), EXIT_NO_DATA) from None
+    except OSError as err:
+        raise AgentError(f"head agent cannot start: {err.strerror or err}", EXIT_FAILED) from None
+    return None

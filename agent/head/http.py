@@ -14,7 +14,7 @@ from urllib.parse import parse_qs, urlsplit
 import msgspec
 
 from agent.head.state import HeadState
-from agent.head.throttle import LogThrottle
+from agent.logs import LogThrottle
 from agent.render.metrics import metrics_text
 from agent.render.status import status_json
 

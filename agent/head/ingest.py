@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional
 
 from agent import wire
 from agent.head.admission import ConnectionGuard
-from agent.head.throttle import LogThrottle
+from agent.logs import LogThrottle
 
 log = logging.getLogger("rayscope.head")
 

@@ -1,6 +1,8 @@
-"""One log line per event kind per interval: a flood cannot flood the head's log."""
+"""The daemons' logs: one format, and one line per event kind per interval (a flood of
+connections cannot flood the head's log)."""
 
 import logging
+import sys
 import time
 from typing import Any
 
@@ -32,3 +34,13 @@ class LogThrottle:
             if suppressed and now - start >= self._interval_s:
                 self._log.warning("%s: %d more in the last %.0f s", kind, suppressed, now - start)
                 self._windows[kind] = (now, 0)
+
+
+def daemon_logging(verbose: bool) -> None:
+    """``head`` and ``push`` log to stderr, one line per event: time, logger, level, message
+    (``--verbose``: debug lines too)."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )

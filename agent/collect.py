@@ -55,10 +55,15 @@ def gpu_processes(
 
 
 def resolve_gcs(
-    explicit: Optional[str], raylets: Sequence[RayletInfo], environ: Mapping[str, str] = os.environ
+    explicit: Optional[str],
+    raylets: Sequence[RayletInfo],
+    environ: Mapping[str, str] = os.environ,
+    raylet_status: Optional[SourceStatus] = None,
 ) -> str:
-    """The GCS address to read, or an :class:`AgentError` (exit 2) saying none is known."""
-    address, origin = gcs.resolve_address(explicit, environ, raylets)
+    """The GCS address to read, or an :class:`AgentError` (exit 2) saying none is known (and,
+    from ``raylet_status``, which raylets were refused)."""
+    refused = raylet_status.reason if raylet_status is not None and not raylet_status.ok else ""
+    address, origin = gcs.resolve_address(explicit, environ, raylets, refused)
     if address is None:
         raise AgentError(origin, EXIT_NO_DATA)
     try:
@@ -88,8 +93,8 @@ def _attach_local(
 
 def resolve_gcs_here(explicit: Optional[str]) -> str:
     """:func:`resolve_gcs` with this host's raylets."""
-    raylets, _ = raylet.find_raylets()
-    return resolve_gcs(explicit, raylets)
+    raylets, status = raylet.find_raylets()
+    return resolve_gcs(explicit, raylets, raylet_status=status)
 
 
 def embedded_status(
@@ -104,7 +109,7 @@ def embedded_status(
     memory to the actors of its raylets.
     """
     raylets, raylet_status = raylet.find_raylets()
-    address = resolve_gcs(explicit_gcs, raylets)
+    address = resolve_gcs(explicit_gcs, raylets, raylet_status=raylet_status)
     python = gcs.gcs_python(raylets, address, gcs.ray_importable())
     views, actors, waiting, gcs_statuses = gcs.read_pending_too(address, timeout_s, python, actors=gpus)
     if not gcs_statuses[0].ok:
@@ -152,7 +157,7 @@ def node_diagnostics(
     actors: Optional[list[ActorBooking]] = None
     address: Optional[str] = None
     try:
-        address = resolve_gcs(explicit_gcs, raylets)
+        address = resolve_gcs(explicit_gcs, raylets, raylet_status=raylet_status)
     except AgentError as err:
         sources.append(SourceStatus(name="gcs", ok=False, reason=str(err)))
     if address is not None:

@@ -12,8 +12,10 @@ its build's ``.in-use`` file for its lifetime; any run prunes the other builds t
 process holds (a ``push`` agent still running an old build keeps it).
 
 The cache holds code this process runs, so it must be this user's (or root's) and writable by
-nobody else (SECURITY.md, rule 1): a cache someone else created or can write is refused in one
-line that names the fix, before anything in it is imported.
+nobody else, and so must every directory above it, or someone could rename it away and put
+theirs in its place (SECURITY.md, rule 1): such a cache is refused in one line that names the
+directory and the fix, before anything in it is used. The check walks down from ``/`` on
+opened directories (:func:`open_cache`).
 """
 
 import contextlib
@@ -22,6 +24,7 @@ import importlib
 import importlib.machinery
 import json
 import os
+import stat
 import sys
 from collections.abc import Mapping
 from typing import Any, Optional
@@ -94,27 +97,157 @@ def prepare_root(root: str) -> None:
         raise LaunchError(f"its cache {root} is read-only: {REMEDY}")
 
 
-def check_root_owner(root: str) -> None:
-    """Refuse a cache (and a symlink to one) that another user owns or that group or others
-    may write: whatever is in it would run as this user."""
-    me = os.geteuid()
-    try:
-        link, target = os.lstat(root), os.stat(root)
-    except FileNotFoundError:
-        return  # prepare_root creates it, private
-    except OSError as err:
-        raise LaunchError(f"cannot inspect its cache {root} ({err.strerror}): {REMEDY}") from None
-    for st in (link, target):
-        if st.st_uid not in (me, 0):
-            raise LaunchError(
+MAX_SYMLINKS = 40
+"""Symlinks followed on the way to the cache, as the kernel allows."""
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _trusted_owner(uid: int, me: int) -> bool:
+    return uid in (0, me)
+
+
+def _dir_refusal(root: str, where: str, st: os.stat_result, me: int, is_cache: bool) -> Optional[str]:
+    """Why the directory ``where`` (its ``fstat``), on the way down to the cache ``root`` or
+    the cache itself, makes the cache untrusted; ``None`` if it does not."""
+    if is_cache:
+        if not _trusted_owner(st.st_uid, me):
+            return (
                 f"its cache {root} belongs to uid {st.st_uid}, not to you (uid {me}), so its code"
                 f" cannot be trusted: remove it, or `chown -R {me} {root}` if it is yours, or {REMEDY}"
             )
-    if target.st_mode & 0o022:
-        raise LaunchError(
-            f"its cache {root} is writable by group or others, so its code cannot be trusted:"
-            f" `chmod go-w {root}`, or {REMEDY}"
+        if st.st_mode & 0o022:
+            return (
+                f"its cache {root} is writable by group or others, so its code cannot be trusted:"
+                f" `chmod go-w {root}`, or {REMEDY}"
+            )
+        return None
+    if not _trusted_owner(st.st_uid, me):
+        return (
+            f"its cache {root} is under {where}, which belongs to uid {st.st_uid}, not to you"
+            f" (uid {me}) or root, so its code cannot be trusted: {REMEDY}"
         )
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        return (
+            f"its cache {root} is under {where}, which is writable by group or others and not"
+            f" sticky, so its code cannot be trusted: {REMEDY}"
+        )
+    return None  # sticky (/tmp): nobody but its owner, root or you, renames what is next
+
+
+def open_cache(root: str) -> int:
+    """A descriptor of the cache directory ``root``, once every directory from ``/`` down to
+    it is trusted: root's or this user's, and not writable by group or others (a sticky one
+    such as ``/tmp`` may be: then only the owner of what comes next, root's or this user's
+    too, can rename it); the cache itself not writable by group or others at all. What is
+    missing is created (mode 0700) and checked like the rest.
+
+    Checked on the opened directories: each step is ``os.open(name, O_DIRECTORY | O_NOFOLLOW,
+    dir_fd=parent)`` then ``fstat`` of what was opened, so no rename between a check and the
+    next step can put another directory under the walk. A symlink on the way is followed
+    when it is root's or this user's (it lives in a directory already checked), its target
+    walked the same way. Once the whole chain is trusted, nobody else can change what the
+    path names: callers may use the path (:func:`run` checks it still names this directory).
+    :class:`LaunchError` names the directory that broke the rule.
+    """
+    if not os.path.isabs(root):
+        raise LaunchError(f"its cache {root} is not an absolute path: {REMEDY}")
+    walk = _Walk(root)
+    try:
+        while True:
+            reason = _dir_refusal(root, walk.where, os.fstat(walk.fd), walk.me, is_cache=not walk.todo)
+            if reason:
+                raise LaunchError(reason)
+            if not walk.todo:
+                return walk.fd
+            walk.step(walk.todo.pop())
+    except OSError as err:
+        walk.close()
+        raise LaunchError(
+            f"cannot open its cache {root} ({err.strerror} at {walk.where}): {REMEDY}"
+        ) from None
+    except BaseException:
+        walk.close()
+        raise
+
+
+def _parts(path: str) -> list[str]:
+    """The names of ``path``, as a stack: the next one last."""
+    return [part for part in path.split("/") if part][::-1]
+
+
+class _Walk:
+    """:func:`open_cache`'s position: the opened directory ``fd`` (at ``where``, a path
+    without symlinks) and the names still to walk."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.me = os.geteuid()
+        self.fd = os.open("/", _DIR_FLAGS)
+        self.where = "/"
+        self.todo = _parts(root)
+        self.hops = 0
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def _move(self, fd: int, where: str) -> None:
+        os.close(self.fd)
+        self.fd, self.where = fd, where
+
+    def step(self, name: str) -> None:
+        """One name down (or up, or through a symlink); the caller checks where it lands."""
+        if name == ".":
+            return
+        if name == "..":  # the walk has no symlinks left in it: ".." is lexical
+            self._move(os.open("..", _DIR_FLAGS, dir_fd=self.fd), os.path.dirname(self.where))
+            return
+        link = self._entry(name)
+        if stat.S_ISLNK(link.st_mode):
+            self._follow(name, link)
+            return
+        self._move(os.open(name, _DIR_FLAGS, dir_fd=self.fd), os.path.join(self.where, name))
+
+    def _entry(self, name: str) -> os.stat_result:
+        """``name``'s own ``lstat`` in the current directory; created (0700) when missing."""
+        try:
+            return os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+        except FileNotFoundError:
+            try:
+                os.mkdir(name, 0o700, dir_fd=self.fd)
+            except FileExistsError:  # another rayscope starting at the same moment
+                pass
+            except OSError as err:
+                raise LaunchError(f"cannot create its cache {self.root} ({err.strerror}): {REMEDY}") from None
+            return os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+
+    def _follow(self, name: str, link: os.stat_result) -> None:
+        """A symlink in a directory already checked: its target is walked when the link is
+        root's or this user's (in a sticky directory, anyone else's could be theirs)."""
+        self.hops += 1
+        if self.hops > MAX_SYMLINKS:
+            raise LaunchError(
+                f"its cache {self.root} is reached through more than {MAX_SYMLINKS} symlinks: {REMEDY}"
+            )
+        if not _trusted_owner(link.st_uid, self.me):
+            raise LaunchError(
+                f"its cache {self.root} is reached through {os.path.join(self.where, name)}, a symlink"
+                f" of uid {link.st_uid}, not yours (uid {self.me}) or root's, so its code cannot be"
+                f" trusted: {REMEDY}"
+            )
+        target = os.readlink(name, dir_fd=self.fd)
+        self.todo.extend(_parts(target))
+        if target.startswith("/"):
+            self._move(os.open("/", _DIR_FLAGS), "/")
+
+
+def check_cache(root: str) -> None:
+    """:func:`open_cache`, then the path checked to name the directory that was checked."""
+    fd = open_cache(root)
+    try:
+        if not os.path.samestat(os.fstat(fd), os.stat(root)):
+            raise LaunchError(f"its cache {root} was replaced while rayscope checked it: {REMEDY}")
+    finally:
+        os.close(fd)
 
 
 def unpack(archive_path: str, build: str) -> None:
@@ -217,7 +350,7 @@ def run(info: Mapping[str, Any], archive_path: str, environ: Mapping[str, str]) 
     check_supported(info, importlib.machinery.EXTENSION_SUFFIXES[0], machine)
     root = cache_root(environ, os.path.expanduser("~"))
     build = build_dir(root, info["build_id"])
-    check_root_owner(root)
+    check_cache(root)
     fd = open_build(archive_path, root, build)
     if fd is not None:
         with contextlib.suppress(OSError):  # housekeeping: never a reason not to answer

@@ -51,6 +51,16 @@ def test_resolution_says_what_to_do_when_nothing_names_a_cluster(tmp_path: Path)
     assert address is None and "--gcs" in why and "RAYSCOPE_GCS" in why
 
 
+def test_resolution_names_what_it_refused_and_the_option(tmp_path: Path) -> None:
+    refused = "refused raylet pid 7: pid 7 runs as uid 1001, not as root or uid 0"
+    address, why = resolve_address(None, {"RAY_TMPDIR": str(tmp_path)}, [], refused)
+    assert address is None
+    assert why == (
+        "no GCS address: pass --gcs HOST:PORT or set RAYSCOPE_GCS"
+        f" ({refused}; no ray_current_cluster file in {tmp_path / 'ray'})"
+    )
+
+
 def test_ray_temp_dir_follows_rays_rule() -> None:
     assert ray_temp_dir({}) == "/tmp/ray"
     assert ray_temp_dir({"TMPDIR": "/scratch"}) == "/scratch/ray"

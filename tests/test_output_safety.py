@@ -6,7 +6,9 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +17,7 @@ import pytest
 
 from agent import output
 from agent.errors import AgentError
+from tests.conftest import REPO
 from tests.reliability_plugin import FaultRecord
 
 NOBODY = 65534
@@ -108,3 +111,170 @@ def test_a_full_disk_never_leaves_a_fragment_in_append(fault: FaultRecord) -> No
         output.append_line(str(path), '{"n": "after"}')
         assert json.loads(path.read_text().splitlines()[-1]) == {"n": "after"}
         fault.observe(f"{written} whole lines, {len(failures)} refused ({failures[0]}); no fragment")
+
+
+# --- files another user planted in a shared directory (issue 19) ---------------------------
+
+APPEND_IN_CHILD = """
+import sys
+from agent import output
+from agent.errors import AgentError
+try:
+    output.append_line(sys.argv[1], '{"a": 1}', lock_wait_s=float(sys.argv[2]))
+except TypeError:  # the code before issue 19 had no lock_wait_s
+    output.append_line(sys.argv[1], '{"a": 1}')
+except AgentError as err:
+    print(err.exit_code, err)
+    sys.exit(0)
+print("appended")
+"""
+
+
+def _append_in_child(path: Path, lock_wait_s: float = 1.0, timeout_s: float = 10.0) -> str:
+    """``append_line`` in a child process (a blocked ``open`` cannot be interrupted in a
+    thread): what it printed, or ``"blocked"`` when it was still waiting at ``timeout_s``."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", APPEND_IN_CHILD, str(path), str(lock_wait_s)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return "blocked"
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+@pytest.fixture
+def shared() -> Iterator[Path]:
+    """A directory like /tmp: world-writable and sticky, where uid 65534 plants things."""
+    base = Path(tempfile.mkdtemp(prefix="rayscope-shared-"))
+    base.chmod(0o1777)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def _plant_fifo(path: Path) -> None:
+    os.mkfifo(path, 0o666)
+    os.chown(path, NOBODY, NOBODY)
+
+
+@needs_root
+def test_append_never_blocks_on_a_planted_fifo(shared: Path) -> None:
+    """uid 65534 makes a FIFO at the ``--append`` path: root's cron job must not wait for a
+    reader (for ever, and the next one too). Positive control: drop ``O_NONBLOCK`` in
+    ``output.append_line``: the child is still blocked in ``open`` after 10 s."""
+    fifo = shared / "status.ndjson"
+    _plant_fifo(fifo)
+    said = _append_in_child(fifo)
+    assert (
+        said
+        == f"3 cannot append to {fifo}: it is a FIFO, not a regular file (rayscope writes regular files only)"
+    )
+
+
+@needs_root
+def test_append_writes_nothing_into_a_fifo_someone_reads(shared: Path) -> None:
+    """With the planter reading the FIFO, a non-blocking open succeeds: what was opened is
+    checked before a byte is written. Positive control: drop the ``fstat`` check."""
+    fifo = shared / "status.ndjson"
+    _plant_fifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        with pytest.raises(AgentError) as caught:
+            output.append_line(str(fifo), '{"a": 1}')
+        try:
+            came_through = os.read(reader, 100)
+        except BlockingIOError:  # a writer still has it open, and wrote nothing
+            came_through = b""
+        assert came_through == b""
+    finally:
+        os.close(reader)
+    assert caught.value.exit_code == output.EXIT_CANNOT_WRITE and "is a FIFO" in str(caught.value)
+
+
+@needs_root
+def test_output_refuses_a_fifo_and_appends_refuse_a_device(shared: Path) -> None:
+    """``--output`` never replaces what is not a regular file; ``--append`` to a character
+    device (``/dev/null`` named directly, or a node planted) is refused, not written."""
+    fifo = shared / "status.prom"
+    _plant_fifo(fifo)
+    with pytest.raises(AgentError) as caught:
+        output.write_atomic(str(fifo), "x\n")
+    assert str(caught.value) == (
+        f"cannot write {fifo}: it is a FIFO, not a regular file (rayscope writes regular files only)"
+    )
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    with pytest.raises(AgentError) as caught:
+        output.append_line("/dev/null", "x")
+    assert "it is a character device, not a regular file" in str(caught.value)
+
+
+@needs_root
+def test_output_never_takes_the_mode_of_a_file_another_user_planted(shared: Path) -> None:
+    """uid 65534 plants a 6777 file at the ``--output`` path. Before: root's file replaced it
+    and kept 6777 (set-uid root, writable by everyone). Now it is refused, untouched."""
+    target = shared / "status.prom"
+    target.write_text("planted\n")
+    os.chown(target, NOBODY, NOBODY)
+    target.chmod(0o6777)
+    with pytest.raises(AgentError) as caught:
+        output.write_atomic(str(target), "root's\n")
+    assert caught.value.exit_code == output.EXIT_CANNOT_WRITE
+    assert str(caught.value) == (
+        f"cannot write {target}: it belongs to uid {NOBODY}, not to root or uid 0"
+        " (remove it, or name a file of your own)"
+    )
+    st = os.lstat(target)
+    assert (st.st_uid, stat.S_IMODE(st.st_mode), target.read_text()) == (NOBODY, 0o6777, "planted\n")
+    assert not [p for p in shared.iterdir() if p.name.endswith(".tmp")]
+
+
+@needs_root
+def test_append_refuses_a_file_another_user_owns(shared: Path) -> None:
+    """The same rule for ``--append``: a file uid 65534 owns is theirs to rewrite, so root's
+    lines in it prove nothing. Positive control: drop the owner check: the line is appended."""
+    target = shared / "status.ndjson"
+    target.write_text("")
+    os.chown(target, NOBODY, NOBODY)
+    with pytest.raises(AgentError) as caught:
+        output.append_line(str(target), '{"a": 1}')
+    assert f"it belongs to uid {NOBODY}, not to root or uid 0" in str(caught.value)
+    assert target.read_text() == ""
+
+
+@needs_root
+def test_a_lock_held_by_another_user_does_not_hang_append(shared: Path) -> None:
+    """Anyone who can read root's 0644 ``--append`` file can ``flock`` it and never let go.
+    Before: root's append waited for the lock for ever. Now it gives up after its wait."""
+    target = shared / "status.ndjson"
+    target.write_text("")
+    target.chmod(0o644)
+    holder = subprocess.Popen(
+        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+         "flock", "--shared", str(target), "-c", "echo held; sleep 60"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        said = _append_in_child(target, lock_wait_s=1.0)
+    finally:
+        holder.kill()
+        holder.wait(10)
+        if holder.stdout is not None:
+            holder.stdout.close()
+    assert said == f"3 cannot append to {target}: another process has held its lock for 1 s (nothing written)"
+    assert target.read_text() == ""
+
+
+def test_output_keeps_the_permissions_of_its_own_file_but_never_set_uid(tmp_path: Path) -> None:
+    """A file of this user's keeps its permission bits (an operator's ``chmod 640``), never
+    set-uid, set-gid or sticky bits."""
+    target = tmp_path / "status.prom"
+    target.write_text("old\n")
+    target.chmod(0o6755)
+    output.write_atomic(str(target), "new\n")
+    assert stat.S_IMODE(target.stat().st_mode) == 0o755 and target.read_text() == "new\n"

@@ -4,8 +4,10 @@ it refuses, which builds it prunes. (tests/test_pyz.py runs the real file.)"""
 import fcntl
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -135,7 +137,7 @@ def test_a_cache_someone_else_can_write_is_refused(
 ) -> None:
     """The attack: another user pre-creates the cache (``RAYSCOPE_CACHE=/var/tmp/rayscope-root``
     is the remedy the launcher itself suggests) with a complete build whose entry point is
-    theirs. Positive control: drop ``check_root_owner`` in ``launcher.run`` and the planted
+    theirs. Positive control: drop ``check_cache`` in ``launcher.run`` and the planted
     module runs (the marker appears).
     """
     if owner is not None and os.geteuid() != 0:
@@ -162,3 +164,142 @@ def test_a_cache_someone_else_can_write_is_refused(
     message = str(err.value)
     assert "\n" not in message and str(root) in message
     assert ("chown" in message) if owner is not None else ("chmod go-w" in message)
+
+
+NOBODY = 65534
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="planting as another uid needs root")
+
+
+def _plant(build: Path, marker: Path, word: str) -> None:
+    (build / "site-packages" / f"{PLANTED}.py").write_text(
+        f"def main():\n    with open({str(marker)!r}, 'w') as f:\n        f.write({word!r})\n    return 0\n"
+    )
+
+
+def _launch(launcher: ModuleType, root: Path) -> Any:
+    """``launcher.run`` on ``root``: the ``LaunchError``, or the ``SystemExit`` of a build that ran."""
+    info = {**INFO, "build_id": "a" * 16, "entry_point": f"{PLANTED}:main"}
+    saved_path = list(sys.path)
+    try:
+        launcher.run(info, "/nonexistent.pyz", {"RAYSCOPE_CACHE": str(root)})
+    except (launcher.LaunchError, SystemExit) as err:
+        return err
+    finally:
+        sys.path[:] = saved_path
+        sys.modules.pop(PLANTED, None)
+    raise AssertionError("run returned")
+
+
+def _as_nobody(*argv: str) -> None:
+    subprocess.run(
+        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *argv],
+        check=True,
+        timeout=30,
+    )
+
+
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """A directory every user can enter (pytest's own are root's and private)."""
+    path = Path(tempfile.mkdtemp(prefix="rayscope-cache-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@needs_root
+def test_a_cache_under_a_directory_another_user_owns_is_refused_before_it_can_be_swapped(
+    launcher: ModuleType, open_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The attack: the cache is root's and private, but it lives in a directory uid 65534
+    owns; between the launcher's check and its use, uid 65534 renames the cache away and puts
+    its own in its place (here at the exact moment: in front of ``open_build``). Before: the
+    check looked at the cache alone, passed, and the swapped-in build's entry point ran as
+    root. Now every directory from ``/`` down is checked, on the opened directories, and the
+    cache is refused before anything in it is used."""
+    tmp_path = open_dir
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, NOBODY, NOBODY)
+    root = theirs / "cache"
+    root.mkdir(mode=0o700)
+    _plant(make_build(root, "a" * 16), tmp_path / "ran", "root's build")
+    evil = theirs / "evil"
+    evil.mkdir()
+    _plant(make_build(evil, "a" * 16), tmp_path / "ran", "planted build")
+    for path in [evil, *evil.rglob("*")]:
+        os.chown(path, NOBODY, NOBODY)
+    real_open_build = launcher.open_build
+
+    def swapped_first(*args: Any) -> Any:
+        _as_nobody("mv", str(root), str(theirs / "old"))
+        _as_nobody("mv", str(evil), str(root))
+        return real_open_build(*args)
+
+    monkeypatch.setattr(launcher, "open_build", swapped_first)
+    outcome = _launch(launcher, root)
+    assert not (tmp_path / "ran").exists(), f"a build ran: {(tmp_path / 'ran').read_text()}"
+    assert isinstance(outcome, launcher.LaunchError)
+    assert str(outcome) == (
+        f"its cache {root} is under {theirs}, which belongs to uid {NOBODY}, not to you (uid 0) or"
+        f" root, so its code cannot be trusted: {launcher.REMEDY}"
+    )
+
+
+@needs_root
+@pytest.mark.parametrize(
+    ("above", "refused"),
+    [
+        ("root-0755", None),
+        ("root-1777", None),  # /tmp: sticky, the cache below it is ours
+        ("root-0777", "which is writable by group or others and not sticky"),
+        ("root-0775", "which is writable by group or others and not sticky"),
+        ("nobody-1777", f"which belongs to uid {NOBODY}"),
+        ("link-nobody", f"a symlink of uid {NOBODY}"),
+        ("link-root", None),
+    ],
+)
+def test_every_directory_down_to_the_cache_is_checked(
+    launcher: ModuleType, tmp_path: Path, above: str, refused: Any
+) -> None:
+    """A cache of root's, private, a complete build: trusted only when what is above it is
+    root's (or the user's) and nobody else can rename it away; a symlink on the way counts
+    as its own owner's. Before: every case ran the build."""
+    parent = tmp_path / "above"
+    parent.mkdir()
+    real = parent / "cache"
+    real.mkdir(mode=0o700)
+    _plant(make_build(real, "a" * 16), tmp_path / "ran", "ran")
+    root = real
+    owner, _, mode = above.partition("-")
+    if owner == "link":
+        sticky = tmp_path / "sticky"
+        sticky.mkdir()
+        sticky.chmod(0o1777)
+        root = sticky / "cache-link"
+        root.symlink_to(real)
+        if mode == "nobody":
+            os.lchown(root, NOBODY, NOBODY)
+    else:
+        parent.chmod(int(mode, 8))
+        if owner == "nobody":
+            os.chown(parent, NOBODY, NOBODY)
+    outcome = _launch(launcher, root)
+    if refused is None:
+        assert isinstance(outcome, SystemExit) and (tmp_path / "ran").exists()
+    else:
+        assert isinstance(outcome, launcher.LaunchError) and refused in str(outcome)
+        assert "\n" not in str(outcome) and not (tmp_path / "ran").exists()
+
+
+def test_a_missing_cache_is_created_private_and_each_new_directory_checked(
+    launcher: ModuleType, tmp_path: Path
+) -> None:
+    """The walk creates what is missing (mode 0700) and opens it like the rest."""
+    root = tmp_path / "new" / "rayscope"
+    fd = launcher.open_cache(str(root))
+    try:
+        assert os.path.samestat(os.fstat(fd), os.stat(root))
+    finally:
+        os.close(fd)
+    assert root.stat().st_mode & 0o077 == 0 and (tmp_path / "new").stat().st_mode & 0o077 == 0

@@ -7,6 +7,7 @@ raises ``ReportError``, which the connection counts in ``frames_rejected``.
 
 import math
 import re
+import unicodedata
 from collections.abc import Iterator
 from typing import Any
 
@@ -154,6 +155,61 @@ def test_render_strips_control_characters_from_strings_the_gcs_gave() -> None:
     assert lines and not any(CONTROL.search(line) for line in lines)
     note = completeness_note(status) or ""
     assert not CONTROL.search(note)
+
+
+INVISIBLE = "\u2028\u2029\u061c\ufeff\u2060\U000e0041\U000e007f\ue000\x85\u200d\u00ad"
+"""Line and paragraph separators, an Arabic letter mark, a BOM, a word joiner, tag characters,
+a private-use character, NEL, a zero-width joiner, a soft hyphen: categories Zl, Zp, Cf, Co, Cc.
+The hostname is in no line or label today: it is there for when one shows it."""
+REMOVED_CATEGORIES = ("Cc", "Cf", "Zl", "Zp", "Co")
+
+
+def _removed(text: str) -> list[str]:
+    found = {f"U+{ord(c):04X}" for c in text if unicodedata.category(c) in REMOVED_CATEGORIES}
+    return sorted(found - {"U+000A"})  # the lines' own newlines
+
+
+def test_invisible_and_line_breaking_characters_never_reach_a_line_or_a_label() -> None:
+    """A node IP and a hostname with U+2028 and friends: the ``status`` lines and the
+    ``/metrics`` labels have exactly the lines of a clean report and none of those code
+    points (Python's ``splitlines``, terminals and editors break lines at U+2028, U+2029 and
+    NEL). Positive control: the old ``_CONTROL`` (C0, DEL, C1, bidi overrides) let all but
+    NEL and the joiner through, and the status gained lines."""
+
+    def views(state: HeadState) -> tuple[list[str], str]:
+        status = state.status(NOW, gpus=True)
+        return status_lines(status, include_dead=True) + status_gpu_lines(status), metrics_text(status)
+
+    clean_state, hostile_state = HeadState(INTERVAL_S, None), HeadState(INTERVAL_S, None)
+    ingest(clean_state, report())
+    hostile = report(
+        raylet=RayletInfo(pid=10, node_id=NODE, node_ip="10.0.0.5" + INVISIBLE),
+        host=HostInfo(hostname="gpu-5" + INVISIBLE, cpu_count=8),
+        gpus=[gpu(0, 5.0, name="NVIDIA" + INVISIBLE)],
+    )
+    ingest(hostile_state, hostile)
+    clean_lines, clean_metrics = views(clean_state)
+    lines, metrics = views(hostile_state)
+    text = "\n".join(lines)
+    assert _removed(text) == [] and _removed(metrics) == []
+    assert len(text.splitlines()) == len("\n".join(clean_lines).splitlines())
+    assert len(metrics.splitlines()) == len(clean_metrics.splitlines())
+    assert "  10.0.0.5 [worker] VRAM" in text and "GPU0 NVIDIA  booked" in text
+    assert 'node_ip="10.0.0.5"}' in metrics
+
+
+def test_the_printable_rule_is_exactly_the_five_categories_on_every_code_point() -> None:
+    """``printable`` removes every code point of Cc, Cf, Zl, Zp and Co and keeps every other
+    (checked for all 1,114,112, in chunks): the fast path's ``str.isprintable`` rejects all
+    of them (and more: Zs, Cs, Cn, which the slow path keeps)."""
+    from agent.validate import printable
+
+    step = 4096
+    for start in range(0, 0x110000, step):
+        chunk = "".join(chr(cp) for cp in range(start, start + step) if not 0xD800 <= cp < 0xE000)
+        expected = "".join(c for c in chunk if unicodedata.category(c) not in REMOVED_CATEGORIES)
+        assert printable(chunk) == expected, f"code points from U+{start:04X}"
+    assert printable("gpu-5 10.0.0.5") == "gpu-5 10.0.0.5"
 
 
 def test_the_number_of_nodes_held_is_bounded_oldest_unknown_evicted(monkeypatch: pytest.MonkeyPatch) -> None:

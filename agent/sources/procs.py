@@ -2,7 +2,8 @@
 
 Raw reads (psutil, the raylet's session logs) and pure parsers the tests feed recorded text:
 
-* the owning worker: the pid itself or the ancestor whose parent is a ``raylet`` process;
+* the owning worker: the pid itself or the ancestor whose parent is a ``raylet`` process
+  that root or this user runs (another user's is not Ray's: SECURITY.md, rule 1);
   the raylet's command line gives the node id and session directory;
 * the worker's process title: Ray sets it to ``ray::ClassName`` for an actor,
   ``ray::ServeReplica:app:deployment`` for a Serve replica, ``ray::IDLE`` for an idle worker;
@@ -23,7 +24,7 @@ from typing import Optional
 import psutil
 
 from agent.schema.report import ProcessInfo, SourceStatus
-from agent.sources.raylet import RAYLET_NAME, parse_raylet_cmdline
+from agent.sources.raylet import RAYLET_NAME, parse_raylet_cmdline, raylet_refusal
 
 HOST_PID_NAMESPACE = "pid:[4026531836]"
 """``readlink /proc/self/ns/pid`` in the kernel's initial pid namespace (PROC_PID_INIT_INO)."""
@@ -157,12 +158,22 @@ class _Raylets:
     """The raylets met while walking up process trees, each read once."""
 
     def __init__(self) -> None:
-        self._nodes: dict[int, tuple[Optional[str], _SessionLogs]] = {}
+        self._nodes: dict[int, Optional[tuple[Optional[str], _SessionLogs]]] = {}
 
-    def get(self, raylet: "psutil.Process") -> tuple[Optional[str], _SessionLogs]:
+    def get(self, raylet: "psutil.Process") -> Optional[tuple[Optional[str], _SessionLogs]]:
+        """(node id, session logs) of a raylet; ``None`` for one that root or this user does
+        not run (SECURITY.md, rule 1: its session directory would be anyone's, a FIFO there
+        would hang this read): to rayscope it is no raylet."""
         if raylet.pid not in self._nodes:
             node_id: Optional[str] = None
             logs_dir: Optional[str] = None
+            try:
+                refused = raylet_refusal(raylet) is not None
+            except psutil.Error:  # whose it is cannot be told: nobody's to trust
+                refused = True
+            if refused:
+                self._nodes[raylet.pid] = None
+                return None
             try:
                 info = parse_raylet_cmdline(raylet.cmdline(), raylet.pid)
             except psutil.Error:
@@ -189,10 +200,13 @@ def describe(pid: int, raylets: _Raylets) -> ProcessInfo:
         try:
             if parent.name() != RAYLET_NAME:
                 continue
+            raylet = raylets.get(parent)
+            if raylet is None:  # another user's "raylet": not Ray's, look further up
+                continue
             title = parse_title(child.cmdline())
         except psutil.Error:
             return info
-        node_id, logs = raylets.get(parent)
+        node_id, logs = raylet
         info.title = title
         info.worker_pid = child.pid
         info.raylet_pid = parent.pid

@@ -1,7 +1,9 @@
 """The local raylet process(es): who this Ray node is, read from the raylet's command line.
 
 A raw read (:func:`find_raylets`, psutil) and a pure parser (:func:`parse_raylet_cmdline`)
-that the tests feed recorded command lines. The raylet's command line carries
+that the tests feed recorded command lines. Only raylets that root or the user running
+rayscope runs are read (:func:`raylet_refusal`, SECURITY.md rule 1): anyone can start a
+process named ``raylet``. The raylet's command line carries
 ``--node_id``, ``--node_ip_address``, ``--static_resource_list`` (custom resources and the
 GPU count included), ``--gcs-address``, ``--head``, ``--labels`` (JSON) and
 ``--python_worker_command`` (whose first word is the Ray node's own Python).
@@ -104,8 +106,44 @@ def read_gpu_environ(proc: psutil.Process, info: RayletInfo) -> None:
     info.environ_read = True
 
 
+def raylet_refusal(proc: psutil.Process) -> Optional[str]:
+    """Why the raylet process ``proc`` is no source of anything for this rayscope (SECURITY.md,
+    rule 1): it does not run as root or as this user (real, effective and saved uid: a
+    set-uid program started under the name ``raylet`` keeps its caller's real uid). Anyone
+    can start a process named ``raylet`` with any command line; its GCS address would get
+    root's Ray token, its node id the node agent's reports, its session directory root's
+    reads, its Python root's execution."""
+    reason = trust.process_refusal(proc.pid, proc.uids(), os.geteuid())
+    return f"refused raylet pid {proc.pid}: {reason}" if reason else None
+
+
+def _read_raylet(proc: psutil.Process) -> tuple[Optional[RayletInfo], list[str]]:
+    """One raylet process: its identity when it is trusted, and what was refused (the
+    process itself, or the Python it names). Raises ``psutil.Error``."""
+    refusal = raylet_refusal(proc)
+    argv = proc.cmdline()
+    info = parse_raylet_cmdline(argv, proc.pid)
+    if info is None:
+        return None, []
+    if refusal:
+        return None, [refusal]
+    refused: list[str] = []
+    info.started_at = proc.create_time()
+    read_gpu_environ(proc, info)
+    info.ray_version = raycompat.installed_ray_version(argv[0])
+    if info.python_executable:  # SECURITY.md rule 1
+        python_refusal = trust.raylet_python_refusal(proc.pid, proc.uids(), info.python_executable)
+        if python_refusal:
+            info.python_executable = None
+            refused.append(python_refusal)
+    if not proc.is_running():  # the pid is another process now: what was read may be its
+        return None, []
+    return info, refused
+
+
 def find_raylets() -> tuple[list[RayletInfo], SourceStatus]:
-    """Every raylet process on this host, head first then by node id."""
+    """Every raylet process on this host that root or this user runs, head first then by
+    node id; the others are named in the status's reason, and used for nothing."""
     raylets: list[RayletInfo] = []
     refused: list[str] = []
     denied = 0
@@ -113,33 +151,22 @@ def find_raylets() -> tuple[list[RayletInfo], SourceStatus]:
         if proc.info.get("name") != RAYLET_NAME or proc.info.get("status") in NOT_RUNNING:
             continue
         try:
-            argv = proc.cmdline()
-            info = parse_raylet_cmdline(argv, proc.pid)
-            if info is not None:
-                info.started_at = proc.create_time()
-                read_gpu_environ(proc, info)
-                info.ray_version = raycompat.installed_ray_version(argv[0])
-            if info is not None and info.python_executable:  # SECURITY.md rule 1
-                refusal = trust.raylet_python_refusal(proc.pid, proc.uids(), info.python_executable)
-                if refusal:
-                    info.python_executable = None
-                    refused.append(refusal)
+            info, refusals = _read_raylet(proc)
         except psutil.AccessDenied:
             denied += 1
             continue
         except psutil.Error:  # exited while we looked
             continue
+        refused.extend(refusals)
         if info is not None:
             raylets.append(info)
     raylets.sort(key=lambda r: (not r.is_head, r.node_id))
     if raylets:
         detail = ", ".join(f"{r.node_id[:12]} pid {r.pid}" for r in raylets)
         return raylets, SourceStatus(name="raylet", ok=True, detail=detail, reason="; ".join(refused))
-    reason = "no raylet process on this host"
+    reason = "; ".join(refused) if refused else "no raylet process on this host"
     if denied:
-        reason += f" readable ({denied} raylet(s) not readable: permission denied)"
-    if refused:
-        reason += "; " + "; ".join(refused)
+        reason += f" ({denied} raylet(s) not readable: permission denied)"
     return [], SourceStatus(name="raylet", ok=False, reason=reason)
 
 

@@ -5,9 +5,12 @@ by a local user: a process named ``raylet``, the "Python" its command line names
 the working directory, variables in the environment. The rule (SECURITY.md, rule 1): run
 nothing unless root or the user running rayscope owns it, and nobody else can replace it.
 
-Pure checks on ``stat`` results and uids, plus :func:`raylet_python_refusal`, which reads them
-for one raylet; its one caller is :func:`agent.sources.raylet.find_raylets`. A refusal is a
-sentence naming the object and the reason; ``None`` means trusted.
+Pure checks on ``stat`` results and uids; :func:`raylet_python_refusal`, which reads them for
+one raylet, and :func:`process_refusal`, which :func:`agent.sources.raylet.find_raylets` and
+:mod:`agent.sources.procs` apply to every raylet process (another user's raylet is no source
+of anything: GCS address, node id, session directory, Python); :func:`open_trusted`, which
+opens a file such as ``ray_current_cluster`` only through directories nobody else can change.
+A refusal is a sentence naming the object and the reason; ``None`` means trusted.
 
 Also the environment of a child process (:func:`child_env`): only what Ray's client needs.
 """
@@ -50,6 +53,82 @@ def process_refusal(pid: int, uids: Sequence[int], me: int) -> Optional[str]:
         if not _trusted_uid(uid, me):
             return f"pid {pid} runs as uid {uid}, not as root or uid {me}"
     return None
+
+
+class Refused(Exception):
+    """A file that must not be trusted; ``str()`` names it and says why."""
+
+
+MAX_SYMLINKS = 40
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+
+
+def _parts(path: str) -> list[str]:
+    """The names of ``path`` as a stack: the next one last."""
+    return [part for part in path.split("/") if part][::-1]
+
+
+def open_trusted(path: str, me: int) -> int:
+    """A read-only descriptor of the regular file ``path``, opened only if it and every
+    directory from ``/`` down to it pass :func:`file_refusal` (root's or ``me``'s, not
+    writable by group or others; directories that are may be sticky, since everything under
+    them must be root's or ``me``'s too); a symlink on the way is followed when it is root's
+    or ``me``'s, at most :data:`MAX_SYMLINKS`.
+
+    Checked on what was opened: each directory is ``os.open(name, O_DIRECTORY|O_NOFOLLOW,
+    dir_fd=parent)`` then ``fstat``, the file ``O_NOFOLLOW|O_NONBLOCK`` (a FIFO does not
+    block the open) then ``fstat``, so no rename between a check and the next step changes
+    what is read. :class:`Refused` when a rule is broken; ``OSError`` when the path cannot be
+    walked (``FileNotFoundError``: there is no such file).
+    """
+    if not os.path.isabs(path):
+        raise Refused(f"{path} is not an absolute path")
+    fd, where, todo, hops = os.open("/", _DIR_FLAGS), "/", _parts(path), 0
+    try:
+        while True:
+            reason = file_refusal(where, os.fstat(fd), me)
+            if reason:
+                raise Refused(reason)
+            if not todo:  # the path named a directory
+                raise Refused(f"{path} is not a regular file")
+            name = todo.pop()
+            if name in (".", ".."):  # the walk holds no symlink: ".." is lexical
+                parent = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd, where = parent, os.path.normpath(os.path.join(where, name))
+                continue
+            here = os.path.join(where, name)
+            link = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if stat.S_ISLNK(link.st_mode):
+                hops += 1
+                reason = file_refusal(here, link, me)
+                if reason or hops > MAX_SYMLINKS:
+                    raise Refused(reason or f"{path}: more than {MAX_SYMLINKS} symlinks")
+                target = os.readlink(name, dir_fd=fd)
+                todo.extend(_parts(target))
+                if target.startswith("/"):
+                    os.close(fd)
+                    fd, where = os.open("/", _DIR_FLAGS), "/"
+                continue
+            if todo:
+                child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd, where = child, here
+                continue
+            found = os.open(name, _FILE_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = found
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise Refused(f"{here} is not a regular file")
+            reason = file_refusal(here, st, me)
+            if reason:
+                raise Refused(reason)
+            return fd
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _chain(path: str) -> list[str]:

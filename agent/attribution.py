@@ -25,6 +25,7 @@ from typing import Optional
 
 import msgspec
 
+from agent.actors import actor_name
 from agent.placement import id_map, place_devices
 from agent.schema.report import GpuAttribution, GpuDevice, GpuUser, NodeReport, ProcessInfo, RayletInfo
 from agent.schema.status import ActorBooking, ClusterStatus, NodeAttribution
@@ -59,24 +60,6 @@ FULL = "full"
 HIDDEN_FULL = "hidden_full"
 
 _KIND_ORDER = {"actor": 0, "ray worker": 1, "process": 2}
-
-
-def short_class_name(class_name: str) -> str:
-    """``LiveCluster.place.<locals>.Replica`` → ``Replica``; Serve's ``ServeReplica:app:dep`` stays."""
-    return class_name.rsplit(".", 1)[-1] if class_name else ""
-
-
-SERVE_REPLICA_CLASS = "ServeReplica:"
-"""Ray Serve's replica actors: class ``ServeReplica:<app>:<deployment>``, named
-``SERVE_REPLICA::<app>#<deployment>#<suffix>``."""
-
-
-def actor_name(actor: ActorBooking) -> str:
-    """What the operator calls the actor: a Serve replica's deployment, else its name, else
-    its class."""
-    if actor.class_name.startswith(SERVE_REPLICA_CLASS):
-        return actor.class_name.rsplit(":", 1)[-1]
-    return actor.name or short_class_name(actor.class_name) or "actor"
 
 
 def _books_gpu(actor: ActorBooking) -> bool:

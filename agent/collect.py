@@ -16,7 +16,7 @@ from agent.rollup import merge, scheduler_nodes
 from agent.schema.node import NodeDiagnostics
 from agent.schema.report import REPORT_SCHEMA, GpuDevice, NodeReport, ProcessInfo, RayletInfo, SourceStatus
 from agent.schema.status import ActorBooking, ClusterStatus, RayNode, ReceivedReport
-from agent.sources import gcs, host, nvml, procs, raylet
+from agent.sources import gcs, gcs_address, gcs_child, host, nvml, procs, raylet
 from agent.sources.agents import find_agents
 from agent.units import ray_round
 
@@ -63,7 +63,7 @@ def resolve_gcs(
     """The GCS address to read, or an :class:`AgentError` (exit 2) saying none is known (and,
     from ``raylet_status``, which raylets were refused)."""
     refused = raylet_status.reason if raylet_status is not None and not raylet_status.ok else ""
-    address, origin = gcs.resolve_address(explicit, environ, raylets, refused)
+    address, origin = gcs_address.resolve_address(explicit, environ, raylets, refused)
     if address is None:
         raise AgentError(origin, EXIT_NO_DATA)
     try:
@@ -110,8 +110,8 @@ def embedded_status(
     """
     raylets, raylet_status = raylet.find_raylets()
     address = resolve_gcs(explicit_gcs, raylets, raylet_status=raylet_status)
-    python = gcs.gcs_python(raylets, address, gcs.ray_importable())
-    views, actors, waiting, gcs_statuses = gcs.read_pending_too(address, timeout_s, python, actors=gpus)
+    python = gcs_child.gcs_python(raylets, address, gcs.ray_importable())
+    views, actors, waiting, gcs_statuses = gcs_child.read_pending_too(address, timeout_s, python, actors=gpus)
     if not gcs_statuses[0].ok:
         raise AgentError(gcs_statuses[0].reason, EXIT_NO_DATA)
     now = clock()
@@ -161,8 +161,8 @@ def node_diagnostics(
     except AgentError as err:
         sources.append(SourceStatus(name="gcs", ok=False, reason=str(err)))
     if address is not None:
-        python = gcs.gcs_python(raylets, address, gcs.ray_importable())
-        views, actors, gcs_statuses = gcs.read_cluster(address, timeout_s, python, actors=gpus)
+        python = gcs_child.gcs_python(raylets, address, gcs.ray_importable())
+        views, actors, gcs_statuses = gcs_child.read_cluster(address, timeout_s, python, actors=gpus)
         sources += gcs_statuses
         local_ids = {r.node_id for r in raylets}
         mine = [v for v in views if v.node_id in local_ids]

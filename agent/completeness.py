@@ -20,8 +20,7 @@ from typing import NamedTuple, Optional
 from agent.errors import EXIT_FAILED, EXIT_NO_DATA
 from agent.rollup import SchedulerView, schedulable_nodes, scheduler_failure, scheduler_view
 from agent.schema.status import ClusterStatus, NodeStatus
-from agent.text import node_label
-from agent.validate import printable
+from agent.text import node_label, printable
 
 EXIT_COMPLETE = 0
 EXIT_PARTIAL = EXIT_FAILED

@@ -30,7 +30,7 @@ class AgentError(Exception):
 
 def say(message: str) -> None:
     """``rayscope: <message>`` on stderr, through the one printable rule."""
-    from agent.validate import printable
+    from agent.text import printable
 
     sys.stderr.write(f"rayscope: {printable(message)}\n")
 

@@ -31,7 +31,6 @@ they are held, a report from yet another unknown node is rejected.
 import functools
 import math
 import operator
-import unicodedata
 from collections.abc import Callable, Container, Mapping
 from typing import Any, Optional
 
@@ -40,6 +39,7 @@ import msgspec.inspect as mi
 
 from agent.schema.report import MAX_GPUS, MAX_ITEMS, MAX_MIG_DEVICES, MAX_PROCESSES_PER_GPU, NodeReport
 from agent.schema.status import ReceivedReport
+from agent.text import printable
 
 __all__ = ["MAX_GPUS", "MAX_ITEMS", "MAX_MIG_DEVICES", "MAX_PROCESSES_PER_GPU"]  # bounds live in the model
 
@@ -48,33 +48,9 @@ MAX_STRING_CHARS = 4096
 MAX_NODES_HELD = 16_384
 SIGNED_FIELDS = frozenset({"temperature_c"})
 
-_CONTROL = frozenset({"Cc", "Cf", "Zl", "Zp", "Co"})
-"""The Unicode categories no terminal, log line or label gets: controls (C0, DEL, C1: escape
-sequences, NEL), format characters (bidirectional marks and overrides, zero-width joiners and
-spaces, the BOM, the Arabic letter mark, soft hyphens, tag characters), line and paragraph
-separators (U+2028, U+2029: line breaks to terminals, editors and ``str.splitlines``), and
-private-use characters (a font's glyphs, anything)."""
-
 
 class ReportError(Exception):
     """A frame that authenticated but does not hold a report this head accepts."""
-
-
-def printable(text: str) -> str:
-    """``text`` without the characters of the categories in :data:`_CONTROL`: what a terminal,
-    a log line or a Prometheus label may show.
-
-    Fast path: ``str.isprintable`` is false for every code point of those categories (checked
-    on every code point, Python 3.9 to 3.13: tests/test_report_bounds.py), so a string it
-    passes has none. It is false for more (non-ASCII spaces, surrogates, unassigned code
-    points): the slow path asks each character's category and keeps those."""
-    if text.isprintable():
-        return text
-    return "".join(c for c in text if c.isprintable() or unicodedata.category(c) not in _CONTROL)
-
-
-def printable_lines(lines: list[str]) -> list[str]:
-    return [printable(line) for line in lines]
 
 
 def check_report(report: NodeReport) -> None:

@@ -22,7 +22,7 @@ from agent.render.status import status_lines
 from agent.rollup import merge, scheduler_nodes
 from agent.schema.report import GpuDevice, HostInfo, NodeReport, SourceStatus
 from agent.schema.status import ClusterStatus, RayNode, ReceivedReport
-from agent.sources import gcs
+from agent.sources import gcs, gcs_child
 from tests.scenarios import CPU, NOW, SEED_REPORTS, SEED_VIEWS, T4, UNKNOWN, gpu, mixed_status, report
 
 GCS_DOWN = SourceStatus(name="gcs", ok=False, reason="GCS unreachable at 127.0.0.1:6379 (connection refused)")
@@ -248,10 +248,10 @@ def test_the_port_check_and_the_child_share_one_deadline(monkeypatch: pytest.Mon
         seen["timeout"] = float(kwargs["timeout"])  # type: ignore[arg-type]
         raise subprocess.TimeoutExpired(argv, seen["timeout"])
 
-    monkeypatch.setattr(gcs, "check_port", slow_check)
+    monkeypatch.setattr(gcs, "check_port", slow_check)  # gcs_child calls it through gcs
     monkeypatch.setattr(subprocess, "run", fake_run)
     with pytest.raises(gcs.GcsUnavailable, match=r"timeout 0\.5 s"):
-        gcs._run_child("127.0.0.1:1", 0.5, "python3")
+        gcs_child._run_child("127.0.0.1:1", 0.5, "python3")
     assert seen["timeout"] <= 0.21
 
 
@@ -266,7 +266,7 @@ def _child_error(tmp_path: Path, shell: str, timeout_s: float) -> tuple[str, str
         listening.listen()
         address = f"127.0.0.1:{listening.getsockname()[1]}"
         with pytest.raises(gcs.GcsUnavailable) as caught:
-            gcs._run_child(address, timeout_s, str(fake))
+            gcs_child._run_child(address, timeout_s, str(fake))
     return address, str(caught.value)
 
 

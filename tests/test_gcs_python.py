@@ -5,7 +5,7 @@ import sys
 from typing import Optional
 
 from agent.schema.report import RayletInfo
-from agent.sources.gcs import gcs_python
+from agent.sources.gcs_child import gcs_python
 
 RAY_VENV = "/opt/ray/bin/python"
 OTHER_VENV = "/srv/other-ray/bin/python"

@@ -6,7 +6,8 @@ import pytest
 
 from agent.addresses import parse_address
 from agent.schema.report import RayletInfo
-from agent.sources.gcs import explain, ray_temp_dir, resolve_address
+from agent.sources.gcs import explain
+from agent.sources.gcs_address import ray_temp_dir, resolve_address
 from agent.sources.gcs_read import prepare_auth_env
 
 

@@ -92,3 +92,9 @@ def test_agent_has_no_import_circle() -> None:
 def test_the_cycle_finder_finds_a_cycle() -> None:
     """The check above can fail: a circle through three modules is found."""
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_module_is_too_big_and_the_cli_is_thin() -> None:
+    sizes = {name: len(path.read_text().splitlines()) for name, path in modules().items()}
+    assert {n: s for n, s in sizes.items() if s > MAX_MODULE_LINES} == {}
+    assert sizes["agent.cli"] <= MAX_CLI_LINES

@@ -273,7 +273,7 @@ def test_nvml_found_after_the_driver_loads(
     wire_token: Path,
     fake_nvml_lib: fake.FakeNvml,
 ) -> None:
-    """Positive control: make ``nvml.ensure_init`` remember its first failure (the old code)
+    """Positive control: make ``nvml.NvmlInit.ensure`` remember its first failure (the old code)
     and the GPU never appears."""
     fault.expect(
         "node agent started before the NVIDIA driver loaded",

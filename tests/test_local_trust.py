@@ -24,7 +24,7 @@ import pytest
 
 from agent.errors import AgentError
 from agent.schema.report import RayletInfo
-from agent.sources import gcs, raylet, trust
+from agent.sources import gcs, gcs_address, gcs_child, raylet, trust
 from tests.conftest import REPO, base_env
 
 NOBODY = 65534
@@ -107,7 +107,7 @@ def test_the_gcs_child_runs_isolated(
     shared_dir: Path, fake_gcs: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The child runs with ``-I``, in ``/``, with only the variables Ray needs.
-    Positive control: pass ``env=None`` or drop ``cwd="/"`` in ``gcs._run_child``."""
+    Positive control: pass ``env=None`` or drop ``cwd="/"`` in ``gcs_child._run_child``."""
     record = shared_dir / "record"
     python = shared_dir / "python"
     python.write_text(
@@ -119,7 +119,7 @@ def test_the_gcs_child_runs_isolated(
     monkeypatch.setenv("LD_PRELOAD", "/nonexistent.so")
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", "/etc/ray-token")
     monkeypatch.chdir(shared_dir)
-    gcs.read_cluster(fake_gcs, 2.0, str(python))
+    gcs_child.read_cluster(fake_gcs, 2.0, str(python))
     lines = record.read_text().splitlines()
     assert lines[0] == "/"
     assert lines[1] == "ARGS -I"
@@ -137,7 +137,7 @@ def test_a_module_planted_in_the_working_directory_is_not_imported(
     marker = shared_dir / "imported"
     (shared_dir / "json.py").write_text(f"open({str(marker)!r}, 'w').write('imported')\n")
     monkeypatch.chdir(shared_dir)
-    gcs.read_cluster(fake_gcs, 2.0, sys.executable)
+    gcs_child.read_cluster(fake_gcs, 2.0, sys.executable)
     assert not marker.exists(), "the GCS child imported a module from the working directory"
 
 
@@ -412,10 +412,10 @@ def test_an_address_file_of_root_is_still_read(shared_dir: Path) -> None:
     real.mkdir(mode=0o755)
     (real / "ray_current_cluster").write_text("10.0.0.9:6379\n")
     (tmp / "ray").symlink_to(real)
-    assert gcs.address_from_file({"TMPDIR": str(tmp)}) == ("10.0.0.9:6379", "")
+    assert gcs_address.address_from_file({"TMPDIR": str(tmp)}) == ("10.0.0.9:6379", "")
     (real / "ray_current_cluster").unlink()
     os.mkfifo(real / "ray_current_cluster", 0o644)
-    address, why = gcs.address_from_file({"TMPDIR": str(tmp)})
+    address, why = gcs_address.address_from_file({"TMPDIR": str(tmp)})
     named = tmp / "ray" / "ray_current_cluster"
     assert address is None and why == f"refused {named}: {real / 'ray_current_cluster'} is not a regular file"
 

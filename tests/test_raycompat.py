@@ -18,8 +18,9 @@ from typing import Any, Optional
 import pytest
 
 from agent.schema.report import RayletInfo
-from agent.sources import gcs, raycompat
-from agent.sources.gcs import gcs_python, ray_versions_status
+from agent.sources import gcs_child, raycompat
+from agent.sources.gcs import ray_versions_status
+from agent.sources.gcs_child import gcs_python
 
 RAYLET = Path("lib/python3.9/site-packages/ray/core/src/ray/raylet/raylet")
 
@@ -133,7 +134,7 @@ def test_the_child_script_is_standalone() -> None:
     """What a Ray node's Python runs: raycompat and gcs_read joined, importing nothing of
     rayscope (``-S``: no site-packages at all, so no ray either: the answer says so)."""
     done = subprocess.run(
-        [sys.executable, "-I", "-S", "-c", gcs.child_script(), "127.0.0.1:1", "1"],
+        [sys.executable, "-I", "-S", "-c", gcs_child.child_script(), "127.0.0.1:1", "1"],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr

@@ -202,7 +202,7 @@ def test_the_printable_rule_is_exactly_the_five_categories_on_every_code_point()
     """``printable`` removes every code point of Cc, Cf, Zl, Zp and Co and keeps every other
     (checked for all 1,114,112, in chunks): the fast path's ``str.isprintable`` rejects all
     of them (and more: Zs, Cs, Cn, which the slow path keeps)."""
-    from agent.validate import printable
+    from agent.text import printable
 
     step = 4096
     for start in range(0, 0x110000, step):

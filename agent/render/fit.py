@@ -4,9 +4,8 @@ from typing import Optional
 
 from agent.render.fmt import encode, gib, number, size
 from agent.schema.fit import FitResult, NodeFit
-from agent.text import node_label
+from agent.text import node_label, printable_lines
 from agent.units import ray_round
-from agent.validate import printable_lines
 
 UNBOUNDED = 10**9
 """``agent.fit``'s capacity for a shape that asks for nothing a node could run out of."""

@@ -7,8 +7,8 @@ from agent.health import health_flags
 from agent.render.fmt import gib, has_gpus, visible_nodes
 from agent.schema.report import GpuDevice, GpuUser
 from agent.schema.status import ClusterStatus, DeviceFree, NodeAttribution, NodeStatus
+from agent.text import printable_lines
 from agent.units import MIB
-from agent.validate import printable_lines
 
 FULLER_BOOKED = 0.9
 """A device at least this booked (``GPU`` fraction, or ``VRAM_MB`` of its memory) ..."""

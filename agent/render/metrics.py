@@ -12,8 +12,8 @@ from typing import Optional
 from agent.pending import shape_text
 from agent.schema.report import GpuDevice
 from agent.schema.status import ClusterStatus, DeviceFree, NodeStatus
+from agent.text import printable
 from agent.units import MIB
-from agent.validate import printable
 
 # name, help, value of a node (None = unknown: the sample is left out, never written as 0)
 _NODE_METRICS: tuple[tuple[str, str, Callable[[NodeStatus], Optional[float]]], ...] = (

@@ -7,7 +7,7 @@ from agent.render.gpus import gpu_block_lines
 from agent.schema.node import AgentProcess, NodeDiagnostics
 from agent.schema.report import GpuDevice, HostInfo, RayletInfo
 from agent.schema.status import NodeStatus
-from agent.validate import printable_lines
+from agent.text import printable_lines
 
 # Resources a raylet advertises that say nothing to an operator reading `node`.
 _HIDDEN_RESOURCE_PREFIXES = ("node:",)

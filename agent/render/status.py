@@ -19,8 +19,7 @@ from agent.rollup import SchedulerView, scheduler_view
 from agent.schema.pending import PendingDemand
 from agent.schema.report import AGENT_STARTERS, SourceStatus
 from agent.schema.status import ClusterStatus, NodeStatus
-from agent.text import node_label
-from agent.validate import printable_lines
+from agent.text import node_label, printable_lines
 
 
 def node_markers(

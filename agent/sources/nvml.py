@@ -12,12 +12,12 @@ abandoned (no second one starts while it still hangs).
 Command line equivalent: ``nvidia-smi --query-gpu=index,name,uuid,pci.bus_id,memory.total,
 memory.used,memory.reserved,utilization.gpu,temperature.gpu,power.draw,enforced.power.limit,
 mig.mode.current,driver_version --format=csv`` and ``nvidia-smi --query-compute-apps=pid,
-used_memory`` (graphics processes too). MIG instances are read as devices of their own.
+used_memory`` (graphics processes too). MIG instances are read as devices of their own. A
+GPU's health (XID, ECC, remapping, throttling) is :mod:`agent.sources.nvml_health`.
 """
 
 import atexit
 import contextlib
-import ctypes
 import threading
 import time
 from typing import Any, Callable, Optional, TypeVar
@@ -25,14 +25,9 @@ from typing import Any, Callable, Optional, TypeVar
 import pynvml
 
 from agent.schema.report import GpuDevice, GpuHealth, GpuProcess, SourceStatus
+from agent.sources.nvml_health import LIBRARY_TOO_OLD, read_health
 
 T = TypeVar("T")
-
-_lock = threading.Lock()
-_init_error: Optional[str] = None
-_initialised = False
-_next_init_at = 0.0  # monotonic clock: no nvmlInit before this after a failure
-_init_retry_s = 0.0
 
 INIT_RETRY_START_S = 1.0
 INIT_RETRY_MAX_S = 60.0
@@ -55,7 +50,7 @@ _REASONS: dict[int, str] = {
 }
 
 # The error pynvml raises (not an NVMLError) when this driver's NVML lacks an entry point.
-_LIBRARY_TOO_OLD = getattr(pynvml, "NVMLLibraryMismatchError", pynvml.NVMLError)
+_LIBRARY_TOO_OLD = LIBRARY_TOO_OLD
 
 
 def reason_for(err: "pynvml.NVMLError") -> str:
@@ -72,29 +67,43 @@ def _shutdown() -> None:
         pynvml.nvmlShutdown()
 
 
-def ensure_init(clock: Callable[[], float] = time.monotonic) -> Optional[str]:
-    """Initialise NVML once per process; the reason it failed, or ``None``. After a failure
-    it is tried again, with backoff, on a later call."""
-    global _initialised, _init_error, _next_init_at, _init_retry_s
-    with _lock:
-        if _initialised:
-            return None
-        now = clock()
-        if _init_error is not None and now < _next_init_at:
-            return _init_error
-        try:
-            pynvml.nvmlInit()
-        except pynvml.NVMLError as err:
-            _init_error = reason_for(err)
-        except OSError as err:  # a library that exists but cannot load
-            _init_error = f"NVML library failed to load: {err}"
-        else:
-            _initialised, _init_error = True, None
-            atexit.register(_shutdown)
-            return None
-        _init_retry_s = min(INIT_RETRY_MAX_S, max(INIT_RETRY_START_S, 2 * _init_retry_s))
-        _next_init_at = now + _init_retry_s
-        return _init_error
+class NvmlInit:
+    """NVML initialised once per process, shut down at exit; a failed ``nvmlInit`` is tried
+    again with capped exponential backoff (an agent started before the driver loaded picks
+    it up later), each call before then answering with the last reason at no cost."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._error: Optional[str] = None
+        self._done = False
+        self._next_at = 0.0  # monotonic clock: no nvmlInit before this after a failure
+        self._retry_s = 0.0
+
+    def ensure(self, clock: Callable[[], float] = time.monotonic) -> Optional[str]:
+        """The reason NVML cannot be used now, or ``None`` once it is initialised."""
+        with self._lock:
+            if self._done:
+                return None
+            now = clock()
+            if self._error is not None and now < self._next_at:
+                return self._error
+            try:
+                pynvml.nvmlInit()
+            except pynvml.NVMLError as err:
+                self._error = reason_for(err)
+            except OSError as err:  # a library that exists but cannot load
+                self._error = f"NVML library failed to load: {err}"
+            else:
+                self._done, self._error = True, None
+                atexit.register(_shutdown)
+                return None
+            self._retry_s = min(INIT_RETRY_MAX_S, max(INIT_RETRY_START_S, 2 * self._retry_s))
+            self._next_at = now + self._retry_s
+            return self._error
+
+
+INIT = NvmlInit()
+"""This process's NVML (nvmlInit counts per process)."""
 
 
 def _field(errors: dict[str, str], name: str, read: Callable[[], T]) -> Optional[T]:
@@ -275,117 +284,6 @@ def _mig_devices(index: int, handle: Any, errors: dict[str, str]) -> list[GpuDev
     return devices
 
 
-_QUIET = {
-    pynvml.NVML_ERROR_NOT_SUPPORTED,
-    pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
-    pynvml.NVML_ERROR_NO_PERMISSION,
-}
-
-
-class _Lost(Exception):
-    """A health read answered GPU is lost."""
-
-
-def _quiet(read: Callable[[], T]) -> Optional[T]:
-    """A health field: its value, or ``None`` when unsupported (most consumer GPUs have no
-    ECC or row remapping: absent, not an error on every row); GPU lost raises :class:`_Lost`."""
-    try:
-        return read()
-    except pynvml.NVMLError as err:
-        if err.value == pynvml.NVML_ERROR_GPU_IS_LOST:
-            raise _Lost from None
-        return None  # not supported here, or not permitted: absent
-    except _LIBRARY_TOO_OLD:
-        return None
-
-
-def _address(handle: Any) -> Optional[int]:
-    return ctypes.cast(handle, ctypes.c_void_p).value
-
-
-# XID events, watched from the first read on (one event set per process): NVML delivers each
-# event once, so the counts are "since this agent started watching".
-_event_set: Any = None
-_watched: dict[Optional[int], int] = {}  # handle address -> GPU index
-_xids: dict[int, list[int]] = {}  # GPU index -> XID codes seen
-
-
-def _watch_xids(index: int, handle: Any) -> bool:
-    """Register the GPU for XID events once; whether its events are being watched."""
-    global _event_set
-    address = _address(handle)
-    if address in _watched:
-        return True
-    try:
-        if _event_set is None:
-            _event_set = pynvml.nvmlEventSetCreate()
-        pynvml.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, _event_set)
-    except (pynvml.NVMLError, _LIBRARY_TOO_OLD):
-        return False
-    _watched[address] = index
-    _xids.setdefault(index, [])
-    return True
-
-
-def _drain_xids() -> None:
-    """Every XID event waiting, without blocking (timeout 0)."""
-    if _event_set is None:
-        return
-    for _ in range(10_000):  # bounded: a storm of events never stalls a read
-        try:
-            data = pynvml.nvmlEventSetWait_v2(_event_set, 0)
-        except (pynvml.NVMLError, _LIBRARY_TOO_OLD):
-            return  # NVML_ERROR_TIMEOUT: nothing more waiting
-        index = _watched.get(_address(data.device))
-        if index is not None and data.eventType & pynvml.nvmlEventTypeXidCriticalError:
-            _xids[index].append(int(data.eventData))
-
-
-def _throttle_reasons(handle: Any) -> Optional[int]:
-    """Clock event reasons, newest call first (``...ThrottleReasons`` on older drivers)."""
-    for name in ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"):
-        call: Optional[Callable[[Any], Any]] = getattr(pynvml, name, None)
-        if call is None:
-            continue
-
-        def read(call: Callable[[Any], Any] = call) -> int:
-            return int(call(handle))
-
-        value = _quiet(read)
-        if value is not None:
-            return value
-    return None
-
-
-def read_health(index: int, handle: Any) -> GpuHealth:
-    """XID events, ECC, pending retirements and remaps, throttling; lost when NVML says so."""
-    try:
-        watching = _watch_xids(index, handle)
-        _drain_xids()
-        ecc = _quiet(
-            lambda: int(
-                pynvml.nvmlDeviceGetTotalEccErrors(
-                    handle, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC
-                )
-            )
-        )
-        retired = _quiet(lambda: bool(pynvml.nvmlDeviceGetRetiredPagesPendingStatus(handle)))
-        remapped = _quiet(lambda: pynvml.nvmlDeviceGetRemappedRows(handle))
-        throttle = _throttle_reasons(handle)
-    except _Lost:
-        return GpuHealth(lost=True)
-    xids = _xids.get(index, []) if watching else None
-    return GpuHealth(
-        xid_errors=None if xids is None else len(xids),
-        last_xid=xids[-1] if xids else None,
-        ecc_uncorrected_volatile=ecc,
-        retired_pages_pending=retired,
-        remapped_rows_pending=None if remapped is None else bool(remapped[2]),
-        row_remap_failure=None if remapped is None else bool(remapped[3]),
-        clock_throttle_reasons=throttle,
-    )
-
-
 def read_device(index: int) -> GpuDevice:
     """One GPU; a GPU NVML cannot reach is a row with only its index and the reason."""
     errors: dict[str, str] = {}
@@ -421,7 +319,7 @@ def read_device(index: int) -> GpuDevice:
 
 def read_gpus() -> tuple[Optional[str], Optional[list[GpuDevice]], SourceStatus]:
     """(driver version, GPUs, status). GPUs are ``None`` when NVML did not answer."""
-    failure = ensure_init()
+    failure = INIT.ensure()
     if failure is not None:
         return None, None, SourceStatus(name="nvml", ok=False, reason=failure)
     try:
@@ -438,33 +336,40 @@ def read_gpus() -> tuple[Optional[str], Optional[list[GpuDevice]], SourceStatus]
     return driver, gpus, SourceStatus(name="nvml", ok=True, detail=detail)
 
 
-_hung: Optional[tuple[threading.Thread, float]] = None  # a read that overran, and since when
+Read = tuple[Optional[str], Optional[list[GpuDevice]], SourceStatus]
 
 
-def read_gpus_within(
-    timeout_s: float = TIMEOUT_S,
-) -> tuple[Optional[str], Optional[list[GpuDevice]], SourceStatus]:
+class BoundedRead:
     """:func:`read_gpus` in a worker thread with a deadline; never blocks much longer.
 
     A read that overruns is abandoned (a daemon thread stuck in the driver cannot be
     stopped) and reported as a timed-out source; until it returns, later calls say so at
     once instead of starting another thread to hang beside it.
     """
-    global _hung
-    if _hung is not None:
-        thread, since = _hung
-        if thread.is_alive():
-            waited = time.monotonic() - since
-            reason = f"timed out: an NVML call has not returned for {waited:.0f} s (hung driver?)"
-            return None, None, SourceStatus(name="nvml", ok=False, reason=reason)
-        _hung = None
-    box: list[tuple[Optional[str], Optional[list[GpuDevice]], SourceStatus]] = []
-    thread = threading.Thread(target=lambda: box.append(read_gpus()), name="rayscope-nvml", daemon=True)
-    started = time.monotonic()
-    thread.start()
-    thread.join(timeout_s)
-    if box:
-        return box[0]
-    _hung = (thread, started)
-    reason = f"timed out after {timeout_s:g} s: an NVML call did not return (hung driver?)"
-    return None, None, SourceStatus(name="nvml", ok=False, reason=reason)
+
+    def __init__(self, read: Callable[[], Read] = read_gpus) -> None:
+        self._read = read
+        self._hung: Optional[tuple[threading.Thread, float]] = None  # a read that overran, since when
+
+    def __call__(self, timeout_s: float = TIMEOUT_S) -> Read:
+        if self._hung is not None:
+            thread, since = self._hung
+            if thread.is_alive():
+                waited = time.monotonic() - since
+                reason = f"timed out: an NVML call has not returned for {waited:.0f} s (hung driver?)"
+                return None, None, SourceStatus(name="nvml", ok=False, reason=reason)
+            self._hung = None
+        box: list[Read] = []
+        thread = threading.Thread(target=lambda: box.append(self._read()), name="rayscope-nvml", daemon=True)
+        started = time.monotonic()
+        thread.start()
+        thread.join(timeout_s)
+        if box:
+            return box[0]
+        self._hung = (thread, started)
+        reason = f"timed out after {timeout_s:g} s: an NVML call did not return (hung driver?)"
+        return None, None, SourceStatus(name="nvml", ok=False, reason=reason)
+
+
+read_gpus_within = BoundedRead()
+"""This process's bounded NVML read: ``read_gpus_within(timeout_s)``."""

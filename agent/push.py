@@ -261,9 +261,23 @@ class Pusher:
                 sent = self.send(self.collect())
                 if not self._wait(self.next_wait(sent)):
                     self._stop.wait(self.next_wait(False))
+            self.say_goodbye()
         finally:
             self._close()
             log.info("node agent stopped")
+
+    def say_goodbye(self) -> None:
+        """A clean stop: tell the head (an empty frame, :data:`agent.wire.GOODBYE`), so it shows
+        the node as ``no agent`` at once instead of stale later. Best effort, one short try:
+        a head that is away learns it from the report going stale."""
+        if self._sock is None:
+            return
+        try:
+            self._sock.settimeout(min(1.0, self.ack_deadline_s))
+            self._sock.sendall(self._sealer.seal(wire.GOODBYE))
+            self._read_acks(min(1.0, self.ack_deadline_s))
+        except (OSError, wire.FrameError):
+            pass
 
     def _wait(self, seconds: float) -> bool:
         """Sleep until the next cycle, watching for the acknowledgement of the frame just sent:
@@ -330,15 +344,19 @@ def _without_processes(gpu: GpuDevice) -> GpuDevice:
     )
 
 
+_EXPLAINED = {
+    wire.BAD_TOKEN: "token rejected (bad token): the head holds a different token; check --token-file",
+    wire.TOO_BIG: "too big: the report exceeds the head's frame cap",
+    wire.BAD_REPORT: "bad report: the head could not take it (is it older than this agent?)",
+    wire.CLAIMED: "claimed: another agent reports this node (two agents on one node? --node-id?)",
+    wire.WRONG_PEER: "wrong peer: the scheduler has this node at another address than this agent's",
+    wire.FULL: "full: the head holds as many nodes as it will",
+}
+
+
 def _explain(reason: str) -> str:
     """The head's short rejection word, said so that an operator knows what to fix."""
-    if reason == wire.BAD_TOKEN:
-        return "token rejected (bad token): the head holds a different token; check --token-file"
-    if reason == wire.TOO_BIG:
-        return "too big: the report exceeds the head's frame cap"
-    if reason == wire.BAD_REPORT:
-        return "bad report: the head could not take it (is it older than this agent?)"
-    return reason
+    return _EXPLAINED.get(reason, reason)
 
 
 def run(

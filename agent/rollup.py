@@ -215,14 +215,16 @@ def _node_from_report(report: NodeReport, key: str) -> NodeStatus:
     return node
 
 
-def _apply_report(node: NodeStatus, received: ReceivedReport, now: float, stale_after_s: float) -> None:
+def _apply_report(
+    node: NodeStatus, received: ReceivedReport, now: float, stale_after_s: float, wall_offset: float
+) -> None:
     report = received.report
     age = round(max(0.0, now - received.received_at), 1)
     # The head's interval only: a report's own interval_s must not decide its freshness.
     stale = not received.local and age > stale_after_s
     node.total_gpu_memory, node.used_gpu_memory, node.gpus_unmeasured = measured_memory(report.gpus)
     node.collected_at = report.collected_at
-    node.received_at = received.received_at
+    node.received_at = received.received_at + wall_offset
     node.gpus = report.gpus
     node.driver_version = report.driver_version
     node.sources = report.sources
@@ -281,24 +283,30 @@ def merge(
     gcs_address: Optional[str] = None,
     sources: Sequence[SourceStatus] = (),
     scheduler_read_at: Optional[float] = None,
+    wall_now: Optional[float] = None,
 ) -> ClusterStatus:
     """Merge the latest report per node id into :func:`scheduler_nodes` (left untouched).
 
     ``scheduler_read_at``: when ``base`` was read (the reader's clock; ``None``: never):
     its age is carried, and past ``stale_after_s`` the view is flagged stale.
 
+    ``now`` is the clock the receive times are on (the head's monotonic clock); ``wall_now``
+    the wall clock at the same instant, for ``generated_at`` and the ``received_at`` the
+    document shows (default: ``now``, when both are one clock).
+
     A report for a node the scheduler does not know becomes a node with
     ``in_scheduler=False``; a report older than ``stale_after_s`` (by the reader's clock,
     ``now - received_at``; longer for an agent whose own interval is longer) is marked stale
     and left out of the cluster's NVML sums.
     """
+    wall_offset = 0.0 if wall_now is None else wall_now - now
     nodes = dict(base)
     unknown = False
     for node_id, received in reports.items():
         known = nodes.get(node_id)
         unknown = unknown or known is None
         node = replace(known) if known is not None else _node_from_report(received.report, node_id)
-        _apply_report(node, received, now, stale_after_s)
+        _apply_report(node, received, now, stale_after_s, wall_offset)
         nodes[node_id] = node
     ordered = sorted(nodes.values(), key=sort_key) if unknown else list(nodes.values())
     age = None if scheduler_read_at is None else round(max(0.0, now - scheduler_read_at), 1)
@@ -306,7 +314,7 @@ def merge(
         scheduler_age_s=age,
         scheduler_stale=age is not None and age > stale_after_s,
         schema=DOCUMENT_SCHEMA,
-        generated_at=now,
+        generated_at=now + wall_offset,
         view=view,
         gcs_address=gcs_address,
         sources=list(sources),

@@ -3,9 +3,12 @@
 A report is judged by the head, never by its own fields: a node that holds the token can
 still send anything msgspec decodes. A report the head keeps is
 
-* bounded: at most :data:`MAX_GPUS` devices, :data:`MAX_MIG_DEVICES` MIG devices each (and no
-  deeper nesting), :data:`MAX_PROCESSES_PER_GPU` processes per device, :data:`MAX_ITEMS` items
-  in any other list or map, :data:`MAX_STRING_CHARS` characters in any string;
+* bounded by what it costs once decoded, not by its bytes on the wire: at most
+  :data:`MAX_GPUS` GPUs, :data:`MAX_MIG_DEVICES` MIG devices each (and no deeper nesting),
+  :data:`MAX_DEVICES` devices in all, :data:`MAX_PROCESSES_PER_GPU` processes per device and
+  :data:`MAX_PROCESSES` in all, :data:`MAX_ITEMS` items in any other list or map,
+  :data:`MAX_STRING_CHARS` characters in any string and :data:`MAX_REPORT_CHARS` in all (so a
+  report held costs at most ``MAX_REPORT_DECODED_BYTES``);
 * made of finite, non-negative numbers (temperatures excepted);
 * free of control characters: every string goes through :func:`printable` (escape sequences
   would otherwise reach terminals, log lines and Prometheus labels);
@@ -22,49 +25,76 @@ broken. The connection counts a rejection in ``frames_rejected`` and logs why.
 
 Staleness is the head's business too: a report's own ``interval_s`` is informational.
 
-Nodes held: at most :data:`MAX_NODES_HELD` reports. :func:`make_room` says which to drop for a
-new node: the report received longest ago among nodes the scheduler does not know. Reports of
-nodes the scheduler knows are never evicted (the scheduler bounds their number); when only
-they are held, a report from yet another unknown node is rejected.
+How many nodes the head holds, and who may report each: :mod:`agent.head.reports`.
 """
 
 import functools
 import math
 import operator
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Callable
 from typing import Any, Optional
 
 import msgspec
 import msgspec.inspect as mi
 
-from agent.schema.report import MAX_GPUS, MAX_ITEMS, MAX_MIG_DEVICES, MAX_PROCESSES_PER_GPU, NodeReport
-from agent.schema.status import ReceivedReport
+from agent.schema.report import (
+    MAX_DEVICES,
+    MAX_GPUS,
+    MAX_ITEMS,
+    MAX_MIG_DEVICES,
+    MAX_PROCESSES,
+    MAX_PROCESSES_PER_GPU,
+    MAX_REPORT_CHARS,
+    NodeReport,
+)
 from agent.text import printable
 
-__all__ = ["MAX_GPUS", "MAX_ITEMS", "MAX_MIG_DEVICES", "MAX_PROCESSES_PER_GPU"]  # bounds live in the model
+__all__ = [  # the bounds live in the schema; named here for the checks below
+    "MAX_DEVICES",
+    "MAX_GPUS",
+    "MAX_ITEMS",
+    "MAX_MIG_DEVICES",
+    "MAX_PROCESSES",
+    "MAX_PROCESSES_PER_GPU",
+]
 
 MAX_STRING_CHARS = 4096
 """Paths (a session directory, a Python) are the longest strings; Linux's PATH_MAX is 4096."""
-MAX_NODES_HELD = 16_384
 SIGNED_FIELDS = frozenset({"temperature_c"})
 
 
 class ReportError(Exception):
-    """A frame that authenticated but does not hold a report this head accepts."""
+    """A frame that authenticated but does not hold a report this head accepts; ``reason``
+    is the short word the agent is told and ``/healthz`` counts (``bad report``, or the
+    report table's ``claimed``, ``wrong peer``, ``full``)."""
+
+    def __init__(self, message: str, reason: str = "bad report") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def check_report(report: NodeReport) -> None:
     """What the decoder's types do not check (see the module's docstring); strips control
     characters in place; :class:`ReportError` names the first rule broken."""
+    devices = processes = 0
     for gpu in report.gpus or ():
         for device in (gpu, *gpu.mig_devices):
             if device is not gpu and device.mig_devices:
                 raise ReportError("MIG devices nested inside a MIG device")
             if device.attribution is not None:
                 raise ReportError("a GPU's attribution is set (only the head computes it)")
+            devices += 1
+            processes += len(device.processes or ())
+    if devices > MAX_DEVICES:
+        raise ReportError(f"{devices} GPUs and MIG devices (at most {MAX_DEVICES} in a report)")
+    if processes > MAX_PROCESSES:
+        raise ReportError(f"{processes} GPU processes (at most {MAX_PROCESSES} in a report)")
     strings: list[Any] = []
     _gatherer(NodeReport)(report, strings)
     if not _strings_ok(strings):
+        chars = sum(len(s) for s in strings if isinstance(s, str))
+        if chars > MAX_REPORT_CHARS:
+            raise ReportError(f"{chars} characters in its strings (at most {MAX_REPORT_CHARS} in a report)")
         _clean_struct(report, "report")
 
 
@@ -178,7 +208,11 @@ def _gatherer(cls: type) -> Gather:
 def _strings_ok(values: list[Any]) -> bool:
     strings = [s for s in values if s]
     try:
-        return not strings or (max(map(len, strings)) <= MAX_STRING_CHARS and "".join(strings).isprintable())
+        return not strings or (
+            max(map(len, strings)) <= MAX_STRING_CHARS
+            and sum(map(len, strings)) <= MAX_REPORT_CHARS
+            and "".join(strings).isprintable()
+        )
     except TypeError:  # not all strings: the slow path says which
         return False
 
@@ -222,19 +256,3 @@ def _clean(value: Any, where: str, signed: bool = False) -> Any:
             value if all(a is k and b is v for (a, b), (k, v) in zip(pairs, value.items())) else dict(pairs)
         )
     raise ReportError(f"{where}: unexpected {type(value).__name__}")
-
-
-def make_room(reports: Mapping[str, ReceivedReport], known: Container[str], key: str) -> Optional[str]:
-    """The node whose report to drop so that ``key``'s can be held (``None``: nothing to
-    drop); :class:`ReportError` when the table holds only nodes the scheduler knows."""
-    if key in reports or len(reports) < MAX_NODES_HELD:
-        return None
-    oldest = _oldest_unknown(reports, known)
-    if oldest is None and key not in known:
-        raise ReportError(f"the head holds {len(reports)} nodes the scheduler knows, the most it holds: full")
-    return oldest
-
-
-def _oldest_unknown(reports: Mapping[str, ReceivedReport], known: Container[str]) -> Optional[str]:
-    unknown = [(r.received_at, k) for k, r in reports.items() if k not in known]
-    return min(unknown)[1] if unknown else None

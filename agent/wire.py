@@ -56,6 +56,16 @@ TOO_BIG = "too big"
 REPLAYED = "replayed"
 BAD_REPORT = "bad report"
 TIMEOUT = "timeout"
+CLAIMED = "claimed"
+"""Another connection owns the node this report is for (agent.head.reports)."""
+WRONG_PEER = "wrong peer"
+"""The scheduler has the node at another address than the report came from."""
+FULL = "full"
+
+GOODBYE = b""
+"""An empty payload: the agent stops cleanly, and the head drops its node's report at once
+(a crash leaves the report to go stale). An older head rejects it as a bad report, which
+costs nothing: the agent is closing the connection anyway."""
 
 
 class FrameError(Exception):

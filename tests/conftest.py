@@ -351,3 +351,12 @@ def sleeper() -> Iterator[int]:
     finally:
         proc.kill()
         proc.wait(timeout=10)
+
+
+@pytest.fixture
+def token(tmp_path: Path) -> Path:
+    """A head's token file (mode 600), for the tests that run a head of their own."""
+    path = tmp_path / "token"
+    path.write_text("0123456789abcdef0123456789abcdef\n")
+    path.chmod(0o600)
+    return path

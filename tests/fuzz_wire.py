@@ -145,7 +145,7 @@ async def run_one(rng: random.Random, counts: "Counter[str]") -> Optional[str]:
     state = HeadState(5.0, None)
     throttle = LogThrottle(ingest.log, interval_s=3600)
     guard = ConnectionGuard(10, 10, throttle, state.count_rejected)
-    protocol = ingest.ReportProtocol(state.take, TOKEN, 60.0, guard)
+    protocol = ingest.ReportProtocol(state, TOKEN, 60.0, guard)
     transport = FakeTransport()
     data, kind = b"", "?"
     try:

@@ -3,6 +3,7 @@ an old scheduler view, hosts without a raylet, a lost GPU, a dead GCS poller, on
 completeness rule. The live versions are in test_live_faults.py.
 """
 
+import logging
 import socket
 import subprocess
 import threading
@@ -300,30 +301,40 @@ def test_a_child_that_dies_after_importing_ray_names_its_own_last_words(tmp_path
 class BrokenState(HeadState):
     """A head state whose rollup raises (a bug in one answer)."""
 
-    def status(self, now: float, gpus: bool = False) -> ClusterStatus:
+    def status(self, now: float, gpus: bool = False, wall_now: Optional[float] = None) -> ClusterStatus:
         raise KeyError("host:login-a")
 
 
 def test_a_bug_in_one_answer_is_an_http_500_and_the_head_keeps_serving() -> None:
     """Before: the handler thread died and the client read "remote end closed connection"
     (``status --head --gpus`` exit 2); now the client gets a status line and a reason."""
+    import asyncio
     import http.client
-    from http.server import ThreadingHTTPServer
 
-    from agent.head.http import _StatusHandler
+    from agent.head.http import HttpPort
+    from agent.head.routes import Routes
+    from agent.logs import LogThrottle
 
     state = BrokenState(interval_s=1.0, gcs_address=None)
-    handler = type("Handler", (_StatusHandler,), {"state": state, "read_tokens": ()})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    throttle = LogThrottle(logging.getLogger("rayscope.head"))
+    port = HttpPort(Routes(state, (), throttle), throttle)
+    loop = asyncio.new_event_loop()
+    server = loop.run_until_complete(loop.create_server(port.connection, "127.0.0.1", 0))
+    address = server.sockets[0].getsockname()
+    runner = threading.Thread(target=loop.run_forever, daemon=True)
+    runner.start()
     try:
         for path in ("/v1/status?gpus=1", "/healthz"):
-            connection = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=10)
+            connection = http.client.HTTPConnection("127.0.0.1", address[1], timeout=10)
             connection.request("GET", path)
             response = connection.getresponse()
             assert response.status == (500 if path.startswith("/v1") else 200)
             response.read()
             connection.close()
     finally:
-        server.shutdown()
-        server.server_close()
+        loop.call_soon_threadsafe(server.close)
+        loop.call_soon_threadsafe(loop.stop)
+        runner.join(5)
+        loop.run_until_complete(server.wait_closed())
+        loop.close()
+        port.close()

@@ -39,7 +39,7 @@ class Port:
         self.loop = asyncio.new_event_loop()
         self.server = self.loop.run_until_complete(
             self.loop.create_server(
-                lambda: ingest.ReportProtocol(self.state.take, TOKEN, 60.0, self.guard), "127.0.0.1", 0
+                lambda: ingest.ReportProtocol(self.state, TOKEN, 60.0, self.guard), "127.0.0.1", 0
             )
         )
         self.port = self.server.sockets[0].getsockname()[1]

@@ -100,14 +100,6 @@ class Head(Daemon):
         return str(nodes[node_id]["agent"]) if node_id in nodes else "absent"
 
 
-@pytest.fixture
-def token(tmp_path: Path) -> Path:
-    path = tmp_path / "token"
-    path.write_text("0123456789abcdef0123456789abcdef\n")
-    path.chmod(0o600)
-    return path
-
-
 def eventually(check: Callable[[], bool], timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while not check():

@@ -104,8 +104,9 @@ def test_the_largest_accepted_report_stays_small_in_the_status() -> None:
     status JSON is at most 50 times the frame."""
     from agent import validate
 
+    per_gpu = validate.MAX_PROCESSES // validate.MAX_GPUS  # the report's own cap, spread over its GPUs
     gpus = [
-        GpuDevice(index=i, processes=[GpuProcess(pid=p) for p in range(validate.MAX_PROCESSES_PER_GPU)])
+        GpuDevice(index=i, processes=[GpuProcess(pid=p) for p in range(per_gpu)])
         for i in range(validate.MAX_GPUS)
     ]
     payload = msgspec.msgpack.encode(report(gpus=gpus))
@@ -216,10 +217,10 @@ def test_the_number_of_nodes_held_is_bounded_oldest_unknown_evicted(monkeypatch:
     """At the cap, a report from a new node evicts the report received longest ago among the
     nodes the scheduler does not know; nodes the scheduler knows are never evicted, and when
     only they are held, a new unknown node is rejected.
-    Positive control: drop the ``validate.make_room`` call in ``HeadState.ingest``."""
-    from agent import validate
+    Positive control: drop the ``_make_room`` call in ``ReportTable.put``."""
+    from agent.head import reports
 
-    monkeypatch.setattr(validate, "MAX_NODES_HELD", 3)
+    monkeypatch.setattr(reports, "MAX_NODES_HELD", 3)
     state = HeadState(INTERVAL_S, None)
     known = ["k" * 56, "j" * 56]
 
@@ -236,7 +237,7 @@ def test_the_number_of_nodes_held_is_bounded_oldest_unknown_evicted(monkeypatch:
     ingest(state, report(node_id=known[0], raylet=None), received_at=NOW + 40)  # refreshes in place
     assert state.health()["nodes_reporting"] == 3
 
-    monkeypatch.setattr(validate, "MAX_NODES_HELD", 2)
+    monkeypatch.setattr(reports, "MAX_NODES_HELD", 2)
     full = HeadState(INTERVAL_S, None)
     full.set_view([RayNode(node_id=n, node_ip="10.0.0.1") for n in known], SourceStatus(name="gcs", ok=True))
     for node_id in known:

@@ -90,10 +90,16 @@ def test_head_forgets_a_gone_node_but_keeps_known_ones() -> None:
     assert set(state.status(130.0).nodes) == {known.node_id}
 
 
-def test_head_forgets_nothing_without_a_scheduler_view() -> None:
+def test_head_forgets_old_reports_even_without_a_scheduler_view() -> None:
+    """Issue 19: without a scheduler view, a made-up node id was never forgotten (the old
+    test here asserted exactly that). Now every report older than the horizon goes, by the
+    head's clock; a fresh one stays."""
     state = HeadState(1.0, None)
-    state.ingest(msgspec.msgpack.encode(a_report()), received_at=100.0)
-    assert state.forget_gone(now=1000.0) == []
+    old, fresh = a_report(), msgspec.structs.replace(a_report(), node_id="f" * 56)
+    state.ingest(msgspec.msgpack.encode(old), received_at=100.0)
+    state.ingest(msgspec.msgpack.encode(fresh), received_at=990.0)
+    assert state.forget_gone(now=1000.0) == [old.node_id]
+    assert set(state.status(1000.0).nodes) == {fresh.node_id}
 
 
 @settings(max_examples=300, deadline=None)

@@ -13,8 +13,9 @@ from agent import tokens
 from agent.addresses import DEFAULT_TIMEOUT_S, is_loopback, split_address
 from agent.errors import EXIT_FAILED, EXIT_NO_DATA, AgentError
 from agent.head import admission, ingest
-from agent.head.http import HTTP_WORKERS, BoundedHTTPServer, _StatusHandler
+from agent.head.http import HTTP_WORKERS, REQUEST_DEADLINE_S, HttpPort
 from agent.head.poller import PollerGuard
+from agent.head.routes import Routes
 from agent.head.state import HeadState
 from agent.logs import THROTTLE_S, LogThrottle
 from agent.ray_agents import RayAgents
@@ -86,19 +87,26 @@ class Head:
         self.state = HeadState(interval_s, gcs_address)
         self._reader = gcs.GcsReader(gcs_address, gcs_timeout_s) if gcs_address else None
         self._stop = threading.Event()
-        self._httpd: Optional[BoundedHTTPServer] = None
+        self.http_port: Optional[HttpPort] = None
         self.throttle = LogThrottle(log)
         self.agents = agents
         if agents is not None:
             self.state.more_health.append(agents.health)
             self.state.more_sources.append(agents.status)
 
-    def _start_http(self) -> None:
+    async def _start_http(self) -> asyncio.AbstractServer:
+        """The HTTP port in this event loop: requests read here, answered by its workers."""
         read_tokens = tuple(t for t in (self.token, self.read_token) if t)
-        handler = type("Handler", (_StatusHandler,), {"state": self.state, "read_tokens": read_tokens})
-        self._httpd = BoundedHTTPServer(self.http, handler)
-        self._httpd.ssl_context, self._httpd.throttle = self.ssl_context, self.throttle
-        threading.Thread(target=self._httpd.serve_forever, name="rayscope-http", daemon=True).start()
+        port = HttpPort(Routes(self.state, read_tokens, self.throttle), self.throttle)
+        self.http_port = port
+        self.state.more_health.append(port.counters.as_dict)
+        return await asyncio.get_running_loop().create_server(
+            port.connection,
+            *self.http,
+            ssl=self.ssl_context,
+            backlog=ingest.ACCEPT_BACKLOG,
+            ssl_handshake_timeout=REQUEST_DEADLINE_S if self.ssl_context else None,
+        )
 
     async def serve(self) -> None:
         """Run until :meth:`stop` (or SIGTERM/SIGINT): ingest, poll, answer queries."""
@@ -114,7 +122,7 @@ class Head:
         agents: weakref.WeakSet[ingest.ReportProtocol] = weakref.WeakSet()
 
         def accept() -> ingest.ReportProtocol:
-            agent = ingest.ReportProtocol(self.state.take, self.token, idle, guard)
+            agent = ingest.ReportProtocol(self.state, self.token, idle, guard)
             agents.add(agent)
             return agent
 
@@ -127,7 +135,7 @@ class Head:
         )
         for listening in server.sockets:
             ingest.widen_listen_queue(listening.fileno())
-        self._start_http()
+        http_server = await self._start_http()
         poller = PollerGuard(self.state, self._reader, self._stop, self.agents)
         poller.start()
 
@@ -160,13 +168,13 @@ class Head:
             # From Python 3.12.1 the server's exit waits for every connection to close, and
             # node agents never hang up by themselves: close theirs first.
             server.close()
+            http_server.close()
             for agent in list(agents):
                 agent._close()
         if self.agents is not None:
             await loop.run_in_executor(None, remove_agents, self.agents)
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
+        if self.http_port is not None:
+            self.http_port.close()
         log.info("head agent stopped")
 
     def stop(self) -> None:

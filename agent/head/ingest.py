@@ -24,7 +24,8 @@ import logging
 import os
 import socket
 import time
-from typing import Any, Callable, Optional
+from collections.abc import Hashable
+from typing import Any, Callable, Optional, Protocol
 
 from agent import wire
 from agent.head.admission import ConnectionGuard
@@ -55,22 +56,28 @@ def widen_listen_queue(fd: int) -> None:
         listening.listen(LISTEN_QUEUE)
 
 
+class ReportSink(Protocol):
+    """Where a connection's reports go (:class:`agent.head.state.HeadState`)."""
+
+    def take(self, payload: bytes, received_at: float, conn: Hashable, peer: str) -> Optional[str]:
+        """Keep one report; its node id. An exception with a ``reason`` for one refused."""
+
+    def goodbye(self, conn: Hashable) -> list[str]:
+        """``conn``'s agent stopped cleanly; the nodes it reported."""
+
+    def disconnected(self, conn: Hashable) -> None:
+        """``conn`` is gone."""
+
+
 class ReportProtocol(asyncio.Protocol):
     """One agent's connection: greeting, frames (version 2, or version 1 for old agents),
     acknowledgements. Closed on a bad frame (after saying why), at EOF, after a silence, or
     when a frame is not complete ``FRAME_DEADLINE_S`` after its first byte."""
 
-    def __init__(
-        self,
-        ingest: Callable[[bytes, float], Optional[str]],
-        token: bytes,
-        idle_timeout_s: float,
-        guard: ConnectionGuard,
-    ) -> None:
-        """``ingest(payload, received_at)`` takes a report and returns its node id, or raises
-        an exception whose class name is not FrameError for a report it does not accept
-        (``bad report``)."""
-        self._ingest, self._token, self._idle_timeout_s, self._guard = ingest, token, idle_timeout_s, guard
+    def __init__(self, sink: ReportSink, token: bytes, idle_timeout_s: float, guard: ConnectionGuard) -> None:
+        """``sink`` takes the reports (with this connection as their owner), a goodbye (an
+        empty payload: the agent stops cleanly) and the news that the connection is gone."""
+        self._sink, self._token, self._idle_timeout_s, self._guard = sink, token, idle_timeout_s, guard
         self._buffer = bytearray()
         self._opener: Optional[wire.Opener] = None
         self._version = 0  # 1 or 2 once the first frame byte says
@@ -123,7 +130,7 @@ class ReportProtocol(asyncio.Protocol):
     def _frames(self, buffer: bytearray, now: float) -> int:
         """Take every complete frame in ``buffer`` and acknowledge the last (acks are
         cumulative: one write per batch); the bytes consumed."""
-        received_at = time.time()
+        received_at = now  # the head's monotonic clock: ages never follow the wall clock
         used, acked = 0, 0
         try:
             while True:
@@ -149,10 +156,15 @@ class ReportProtocol(asyncio.Protocol):
         return used
 
     def _take(self, payload: bytes, received_at: float) -> None:
+        if payload == wire.GOODBYE:
+            self._authenticated()
+            gone = self._sink.goodbye(self)
+            log.info("agent %s stopped: %s", self.peer, ", ".join(gone) or "no node")
+            return
         try:
-            node = self._ingest(payload, received_at)
-        except Exception as err:  # the state's own ReportError: no import cycle
-            raise wire.FrameError(str(err), wire.BAD_REPORT) from None
+            node = self._sink.take(payload, received_at, self, self.host)
+        except Exception as err:  # the state's ReportError (its reason), or a bug: never a crash
+            raise wire.FrameError(str(err), getattr(err, "reason", wire.BAD_REPORT)) from None
         self._authenticated()
         if node != self._node:
             if self._node is None:  # the connection's first report: once per connection
@@ -224,6 +236,8 @@ class ReportProtocol(asyncio.Protocol):
     def connection_lost(self, exc: Optional[Exception]) -> None:
         self._closed = True
         self._guard.gone(self)  # a no-op for one never admitted
+        if self._authed:
+            self._sink.disconnected(self)
         if self._timer is not None:
             self._timer.cancel()
         if self._authed:

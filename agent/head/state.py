@@ -1,9 +1,15 @@
 """The head's state: the latest report per node and the latest scheduler view, safe across
-threads; :meth:`HeadState.status` merges them into the rollup as of a given instant."""
+threads; :meth:`HeadState.status` merges them into the rollup as of a given instant.
+
+Every age is on the head's monotonic clock (``time.monotonic``): a wall clock stepped back
+would keep a dead agent "reporting" for as long as the step, stepped forward would make every
+node stale at once. Wall-clock times appear only in what the document shows (``generated_at``,
+``received_at``), derived from the ages at the instant of the answer."""
 
 import logging
 import threading
 import time
+from collections.abc import Hashable
 from typing import Any, Callable, Optional
 
 import msgspec
@@ -12,6 +18,7 @@ from agent import pending, validate
 from agent.addresses import DEFAULT_TIMEOUT_S
 from agent.attribution import attribute_cluster
 from agent.head.admission import IngestCounters
+from agent.head.reports import ReportTable
 from agent.rollup import STALE_INTERVALS, merge, scheduler_nodes
 from agent.schema.pending import PendingRead
 from agent.schema.report import REPORT_SCHEMA, NodeReport, SourceStatus
@@ -71,12 +78,12 @@ class HeadState:
         self.interval_s = interval_s
         self.gcs_address = gcs_address
         self._lock = threading.Lock()
-        self._reports: dict[str, ReceivedReport] = {}
+        self._table = ReportTable()
         self._base: dict[str, NodeStatus] = {}  # rollup.scheduler_nodes of the latest view
         self._gcs_status = SourceStatus(name="gcs", ok=False, reason="not read yet", detail=gcs_address or "")
         self._actors: Optional[list[ActorBooking]] = None
         self._actors_status = SourceStatus(name="gcs_actors", ok=False, reason="not read yet")
-        self._view_read_at: Optional[float] = None  # head's clock at the last good GCS read
+        self._view_read_at: Optional[float] = None  # monotonic clock at the last good GCS read
         self.poller = PollerHealth()
         self._pending: Optional[PendingRead] = None
         self._pending_status: Optional[SourceStatus] = None
@@ -90,8 +97,16 @@ class HeadState:
         self.more_sources: list[Callable[[], SourceStatus]] = []
         """Statuses of parts beside the GCS (agents placed through Ray), in every status."""
 
-    def ingest(self, payload: bytes, received_at: float) -> NodeReport:
-        """Decode one report (typed) and keep it as its node's latest."""
+    def ingest(
+        self,
+        payload: bytes,
+        received_at: float,
+        conn: Optional[Hashable] = None,
+        peer: Optional[str] = None,
+    ) -> NodeReport:
+        """Decode one report (typed) and keep it as its node's latest: sent on ``conn`` from
+        ``peer`` (``None``: not through the report port), received at ``received_at`` on the
+        head's monotonic clock. :class:`ReportError` with its reason when refused."""
         try:
             report = self._decoder.decode(payload)
         # ValidationError included; nesting; bad UTF-8 in a str raises UnicodeDecodeError (fuzz_wire)
@@ -102,11 +117,28 @@ class HeadState:
         validate.check_report(report)  # bounds, numbers, strings (SECURITY.md rule 4)
         key = report.node_id or f"host:{report.host.hostname if report.host else '?'}"
         with self._lock:
-            evicted = validate.make_room(self._reports, self._base, key)
-            self._reports.pop(evicted or key, None)
-            self._reports[key] = ReceivedReport(report=report, received_at=received_at)
+            known = self._base.get(key)
+            self._table.put(
+                key,
+                ReceivedReport(report=report, received_at=received_at),
+                conn,
+                peer,
+                known.node_ip if known is not None else None,
+                STALE_INTERVALS * self.interval_s,
+            )
             self.reports_received += 1
         return report
+
+    def disconnected(self, conn: Hashable) -> None:
+        """The report port lost ``conn``: its nodes' reports stay (and go stale) but anyone
+        may report them now."""
+        with self._lock:
+            self._table.disconnected(conn)
+
+    def goodbye(self, conn: Hashable) -> list[str]:
+        """``conn``'s agent stopped cleanly: its nodes show ``no agent`` at once."""
+        with self._lock:
+            return self._table.goodbye(conn)
 
     def count_rejected(self) -> None:
         with self._lock:
@@ -115,12 +147,12 @@ class HeadState:
     def health(self, now: Optional[float] = None) -> dict[str, Any]:
         """Cheap figures for ``/healthz``: is the head taking reports at all, and is its
         scheduler view being refreshed (the GCS poller's state and the view's age)?
-        ``now``: the head's clock (default: read it)."""
-        now = time.time() if now is None else now
+        ``now``: the head's monotonic clock (default: read it)."""
+        now = time.monotonic() if now is None else now
         with self._lock:
             read_at = self._view_read_at
             counts: dict[str, Any] = {
-                "nodes_reporting": len(self._reports),
+                "nodes_reporting": len(self._table),
                 "reports_received": self.reports_received,
                 "frames_rejected": self.frames_rejected,
             }
@@ -134,31 +166,29 @@ class HeadState:
         counts["gcs_poller"] = self.poller.snapshot(time.monotonic(), self.interval_s)
         return counts
 
-    def take(self, payload: bytes, received_at: float) -> Optional[str]:
+    def take(self, payload: bytes, received_at: float, conn: Hashable, peer: str) -> Optional[str]:
         """:meth:`ingest` for the report port: the node id reported for."""
-        return self.ingest(payload, received_at).node_id
+        return self.ingest(payload, received_at, conn, peer).node_id
 
     def set_view(self, views: list[RayNode], status: SourceStatus, read_at: Optional[float] = None) -> None:
         """A new scheduler view (a failed read keeps the last good one, flagged by status
-        and by its age). ``read_at``: the head's clock at the read (default: now)."""
+        and by its age). ``read_at``: the head's monotonic clock at the read (default: now)."""
         base = scheduler_nodes(views) if status.ok else None
         with self._lock:
             if base is not None:
                 self._base = base
-                self._view_read_at = time.time() if read_at is None else read_at
+                self._table.set_known(base)
+                self._view_read_at = time.monotonic() if read_at is None else read_at
             self._gcs_status = status
 
     def forget_gone(self, now: float) -> list[str]:
-        """Drop reports of nodes the scheduler does not know that have long stopped (a node
-        taken away with its agent): kept, they would show as ``no raylet`` for ever."""
-        horizon = now - FORGET_INTERVALS * self.interval_s
+        """Drop reports that have long stopped (``now``: the monotonic clock): of nodes the
+        scheduler does not know (a node taken away with its agent, which would show as ``no
+        raylet`` for ever), and of every node while there is no scheduler view (made-up ids
+        would otherwise stay for good)."""
         with self._lock:
-            if not self._gcs_status.ok:
-                return []  # without the scheduler's view, "unknown to it" means nothing
-            gone = [k for k, r in self._reports.items() if k not in self._base and r.received_at < horizon]
-            for key in gone:
-                del self._reports[key]
-        return gone
+            view_ok = self._view_read_at is not None
+            return self._table.forget(now, FORGET_INTERVALS * self.interval_s, view_ok)
 
     def set_actors(self, actors: Optional[list[ActorBooking]], status: SourceStatus) -> None:
         """The actor table's bookings (``--gpus``); a failed read keeps the last good one."""
@@ -173,11 +203,13 @@ class HeadState:
         with self._lock:
             self._pending, self._pending_status = read, status
 
-    def status(self, now: float, gpus: bool = False) -> ClusterStatus:
-        """The rollup as of ``now``: reports older than 3 intervals are stale. ``gpus``: also
-        attribute each fresh report's GPU memory to the actors on it (agent.attribution)."""
+    def status(self, now: float, gpus: bool = False, wall_now: Optional[float] = None) -> ClusterStatus:
+        """The rollup as of ``now`` (the monotonic clock): reports older than
+        :data:`STALE_INTERVALS` intervals are stale. ``wall_now``: the wall clock at the same
+        instant, for the times the document shows (default ``now``: tests on one clock).
+        ``gpus``: also attribute each fresh report's GPU memory to the actors on it."""
         with self._lock:
-            base, reports, gcs_status = self._base, dict(self._reports), self._gcs_status
+            base, reports, gcs_status = self._base, dict(self._table.reports), self._gcs_status
             actors, actors_status = self._actors, self._actors_status
             read_at = self._view_read_at
             waiting, pending_status = self._pending, self._pending_status
@@ -193,6 +225,7 @@ class HeadState:
             gcs_address=self.gcs_address,
             sources=sources,
             scheduler_read_at=read_at,
+            wall_now=wall_now,
         )
         if pending_status is not None:
             status.sources.append(pending_status)

@@ -29,12 +29,25 @@ REPORT_SCHEMA = 1
 """Version of :class:`NodeReport`; a head rejects newer ones."""
 
 MAX_GPUS = 64
-MAX_MIG_DEVICES = 16
-"""NVIDIA's largest MIG split is 7 instances; 16 leaves room."""
+MAX_MIG_DEVICES = 8
+"""NVIDIA's largest MIG split is 7 instances."""
+MAX_DEVICES = 128
+"""GPUs and MIG devices in one report, all told (``agent.validate``: a sum the types cannot
+say): 16 GPUs split 7 ways, or 64 whole ones with room."""
 MAX_PROCESSES_PER_GPU = 256
-MAX_ITEMS = 4096
-"""Any other list or map in a report: sources, a raylet's resources and labels, the process
-table, a GPU's errors."""
+MAX_PROCESSES = 1024
+"""GPU processes in one report, summed over its devices (``agent.validate``), and the length
+of its process table."""
+MAX_ERRORS = 64
+"""Reasons a GPU's fields are unknown (one per NVML field at most)."""
+MAX_ITEMS = 512
+"""Any other list or map in a report: sources, a raylet's resources and labels."""
+MAX_REPORT_CHARS = 256 * 1024
+"""Characters in all the strings of one report (``agent.validate``). With the bounds above,
+a report decodes to at most :data:`MAX_REPORT_DECODED_BYTES` (tests/test_report_bounds.py
+measures the largest one)."""
+MAX_REPORT_DECODED_BYTES = 2 * 1024**2
+"""What one report the head holds can cost in memory, at every bound at once."""
 
 Count = Annotated[int, msgspec.Meta(ge=0)]
 """A non-negative integer: a pid, an index, bytes, a percentage, a counter."""
@@ -71,7 +84,7 @@ class GpuProcess(msgspec.Struct, kw_only=True, gc=False):
     pid: Count
     used_memory_bytes: Optional[Count] = None
     """``None`` when the driver does not say (WDDM, some MIG set-ups, no permission)."""
-    kinds: Annotated[list[str], ITEMS] = []
+    kinds: Annotated[list[str], msgspec.Meta(max_length=4)] = []
     """``compute`` and/or ``graphics``: the NVML process lists the pid appeared in."""
     gpu_instance_id: Optional[Count] = None
     compute_instance_id: Optional[Count] = None
@@ -171,7 +184,7 @@ class GpuDevice(msgspec.Struct, kw_only=True, gc=False):
     memory_info_version: Optional[Count] = None
     """2 when ``nvmlDeviceGetMemoryInfo_v2`` answered, 1 for the v1 fallback."""
     utilization_gpu_pct: Optional[Count] = None
-    errors: Annotated[dict[str, str], ITEMS] = {}
+    errors: Annotated[dict[str, str], msgspec.Meta(max_length=MAX_ERRORS)] = {}
     """Field name → why it is ``None`` (``Not Supported``, ``GPU is lost``)."""
     pci_bus_id: Optional[str] = None
     memory_reserved_bytes: Optional[Count] = None
@@ -258,7 +271,7 @@ class NodeReport(msgspec.Struct, kw_only=True, gc=False):
     sources: Annotated[list[SourceStatus], ITEMS] = []
     interval_s: Optional[Amount] = None
     """How often the agent sends: the head judges staleness by its own interval and this."""
-    processes: Optional[Annotated[list[ProcessInfo], ITEMS]] = None
+    processes: Optional[Annotated[list[ProcessInfo], msgspec.Meta(max_length=MAX_PROCESSES)]] = None
     """This host's view of the GPU processes' pids; ``None`` when not read or not mappable."""
     started_by: str = ""
     """How the agent was started: ``ray`` (placed by ``head --agents ray``), ``systemd``,

@@ -1,0 +1,133 @@
+"""The head's HTTP port against slow and rude clients (issue 19), with a real ``rayscope
+head`` on loopback and no token needed by the attacker.
+
+Before: the handler's deadline was per ``recv`` and 16 worker threads read requests, so 16
+connections sending one header line every 4 s kept every worker and ``/healthz``,
+``/v1/status`` and ``/metrics`` stopped answering; TLS handshakes ran in the same workers;
+a client that hung up early cost a traceback in the log (1,000 connections, 57,000 lines).
+"""
+
+import contextlib
+import socket
+import ssl
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.head.http import HTTP_WORKERS, REQUEST_DEADLINE_S
+from tests.test_live_wire import Head, make_pki
+
+pytestmark = pytest.mark.live
+
+SLOW = 3 * HTTP_WORKERS
+
+
+class Drip:
+    """``count`` connections that each send a request one header line per second, for ever."""
+
+    def __init__(self, port: int, count: int, context: "ssl.SSLContext | None" = None) -> None:
+        self.sockets: list[socket.socket] = []
+        for _ in range(count):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            self.sockets.append(s)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        lines = [b"GET /healthz HTTP/1.1\r\n"] + [b"X-Slow: %d\r\n" % i for i in range(1000)]
+        for line in lines:
+            for s in self.sockets:
+                with contextlib.suppress(OSError):  # one the head closed
+                    s.send(line)
+            if self._stop.wait(1.0):
+                return
+
+    def closed_by_head(self) -> int:
+        closed = 0
+        for s in self.sockets:
+            s.settimeout(0.01)
+            try:
+                closed += s.recv(1) == b""
+            except (socket.timeout, BlockingIOError):
+                pass
+            except OSError:
+                closed += 1
+        return closed
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        for s in self.sockets:
+            s.close()
+
+
+def probe_answers(head: Head, seconds: float) -> list[float]:
+    """Probe ``/healthz`` for ``seconds``; how long each answer took (it must come)."""
+    took = []
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        started = time.monotonic()
+        status, _ = head.get("/healthz", timeout_s=3)
+        assert status == 200
+        took.append(time.monotonic() - started)
+        time.sleep(0.2)
+    return took
+
+
+def test_slow_clients_hold_no_worker_and_are_closed_at_the_deadline(tmp_path: Path, token: Path) -> None:
+    """Three times as many slow clients as workers: the probe is answered throughout, and
+    every slow client is closed once the request deadline passes. Positive control: read
+    requests in the workers again (the old threading server) and the probe times out."""
+    head = Head(tmp_path / "head.log", token)
+    drip = Drip(head.http_port, SLOW)
+    try:
+        took = probe_answers(head, REQUEST_DEADLINE_S - 1)
+        assert max(took) < 2.0, took
+        time.sleep(2.0)
+        assert drip.closed_by_head() == SLOW
+        assert head.health()["http_timed_out"] >= SLOW
+    finally:
+        drip.stop()
+        head.stop()
+
+
+def test_slow_tls_handshakes_hold_no_worker(tmp_path: Path, token: Path) -> None:
+    """Connections that never start their TLS handshake: the TLS probe is answered, and the
+    handshakes are cut at the deadline."""
+    pki = make_pki(tmp_path)
+    context = ssl.create_default_context(cafile=str(pki["ca.pem"]))
+    tls = ("--tls-cert", str(pki["head.pem"]), "--tls-key", str(pki["head.key"]))
+    head = Head(tmp_path / "head.log", token, extra=tls, ssl_context=context)
+    silent = [socket.create_connection(("127.0.0.1", head.http_port), timeout=5) for _ in range(SLOW)]
+    try:
+        took = probe_answers(head, 2.0)
+        assert max(took) < 2.0, took
+        time.sleep(REQUEST_DEADLINE_S + 1)
+        for s in silent:
+            s.settimeout(1)
+            assert s.recv(1) == b""  # closed by the head
+    finally:
+        for s in silent:
+            s.close()
+        head.stop()
+
+
+def test_clients_that_hang_up_early_cannot_fill_the_log(tmp_path: Path, token: Path) -> None:
+    """1,000 clients that send half a request, or a whole one and leave before the answer:
+    the head's log grows by a few throttled lines, never a traceback."""
+    head = Head(tmp_path / "head.log", token)
+    try:
+        before = len(head.log_text().splitlines())
+        for i in range(1000):
+            with socket.create_connection(("127.0.0.1", head.http_port), timeout=5) as s:
+                s.send(b"GET /v1/status HTTP/1.1\r\n" if i % 2 else b"GET /v1/status HTTP/1.1\r\n\r\n")
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        assert head.get("/healthz")[0] == 200
+        text = head.log_text()
+        assert "Traceback" not in text
+        assert len(text.splitlines()) - before < 20, text
+    finally:
+        head.stop()

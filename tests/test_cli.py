@@ -73,3 +73,27 @@ def test_node_works_without_any_cluster(tmp_path: object) -> None:
     gcs = next(s for s in diag["sources"] if s["name"] == "gcs")
     assert not gcs["ok"] and "connection refused" in gcs["reason"]
     assert diag["host"]["cpu_count"] >= 1
+
+
+def test_a_closed_pipe_ends_quietly_with_the_exit_code_the_answer_had() -> None:
+    """``rayscope node | head -1``: the reader leaves before the answer is written. Before:
+    "internal error: BrokenPipeError", exit 1 (for ``status``: "partial"; for ``fit``: "does
+    not fit"). Now: nothing on stderr, and the exit code the answer had (node: 0)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, base_env
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "agent", "node", "--gcs", f"127.0.0.1:{free_port()}"],
+        cwd=REPO,
+        env=base_env(RAY_AUTH_MODE="disabled"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()  # the reader is gone before anything is written
+    with process.stderr:
+        stderr = process.stderr.read().decode()
+    assert process.wait(timeout=60) == 0, stderr
+    assert stderr == ""

@@ -298,3 +298,18 @@ def test_ages_follow_the_heads_monotonic_clock_not_the_wall_clock(monkeypatch: p
     assert agent_of_the_node() == "reporting"
     monkeypatch.setattr(time, "monotonic", lambda: real_monotonic() + 60)  # a minute of silence
     assert agent_of_the_node() == "stale"
+
+
+def test_the_pollers_forgetting_uses_the_clock_the_reports_were_stamped_with() -> None:
+    """The poller forgets by the same monotonic clock the report port stamps reports with: a
+    fresh report survives a round with no scheduler view, a 21-interval-old one does not.
+    Positive control: give ``forget_gone`` the wall clock and the fresh report is forgotten."""
+    from agent.head.poller import poll_once
+
+    state = HeadState(1.0, None)
+    state.take(msgspec.msgpack.encode(a_report()), time.monotonic(), "agent-1", "127.0.0.1")
+    state.take(
+        msgspec.msgpack.encode(a_report(node_id="e" * 56)), time.monotonic() - 21, "agent-2", "127.0.0.1"
+    )
+    poll_once(state, None)
+    assert set(state.status(time.monotonic()).nodes) == {NODE}

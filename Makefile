@@ -32,6 +32,22 @@ lint: setup  ## ruff + mypy (strict)
 demo: setup  ## a Ray cluster on 127.0.0.1, the seed's bookings, `rayscope status`, then stop
 	$(BIN)/python tests/livecluster.py demo
 
+# Debian packages some tests run besides .venv (`make setup` installs none of them): prometheus
+# gives promtool and prometheus (tests/test_promtool.py, tests/test_live_prometheus.py fail
+# without them). Only the missing ones are installed: nothing to do, no apt, when all are.
+DEBIAN_PACKAGES := prometheus
+
+.PHONY: debian-deps
+debian-deps:  ## Debian packages the tests need beyond .venv (prometheus: promtool); as root or with sudo
+	@missing=$$(for p in $(DEBIAN_PACKAGES); do \
+		dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed$$' || echo $$p; done); \
+	[ -z "$$missing" ] && exit 0; \
+	sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	$$sudo apt-get update -qq || exit 1; \
+	$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing || exit 1; \
+	if echo " $$missing " | grep -q ' prometheus ' && [ -d /run/systemd/system ]; then \
+		$$sudo systemctl disable --now prometheus; fi  # the tests start their own, on loopback
+
 golden: setup  ## rewrite tests/golden/ from the renderers; review the diff
 	RAYSCOPE_UPDATE_GOLDEN=1 $(BIN)/python -m pytest -q -m "not live" \
 		tests/test_render.py tests/test_attribution.py tests/test_cron_output.py tests/test_fit.py tests/test_help.py \

@@ -134,14 +134,14 @@ def test_prom_carries_the_three_gpu_numbers_with_units_and_node_labels() -> None
     labels = 'node_id="' + "e0" * 28 + '",node_ip="172.17.0.3"'
     assert f"rayscope_gpus_booked{{{labels}}} 0.04" in text
     assert f"rayscope_vram_booked_bytes{{{labels}}} {20480 * 1024**2}" in text  # MiB, in bytes
-    assert f"rayscope_vram_total_bytes{{{labels}}} {24576 * 1024**2}" in text
+    assert f"rayscope_vram_capacity_bytes{{{labels}}} {24576 * 1024**2}" in text
     assert f"rayscope_gpu_memory_used_bytes{{{labels}}} {int(5.8 * 1024**3)}" in text
 
 
 def test_prom_leaves_out_what_nobody_measured() -> None:
     """No NVML sample for the node no agent reports: absent, not 0."""
     text = metrics_text(mixed_status())
-    assert 'rayscope_gpus_total{node_id="' + "0a" * 28 in text
+    assert 'rayscope_gpus_capacity{node_id="' + "0a" * 28 in text
     assert 'rayscope_gpu_memory_used_bytes{node_id="' + "0a" * 28 not in text
 
 

@@ -64,7 +64,7 @@ def test_health_metrics_use_dcgm_meanings_and_leave_unsupported_fields_out() -> 
     )
     text = metrics_text(node_with(gpu))
     labels = f'node_id="{NODE}",gpu="1",uuid="{UUID}"'
-    assert f"rayscope_gpu_xid_errors{{{labels}}} 1" in text
+    assert f"rayscope_gpu_xid_errors_total{{{labels}}} 1" in text
     assert f"rayscope_gpu_last_xid{{{labels}}} 79" in text
     assert f"rayscope_gpu_clock_throttle_reasons{{{labels}}} 72" in text
     assert f"rayscope_gpu_temperature_celsius{{{labels}}} 83" in text

@@ -4,6 +4,11 @@ Names follow Prometheus base units: memory in bytes. ``VRAM_MB`` is counted by R
 (BioEngine sizes it from ``nvidia-smi`` totals, which are MiB), so it is exposed times 2**20.
 Per-device gauges (from Ray's placement, where the actor table was read) are labelled by
 NVML UUID (``uuid``, empty where Ray's id could not be matched) and Ray's ``gpu_id``.
+
+Every family passes ``promtool check metrics``: gauges carry no ``_total`` suffix (what a node
+advertises to Ray is its ``_capacity``), event counts are counters named ``..._total``. The
+names before that rename (:data:`RENAMED`) are written as well only when asked
+(``legacy_names``), for dashboards built on them, until rayscope 0.3.
 """
 
 from collections.abc import Callable, Iterable
@@ -22,29 +27,29 @@ _NODE_METRICS: tuple[tuple[str, str, Callable[[NodeStatus], Optional[float]]], .
         "GPUs booked: Ray's GPU resource in use (device handles).",
         lambda n: n.used_gpu,
     ),
-    ("rayscope_gpus_total", "GPUs the node advertises to Ray.", lambda n: n.total_gpu),
+    ("rayscope_gpus_capacity", "GPUs the node advertises to Ray.", lambda n: n.total_gpu),
     (
         "rayscope_vram_booked_bytes",
         "GPU memory booked through Ray's VRAM_MB resource (counted in MiB by Ray), in bytes.",
         lambda n: n.used_vram_mb * MIB,
     ),
     (
-        "rayscope_vram_total_bytes",
-        "VRAM_MB the node advertises (MiB), in bytes (0: no VRAM booking).",
+        "rayscope_vram_capacity_bytes",
+        "VRAM_MB the node advertises to Ray (counted in MiB by Ray), in bytes (0: no VRAM booking).",
         lambda n: n.total_vram_mb * MIB,
     ),
     (
         "rayscope_gpu_memory_used_bytes",
-        "GPU memory in use as NVML measures it.",
+        "GPU memory in use as NVML measures it, summed over the node's GPUs.",
         lambda n: None if n.stale or n.used_gpu_memory is None else float(n.used_gpu_memory),
     ),
     (
         "rayscope_gpu_memory_total_bytes",
-        "GPU memory installed as NVML reports it.",
+        "GPU memory installed as NVML reports it, summed over the node's GPUs.",
         lambda n: None if n.stale or n.total_gpu_memory is None else float(n.total_gpu_memory),
     ),
     ("rayscope_cpus_booked", "CPUs booked: Ray's CPU resource in use.", lambda n: n.used_cpu),
-    ("rayscope_cpus_total", "CPUs the node advertises to Ray.", lambda n: n.total_cpu),
+    ("rayscope_cpus_capacity", "CPUs the node advertises to Ray.", lambda n: n.total_cpu),
     (
         "rayscope_report_age_seconds",
         "Age of the node agent's latest report (head's clock).",
@@ -67,6 +72,16 @@ _DEVICE_METRICS: tuple[tuple[str, str, Callable[[DeviceFree], Optional[float]]],
         "VRAM_MB (MiB) of the actors placed on this device, in bytes: Ray books it node-wide.",
         lambda d: d.booked_vram_mb * MIB,
     ),
+    (
+        "rayscope_device_memory_used_bytes",
+        "GPU memory in use on this device as NVML measures it (every process's), beside its booking.",
+        lambda d: None if d.memory_used_bytes is None else float(d.memory_used_bytes),
+    ),
+    (
+        "rayscope_device_memory_total_bytes",
+        "GPU memory installed on this device as NVML reports it.",
+        lambda d: None if d.memory_total_bytes is None else float(d.memory_total_bytes),
+    ),
 )
 
 
@@ -83,7 +98,7 @@ def _health(field: str) -> Callable[[GpuDevice], Optional[float]]:
 # name, help (the DCGM field it matches), value of one GPU NVML reported; None = absent
 _GPU_METRICS: tuple[tuple[str, str, Callable[[GpuDevice], Optional[float]]], ...] = (
     (
-        "rayscope_gpu_xid_errors",
+        "rayscope_gpu_xid_errors_total",
         "XID events since the node agent started watching (DCGM_FI_DEV_XID_ERRORS holds the last code).",
         _health("xid_errors"),
     ),
@@ -93,7 +108,7 @@ _GPU_METRICS: tuple[tuple[str, str, Callable[[GpuDevice], Optional[float]]], ...
         _health("last_xid"),
     ),
     (
-        "rayscope_gpu_ecc_uncorrected_volatile_errors",
+        "rayscope_gpu_ecc_uncorrected_volatile_errors_total",
         "Uncorrected ECC errors since the driver loaded (DCGM_FI_DEV_ECC_DBE_VOL_TOTAL).",
         _health("ecc_uncorrected_volatile"),
     ),
@@ -140,6 +155,39 @@ _GPU_METRICS: tuple[tuple[str, str, Callable[[GpuDevice], Optional[float]]], ...
 )
 
 
+RENAMED: dict[str, str] = {
+    "rayscope_gpus_total": "rayscope_gpus_capacity",
+    "rayscope_cpus_total": "rayscope_cpus_capacity",
+    "rayscope_vram_total_bytes": "rayscope_vram_capacity_bytes",
+    "rayscope_gpu_xid_errors": "rayscope_gpu_xid_errors_total",
+    "rayscope_gpu_ecc_uncorrected_volatile_errors": "rayscope_gpu_ecc_uncorrected_volatile_errors_total",
+}
+"""Old name -> new name (rayscope 0.1 -> 0.2): gauges with a counter's ``_total`` suffix, the
+capacity beside them for the same reason, and two event counts that were gauges. The old
+names, all gauges, are written only with ``legacy_names``; rayscope 0.3 drops them."""
+
+
+_CLUSTER_FAMILIES = (
+    "rayscope_pending_demands",
+    "rayscope_source_up",
+    "rayscope_scheduler_view_age_seconds",
+    "rayscope_scheduler_view_stale",
+)
+
+
+def family_names() -> list[str]:
+    """Every family ``/metrics`` may carry under its current name (a family without a known
+    value is left out): what dashboards and alert rules may query (deploy/, checked by tests)."""
+    tables = (_NODE_METRICS, _GPU_METRICS, _DEVICE_METRICS)
+    return [name for table in tables for name, _, _ in table] + list(_CLUSTER_FAMILIES)
+
+
+def _type(name: str) -> str:
+    """A family's type, told by its name as Prometheus's convention has it (promtool checks
+    it): a count of events that only grows is a counter named ``..._total``; the rest are gauges."""
+    return "counter" if name.endswith("_total") else "gauge"
+
+
 def _node_label(node: NodeStatus) -> str:
     return f'node_id="{_label(node.node_id)}"'
 
@@ -147,7 +195,7 @@ def _node_label(node: NodeStatus) -> str:
 def _family(name: str, help_text: str, samples: Iterable[tuple[str, Optional[float]]]) -> list[str]:
     """One gauge family from ``(labels, value)`` pairs; none at all when no value is known."""
     lines = [f"{name}{{{labels}}} {_sample(value)}" for labels, value in samples if value is not None]
-    return [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", *lines] if lines else []
+    return [f"# HELP {name} {help_text}", f"# TYPE {name} {_type(name)}", *lines] if lines else []
 
 
 def _gpu_samples(nodes: list[NodeStatus]) -> list[str]:
@@ -209,15 +257,37 @@ def pending_metrics(status: ClusterStatus) -> list[str]:
     return lines
 
 
-def metrics_text(status: ClusterStatus) -> str:
-    """Prometheus text exposition (also node_exporter's textfile format): one gauge family
-    per quantity, labelled by node; unknown values are absent, not 0, and so are a stale
-    report's NVML numbers (``rayscope_report_stale`` says why they went)."""
+def legacy_families(lines: list[str]) -> list[str]:
+    """The families of ``lines`` that :data:`RENAMED` renamed, again under their old names
+    (gauges, the same samples), each HELP saying what replaced it. They fail ``promtool check
+    metrics`` (the reason for the rename): written only when asked."""
+    old_of = {new: old for old, new in RENAMED.items()}
+    out: dict[str, list[str]] = {}
+    for line in lines:
+        if line.startswith("#"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        old = old_of.get(name)
+        if old is not None:
+            out.setdefault(old, []).append(old + line[len(name) :])
+    legacy: list[str] = []
+    for old, samples in out.items():
+        help_text = f"Deprecated: renamed {RENAMED[old]} (same samples); rayscope 0.3 drops this name."
+        legacy += [f"# HELP {old} {help_text}", f"# TYPE {old} gauge", *samples]
+    return legacy
+
+
+def metrics_text(status: ClusterStatus, *, legacy_names: bool = False) -> str:
+    """Prometheus text exposition (also node_exporter's textfile format): one family per
+    quantity, labelled by node; unknown values are absent, not 0, and so are a stale
+    report's NVML numbers (``rayscope_report_stale`` says why they went). ``legacy_names``:
+    also the families under their names before :data:`RENAMED` (for one release; they fail
+    ``promtool check metrics``)."""
     lines: list[str] = []
     nodes = list(status.nodes.values())
     labelled = [(f'node_id="{_label(n.node_id)}",node_ip="{_label(n.node_ip or "")}"', n) for n in nodes]
     for name, help_text, value_of in _NODE_METRICS:
-        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {_type(name)}"]
         for labels, node in labelled:
             value = value_of(node)
             if value is not None:
@@ -238,4 +308,6 @@ def metrics_text(status: ClusterStatus) -> str:
         "# TYPE rayscope_scheduler_view_stale gauge",
         f"rayscope_scheduler_view_stale {int(status.scheduler_stale)}",
     ]
+    if legacy_names:
+        lines += legacy_families(lines)
     return "\n".join(lines) + "\n"

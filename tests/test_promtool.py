@@ -1,0 +1,168 @@
+"""Prometheus's own tools on what rayscope ships: ``promtool check metrics`` on every golden
+``.prom`` file and on a status that carries every family, ``promtool check rules`` and
+``promtool test rules`` on deploy/prometheus/.
+
+promtool is Debian's ``prometheus`` package (``.ci/run`` installs it); without it these tests
+fail, they do not skip. The live ``/metrics`` of a head is linted in tests/test_live_prometheus.py.
+
+Positive control: the names before the rename (``legacy_names=True``) fail the linter with
+exactly its complaint about ``rayscope_cpus_total`` and ``rayscope_gpus_total``
+(:func:`test_legacy_names_fail_the_linter_and_carry_the_same_samples`).
+"""
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from agent.model import ClusterStatus, DeviceFree, GpuDevice, GpuHealth, NodePlacement
+from agent.render.metrics import RENAMED, family_names, metrics_text
+from tests.golden import GOLDEN
+from tests.scenarios import a100_worker, pending_status
+
+REPO = Path(__file__).resolve().parent.parent
+RULES_DIR = REPO / "deploy" / "prometheus"
+NODE = "4a" * 28
+UUID = "GPU-00000000-5f1c-4d3e-9a7b-000000000000"
+GIB = 1024**3
+
+
+def promtool(*args: str, stdin: str = "", cwd: Path = REPO) -> "subprocess.CompletedProcess[str]":
+    """``promtool ARGS`` with ``stdin``; a failure (not a skip) when it is not installed."""
+    path = shutil.which("promtool")
+    if path is None:
+        pytest.fail(
+            "promtool not found: `apt-get install -y prometheus` (Debian) gives it; .ci/run installs it"
+        )
+    return subprocess.run(
+        [path, *args], input=stdin, capture_output=True, text=True, timeout=60, cwd=cwd, check=False
+    )
+
+
+def lint(text: str) -> "subprocess.CompletedProcess[str]":
+    return promtool("check", "metrics", stdin=text)
+
+
+def every_family_status() -> ClusterStatus:
+    """A status with a sample in every family /metrics has: the recorded pending cluster plus
+    a fresh A100 worker with NVML's health fields and Ray's per-device placement, measured."""
+    health = GpuHealth(
+        xid_errors=2,
+        last_xid=79,
+        ecc_uncorrected_volatile=3,
+        retired_pages_pending=False,
+        remapped_rows_pending=True,
+        row_remap_failure=False,
+        clock_throttle_reasons=0x48,
+    )
+    gpu = GpuDevice(
+        index=0,
+        uuid=UUID,
+        memory_total_bytes=40 * GIB,
+        memory_used_bytes=22 * GIB,
+        temperature_c=61,
+        power_draw_mw=245_000,
+        power_limit_mw=400_000,
+        health=health,
+    )
+    device = DeviceFree(
+        gpu_id=0,
+        visible_id="0",
+        uuid=UUID,
+        booked_gpu=0.5,
+        booked_vram_mb=20480,
+        memory_used_bytes=22 * GIB,
+        memory_total_bytes=40 * GIB,
+    )
+    worker = a100_worker(
+        NODE,
+        gpus=[gpu],
+        total_gpu_memory=40 * GIB,
+        used_gpu_memory=22 * GIB,
+        total_vram_mb=40960,
+        used_vram_mb=20480,
+        used_gpu=0.5,
+        report_age_s=1.5,
+        agent="reporting",
+        placement=NodePlacement(devices=[device]),
+    )
+    status = pending_status()
+    return msgspec.structs.replace(status, nodes={**status.nodes, NODE: worker}, scheduler_age_s=2.0)
+
+
+def families(text: str) -> list[str]:
+    return [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")]
+
+
+def samples(text: str, name: str) -> list[str]:
+    """The sample lines of family ``name``, without the name."""
+    return [line[len(name) :] for line in text.splitlines() if re.match(rf"{name}[{{ ]", line)]
+
+
+GOLDEN_PROM = sorted(GOLDEN.glob("*.prom"))
+
+
+def test_there_are_golden_prom_files() -> None:
+    assert [p.name for p in GOLDEN_PROM] == [
+        "metrics_multigpu.prom",
+        "status_mixed.prom",
+        "status_pending.prom",
+    ]
+
+
+@pytest.mark.parametrize("path", GOLDEN_PROM, ids=lambda p: p.name)
+def test_golden_prom_passes_promtool_check_metrics(path: Path) -> None:
+    done = lint(path.read_text())
+    assert (done.returncode, done.stdout + done.stderr) == (0, "")
+
+
+def test_every_family_passes_promtool_check_metrics() -> None:
+    """All families at once, counters among them (the goldens carry no GPU health)."""
+    text = metrics_text(every_family_status())
+    assert families(text) == family_names()  # every one of them is linted here
+    assert "# TYPE rayscope_gpu_xid_errors_total counter" in text
+    assert "# TYPE rayscope_gpu_ecc_uncorrected_volatile_errors_total counter" in text
+    done = lint(text)
+    assert (done.returncode, done.stdout + done.stderr) == (0, "")
+
+
+def test_legacy_names_fail_the_linter_and_carry_the_same_samples() -> None:
+    status = every_family_status()
+    current = metrics_text(status)
+    legacy = metrics_text(status, legacy_names=True)
+    assert not any(old in families(current) for old in RENAMED)  # by default: the new names only
+    assert legacy.startswith(current[:-1])  # the old families come after all of today's
+    for old, new in RENAMED.items():
+        assert samples(legacy, old) == samples(current, new) != [], old
+        assert f"# TYPE {old} gauge" in legacy
+        assert (
+            f"# HELP {old} Deprecated: renamed {new} (same samples); rayscope 0.3 drops this name." in legacy
+        )
+    done = lint(legacy)
+    assert done.returncode == 3  # promtool: lint problems found
+    assert sorted((done.stdout + done.stderr).splitlines()) == [
+        'rayscope_cpus_total non-counter metrics should not have "_total" suffix',
+        'rayscope_gpus_total non-counter metrics should not have "_total" suffix',
+    ]
+
+
+def test_alert_rules_pass_promtool_check_rules() -> None:
+    done = promtool("check", "rules", "rayscope-alerts.yml", cwd=RULES_DIR)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS: 8 rules found" in done.stdout
+
+
+def test_alert_rules_pass_their_unit_tests() -> None:
+    done = promtool("test", "rules", "rayscope-alerts.test.yml", cwd=RULES_DIR)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout
+
+
+def test_alert_rules_name_only_families_that_exist() -> None:
+    """A renamed or misspelt metric in a rule matches nothing, and the rule never fires."""
+    text = (RULES_DIR / "rayscope-alerts.yml").read_text()
+    named = set(re.findall(r"\brayscope_[a-z_]*[a-z]\b", text))
+    assert named and named <= set(family_names()), named - set(family_names())

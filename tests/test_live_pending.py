@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import HeadDaemon, LiveCluster, base_env, run_rayscope, running_cluster
+from tests.schemas import parsed
 
 pytestmark = pytest.mark.live
 
@@ -65,7 +66,7 @@ class Waiting:
         while time.monotonic() < deadline:
             done = self.status("--json")
             assert done.returncode == 0, done.stderr
-            doc = json.loads(done.stdout)
+            doc = parsed(done.stdout, "status")
             seen = doc["cluster"]["pending"]
             counts = {(d["kind"], shape_key(d["shape"])): d["count"] for d in seen or []}
             wanted = {
@@ -177,7 +178,7 @@ def _ray_pending_demands(text: str) -> dict[tuple[str, str], int]:
 
 def test_counts_per_shape_agree_with_ray_status(waiting: Waiting) -> None:
     ours: dict[tuple[str, str], int] = {}
-    for demand in json.loads(waiting.status("--json").stdout)["cluster"]["pending"]:
+    for demand in parsed(waiting.status("--json").stdout, "status")["cluster"]["pending"]:
         if demand["kind"] in ("request", "placement_group"):
             key = (demand["kind"], shape_key(demand["shape"]))
             ours[key] = ours.get(key, 0) + demand["count"]
@@ -233,7 +234,7 @@ def test_metrics_and_the_head_view(waiting: Waiting, tmp_path: Path) -> None:
         doc: dict[str, Any] = {}
         while time.monotonic() < deadline:
             code, body = head.get("/v1/status")
-            doc = json.loads(body) if code == 200 else {}
+            doc = parsed(body, "status") if code == 200 else {}
             if doc and doc["cluster"].get("pending"):
                 break
             time.sleep(0.5)

@@ -29,14 +29,19 @@ T4, T8, T9, T11-T13, P1 or P3. :func:`test_schema_1s_nulls_break_the_contract` k
 failure as a positive control.
 """
 
+import contextlib
+import http.server
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from agent.render.status import status_ndjson
+from agent.client import head_status
+from agent.errors import AgentError
+from agent.render.status import status_json, status_ndjson
 from tests.conftest import LiveCluster, run_rayscope
 from tests.golden import GOLDEN
 from tests.scenarios import mixed_status
@@ -256,6 +261,56 @@ def test_schema_1s_nulls_break_the_contract() -> None:
     problems = bioengine_problems(schema_1(json.loads((GOLDEN / "status_mixed.json").read_text())))
     rules = sorted(p.split(" ", 1)[0] for p in problems)
     assert rules == ["P4"] + ["P6"] * 4 + ["P7"] * 2 + ["T10"] * 8, problems
+
+
+# --- status --head: the head's document decoded back (agent/client.py) ----------------------
+
+
+@contextlib.contextmanager
+def serving(body: bytes) -> Iterator[str]:
+    """A loopback HTTP server that answers every GET with ``body``; its base URL."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+@pytest.mark.parametrize("golden", ["status_mixed.json", "status_pending.json"])
+def test_status_head_decodes_bioengines_types_back_unchanged(golden: str) -> None:
+    """``"NA"``, ``0`` and an absent ``pending_resources`` (mixed) or a present one
+    (pending) survive the head -> ``status --head`` round trip byte for byte."""
+    text = (GOLDEN / golden).read_text()
+    with serving(text.encode()) as url:
+        status = head_status(url, b"", timeout_s=5.0)
+    assert status_json(status, include_dead=True) + "\n" == text
+
+
+def test_a_schema_1_head_is_refused_by_name() -> None:
+    """An older head's ``null`` cannot decode into BioEngine's types: say why, in one line.
+    Without the check: ``unexpected answer from head agent ...: Expected `int | str`, got `null```."""
+    old = {**schema_1(json.loads((GOLDEN / "status_mixed.json").read_text())), "schema": 1}
+    with serving(json.dumps(old).encode()) as url, pytest.raises(AgentError) as refused:
+        head_status(url, b"", timeout_s=5.0)
+    assert str(refused.value) == (
+        f"head agent at {url} serves document schema 1, this rayscope reads schema 2:"
+        " run one rayscope release on the head and its clients"
+    )
 
 
 # --- live: the embedded document, and the head's with a push agent per node -------------------

@@ -303,7 +303,8 @@ def test_status_head_decodes_bioengines_types_back_unchanged(golden: str) -> Non
 
 def test_a_schema_1_head_is_refused_by_name() -> None:
     """An older head's ``null`` cannot decode into BioEngine's types: say why, in one line.
-    Without the check: ``unexpected answer from head agent ...: Expected `int | str`, got `null```."""
+    Without the check: ``unexpected answer from head agent ...: Expected `int`, got `null` - at
+    `$.cluster.total_gpu_memory```."""
     old = {**schema_1(json.loads((GOLDEN / "status_mixed.json").read_text())), "schema": 1}
     with serving(json.dumps(old).encode()) as url, pytest.raises(AgentError) as refused:
         head_status(url, b"", timeout_s=5.0)

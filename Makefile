@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed-stamp
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup test lint demo golden lock clean bench fuzz bench-agents
+.PHONY: setup test lint demo golden schema lock clean bench fuzz bench-agents
 
 setup: $(STAMP)  ## .venv with rayscope (editable), ray and the test tools, pinned by constraints.txt
 
@@ -52,6 +52,9 @@ golden: setup  ## rewrite tests/golden/ from the renderers; review the diff
 	RAYSCOPE_UPDATE_GOLDEN=1 $(BIN)/python -m pytest -q -m "not live" \
 		tests/test_render.py tests/test_attribution.py tests/test_cron_output.py tests/test_fit.py tests/test_help.py \
 		tests/test_pending.py tests/test_placement.py
+
+schema: setup  ## rewrite schema/*.schema.json from the msgspec Structs (tests/schemas.py); review the diff
+	$(BIN)/python -m tests.schemas
 
 lock:  ## re-pin constraints.txt from requirements-dev.txt in a scratch venv
 	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 from agent.errors import EXIT_NO_DATA, AgentError
-from agent.schema.status import ClusterStatus
+from agent.schema.status import DOCUMENT_SCHEMA, ClusterStatus
 from agent.tls import NO_TLS, TlsFiles
 
 HEAD_ENV = "RAYSCOPE_HEAD"
@@ -73,7 +73,26 @@ def head_status(
     try:
         return msgspec.json.decode(body, type=ClusterStatus)
     except msgspec.DecodeError as err:
+        served = _document_schema(body)
+        if served is not None and served != DOCUMENT_SCHEMA:
+            raise AgentError(
+                f"head agent at {url} serves document schema {served}, this rayscope reads schema"
+                f" {DOCUMENT_SCHEMA}: run one rayscope release on the head and its clients",
+                EXIT_NO_DATA,
+            ) from None
         raise AgentError(f"unexpected answer from head agent at {url}: {err}", EXIT_NO_DATA) from None
+
+
+class _Versioned(msgspec.Struct):
+    schema: int = 0
+
+
+def _document_schema(body: bytes) -> Optional[int]:
+    """The ``schema`` a document says it is, when it says so; ``None`` otherwise."""
+    try:
+        return msgspec.json.decode(body, type=_Versioned).schema or None
+    except msgspec.DecodeError:
+        return None
 
 
 def read_cluster(

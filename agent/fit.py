@@ -21,7 +21,14 @@ from typing import Optional
 
 from agent.errors import AgentError
 from agent.placement import device_free, placement_known, replicas_on_devices
-from agent.rollup import SCHEDULER_STEMS, SchedulerView, schedulable_nodes, scheduler_failure, scheduler_view
+from agent.rollup import (
+    SCHEDULER_STEMS,
+    SchedulerView,
+    ray_accelerator,
+    schedulable_nodes,
+    scheduler_failure,
+    scheduler_view,
+)
 from agent.schema.fit import FitRequest, FitResult, GpuFit, NodeFit
 from agent.schema.status import ClusterStatus, NodeStatus
 from agent.sizing import EXIT_COULD_NOT_TELL, request_sizing, sizing_hazard
@@ -44,7 +51,7 @@ def available(node: NodeStatus, resource: str) -> Optional[float]:
         return max(0.0, total - used) if total > 0 else None
     if resource.startswith(ACCELERATOR_PREFIX):
         # The GCS view in ClusterStatus names the token but not its availability; nobody books it whole.
-        return 1.0 if node.accelerator_type == resource[len(ACCELERATOR_PREFIX) :] else None
+        return 1.0 if ray_accelerator(node) == resource[len(ACCELERATOR_PREFIX) :] else None
     return None
 
 
@@ -54,7 +61,7 @@ def node_capacity(node: NodeStatus, shape: Mapping[str, float]) -> NodeFit:
         node_id=node.node_id,
         node_ip=node.node_ip,
         head=node.head,
-        accelerator_type=node.accelerator_type,
+        accelerator_type=ray_accelerator(node),
         capacity=0,
     )
     free = {resource: available(node, resource) for resource, amount in shape.items() if amount > 0}

@@ -43,7 +43,10 @@ from agent.text import node_label
 from agent.units import ACCELERATOR_PREFIX, GIB, MIB, ray_round, ray_units
 
 BIOENGINE_LIST_LIMIT = 100
-"""BioEngine lists pending entries through Ray's state API, which answers at most 100."""
+"""BioEngine lists pending entries through Ray's state API, which answers at most 100 per
+list (one call each for actors, jobs and tasks)."""
+BIOENGINE_HARDWARE = ("CPU", "GPU", "memory")
+"""The resources BioEngine reads, under these literal names, to tell an actor that needs a node."""
 
 # Placement-group resources as Ray names them: CPU_group_<pg id>, CPU_group_<bundle>_<pg id>.
 _GROUP = re.compile(r"^(?P<name>.+?)_group_(?:\d+_)?(?P<pg>[0-9a-f]+)$")
@@ -268,10 +271,14 @@ def _same(a: Mapping[str, float], b: Mapping[str, float]) -> bool:
     return canonical(a) == canonical(b)
 
 
-def _asks_for_hardware(actor: PendingActor) -> bool:
-    """BioEngine's filter: an actor that asks for no CPU, GPU or memory needs no new node."""
-    shape, _ = split_group(actor.required_resources)
-    return any(shape.get(r, 0.0) > 0 for r in ("CPU", "GPU", "memory"))
+def bioengine_lists(actor: PendingActor) -> bool:
+    """Whether BioEngine's ``pending_resources.actors`` has the actor (``get_cluster_state``:
+    the state API's ``PENDING_CREATION`` actors whose ``required_resources`` ask ``CPU``,
+    ``GPU`` or ``memory`` by those literal names). Not there: ``DEPENDENCIES_UNREADY``
+    actors, and actors inside a placement group, which the state API lists with
+    ``CPU_group_<pg>`` names (checked on Ray 2.60). rayscope's ``pending`` explains both."""
+    asks = actor.required_resources
+    return actor.state == "PENDING_CREATION" and any(asks.get(r, 0.0) > 0 for r in BIOENGINE_HARDWARE)
 
 
 def explain(
@@ -324,8 +331,8 @@ def explain(
         demand = _demand("placement_group", canonical(total), 1, [], judgement, group)
         demand.bundles, demand.strategy = bundles, strategy
         demands.append(demand)
-    actors = [a for a in read.actors if _asks_for_hardware(a)][:BIOENGINE_LIST_LIMIT]
-    tasks = tasks[: max(0, BIOENGINE_LIST_LIMIT - len(actors))]
+    actors = [a for a in read.actors if bioengine_lists(a)][:BIOENGINE_LIST_LIMIT]
+    tasks = tasks[:BIOENGINE_LIST_LIMIT]
     resources = PendingResources(actors=actors, jobs=[], tasks=tasks, total=len(actors) + len(tasks))
     return resources, merge_demands(demands)
 

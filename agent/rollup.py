@@ -13,9 +13,11 @@ from typing import Optional
 
 from msgspec.structs import replace
 
-from agent.schema.report import GpuDevice, NodeReport, SourceStatus
+from agent.gpu_memory import MeasuredMemory, bioengine_memory, measured_memory
+from agent.schema.report import NodeReport, SourceStatus
 from agent.schema.status import (
     DOCUMENT_SCHEMA,
+    NA,
     ClusterStatus,
     ClusterTotals,
     NodeStatus,
@@ -114,24 +116,10 @@ def slurm_job_id(resources: Iterable[str]) -> Optional[str]:
     return resource_tokens(resources)[2]
 
 
-def measured_memory(gpus: Optional[Sequence[GpuDevice]]) -> tuple[Optional[int], Optional[int], int]:
-    """(total, used) bytes summed over the node's GPUs, and how many GPUs were not measured.
-
-    The sums are ``None`` when NVML did not answer, or when any GPU's memory is unknown (a
-    lost GPU): a sum without it would be a made-up smaller number; ``(0, 0)`` when NVML
-    answered and found no GPU. One pass: the head runs this for every node on every query.
-    """
-    if gpus is None:
-        return None, None, 0
-    total = used = unmeasured = 0
-    for gpu in gpus:
-        gpu_total, gpu_used = gpu.memory_total_bytes, gpu.memory_used_bytes
-        if gpu_total is None or gpu_used is None:
-            unmeasured += 1
-        else:
-            total += gpu_total
-            used += gpu_used
-    return (None, None, unmeasured) if unmeasured else (total, used, 0)
+def ray_accelerator(node: NodeStatus) -> Optional[str]:
+    """The node's Ray accelerator token, or ``None``: BioEngine's ``accelerator_type`` read
+    back (its ``"NA"`` on a node without ``GPU`` is no token)."""
+    return None if node.total_gpu == 0 and node.accelerator_type == NA else node.accelerator_type
 
 
 def _booking(total: Mapping[str, float], available: Mapping[str, float], name: str) -> tuple[float, float]:
@@ -155,9 +143,10 @@ def _node(
     total_vram, used_vram = _booking(total, available, "VRAM_MB")
     total_memory, used_memory = _booking(total, available, "memory")
     total_store, used_store = _booking(total, available, "object_store_memory")
-    # Unknown until an agent (or this host's NVML) measures the node: never a made-up 0,
-    # not even for a node the scheduler gives no GPU (it may hold GPUs Ray was not told of).
-    no_gpu_memory = None
+    # rayscope's own keys stay unknown until an agent (or this host's NVML) measures the
+    # node: never a made-up 0, not even for a node the scheduler gives no GPU (it may hold
+    # GPUs Ray was not told of). BioEngine's keys say 0 there, and "NA" on a GPU node.
+    total_gpu_memory, used_gpu_memory = bioengine_memory(total_gpu, None, None)
     return NodeStatus(
         node_ip=node_ip,
         head=head,
@@ -165,17 +154,18 @@ def _node(
         used_cpu=used_cpu,
         total_gpu=total_gpu,
         used_gpu=used_gpu,
-        total_gpu_memory=no_gpu_memory,
-        used_gpu_memory=no_gpu_memory,
+        total_gpu_memory=total_gpu_memory,
+        used_gpu_memory=used_gpu_memory,
         total_vram_mb=total_vram,
         used_vram_mb=used_vram,
         total_memory=total_memory,
         used_memory=used_memory,
         total_object_store_memory=total_store,
         used_object_store_memory=used_store,
-        accelerator_type=accelerator,
+        accelerator_type=NA if total_gpu == 0 else accelerator,
         slurm_job_id=slurm,
         node_id=node_id,
+        used_gpu_memory_reason="no agent",
     )
 
 
@@ -222,7 +212,7 @@ def _apply_report(
     age = round(max(0.0, now - received.received_at), 1)
     # The head's interval only: a report's own interval_s must not decide its freshness.
     stale = not received.local and age > stale_after_s
-    node.total_gpu_memory, node.used_gpu_memory, node.gpus_unmeasured = measured_memory(report.gpus)
+    _apply_memory(node, measured_memory(report.gpus), 0.0 if received.local else age, stale)
     node.collected_at = report.collected_at
     node.received_at = received.received_at + wall_offset
     node.gpus = report.gpus
@@ -233,6 +223,21 @@ def _apply_report(
     node.agent_started_by = "" if received.local else report.started_by
     node.report_age_s = None if received.local else age
     node.stale = stale
+
+
+def _apply_memory(node: NodeStatus, memory: MeasuredMemory, report_age_s: float, stale: bool) -> None:
+    """The node's GPU memory keys from its latest report: rayscope's figures (a stale
+    report keeps its total and NVML's raw used, not a used figure to trust), then
+    BioEngine's from them."""
+    used = None if stale else memory.used_bytes
+    node.total_gpu_memory_bytes = memory.total_bytes
+    node.used_gpu_memory_bytes = used
+    node.used_gpu_memory_source = None if used is None else memory.source
+    node.used_gpu_memory_age_s = None if used is None else round((memory.age_s or 0.0) + report_age_s, 1)
+    node.used_gpu_memory_reason = "stale report" if stale else memory.reason
+    node.nvml_memory_used_bytes = memory.nvml_used_bytes
+    node.gpus_unmeasured = memory.unmeasured
+    node.total_gpu_memory, node.used_gpu_memory = bioengine_memory(node.total_gpu, memory.total_bytes, used)
 
 
 def sort_key(node: NodeStatus) -> tuple[int, tuple[int, ...], str, str]:
@@ -248,22 +253,28 @@ _SUMMED = tuple(kind + stem for stem, _ in SCHEDULER_RESOURCES for kind in ("tot
 
 
 def totals(nodes: Iterable[NodeStatus]) -> ClusterTotals:
-    """Cluster sums over alive scheduler nodes; NVML sums only over fresh measurements."""
+    """Cluster sums over alive scheduler nodes (BioEngine's ``nodes``). BioEngine's GPU
+    memory sums add the node values that are numbers; rayscope's cover the GPU nodes with a
+    fresh report whose total and trusted used are both known (``gpu_nodes_measured``)."""
     in_scheduler = [n for n in nodes if n.in_scheduler]
     alive = [n for n in in_scheduler if n.alive]
     gpu_nodes = [n for n in alive if n.total_gpu > 0]
-    measured = [n for n in gpu_nodes if not n.stale and n.total_gpu_memory is not None]
+    measured = [
+        n for n in gpu_nodes if n.total_gpu_memory_bytes is not None and n.used_gpu_memory_bytes is not None
+    ]
     sums = ClusterTotals(
         nodes_alive=len(alive),
         nodes_dead=len(in_scheduler) - len(alive),
         gpu_nodes=len(gpu_nodes),
         gpu_nodes_measured=len(measured),
+        total_gpu_memory=sum(n.total_gpu_memory for n in alive if isinstance(n.total_gpu_memory, int)),
+        used_gpu_memory=sum(n.used_gpu_memory for n in alive if isinstance(n.used_gpu_memory, int)),
     )
     for key in _SUMMED:
         setattr(sums, key, ray_round(sum(map(attrgetter(key), alive))))
     if measured:
-        sums.total_gpu_memory = sum(n.total_gpu_memory or 0 for n in measured)
-        sums.used_gpu_memory = sum(n.used_gpu_memory or 0 for n in measured)
+        sums.total_gpu_memory_bytes = sum(n.total_gpu_memory_bytes or 0 for n in measured)
+        sums.used_gpu_memory_bytes = sum(n.used_gpu_memory_bytes or 0 for n in measured)
     return sums
 
 
@@ -297,7 +308,7 @@ def merge(
     A report for a node the scheduler does not know becomes a node with
     ``in_scheduler=False``; a report older than ``stale_after_s`` (by the reader's clock,
     ``now - received_at``; longer for an agent whose own interval is longer) is marked stale
-    and left out of the cluster's NVML sums.
+    and its used figure is not trusted (left out of the cluster's sums).
     """
     wall_offset = 0.0 if wall_now is None else wall_now - now
     nodes = dict(base)

@@ -1,6 +1,5 @@
 """The CLI as an operator meets it: one-line errors, exit codes, deadlines, help."""
 
-import json
 import socket
 import time
 from collections.abc import Iterator
@@ -9,6 +8,7 @@ import pytest
 
 from agent import __version__
 from tests.conftest import free_port, run_rayscope
+from tests.schemas import parsed
 
 
 @pytest.fixture
@@ -69,7 +69,7 @@ def test_node_works_without_any_cluster(tmp_path: object) -> None:
     """Diagnostics on a host with no Ray cluster reachable: sources report, exit 0."""
     done = run_rayscope("node", "--json", "--gcs", f"127.0.0.1:{free_port()}")
     assert done.returncode == 0, done.stderr
-    diag = json.loads(done.stdout)
+    diag = parsed(done.stdout, "node")
     gcs = next(s for s in diag["sources"] if s["name"] == "gcs")
     assert not gcs["ok"] and "connection refused" in gcs["reason"]
     assert diag["host"]["cpu_count"] >= 1

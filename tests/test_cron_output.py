@@ -37,6 +37,7 @@ from tests.scenarios import (
     mixed_status,
     seed_status,
 )
+from tests.schemas import parsed
 
 # --- exit codes ---------------------------------------------------------------------------
 
@@ -178,7 +179,7 @@ def test_golden_prom() -> None:
 def test_ndjson_line_is_one_document_with_a_timestamp() -> None:
     line = status_ndjson(seed_status())
     assert "\n" not in line
-    doc = json.loads(line)
+    doc = parsed(line, "status")
     assert doc["timestamp"] == "2026-11-30T00:53:20.000Z"
     assert doc["generated_at"] == NOW
     assert doc["nodes"] == json.loads(status_json(seed_status()))["nodes"]

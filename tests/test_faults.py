@@ -136,7 +136,7 @@ def test_hosts_without_a_raylet_each_get_their_own_entry() -> None:
         assert sorted(status.nodes) == ["host:login-a", "host:login-b"]
         assert {n.hostname for n in status.nodes.values()} == {"login-a", "login-b"}
         assert all(n.node_id == key for key, n in status.nodes.items())
-        assert all(n.total_gpu_memory == gpu(0, 1.0).memory_total_bytes for n in status.nodes.values())
+        assert all(n.total_gpu_memory_bytes == gpu(0, 1.0).memory_total_bytes for n in status.nodes.values())
     text = metrics_text(state.status(time.time()))
     assert 'node_id="host:login-a"' in text and 'node_id="host:login-b"' in text
 
@@ -152,7 +152,8 @@ def test_a_lost_gpu_makes_its_nodes_total_unknown_not_smaller() -> None:
         now=NOW, stale_after_s=15.0, view="head", sources=[SourceStatus(name="gcs", ok=True)],
     )  # fmt: skip
     node = status.nodes[T4]
-    assert node.total_gpu_memory is None and node.used_gpu_memory is None
+    assert node.total_gpu_memory_bytes is None and node.used_gpu_memory_bytes is None
+    assert (node.total_gpu_memory, node.used_gpu_memory) == ("NA", "NA")
     assert node.gpus_unmeasured == 1
     line = next(line for line in status_lines(status) if "10.0.0.5" in line)
     assert "VRAM: NA/NA GB" in line and "1 GPU(s) not measured" in line
@@ -160,14 +161,15 @@ def test_a_lost_gpu_makes_its_nodes_total_unknown_not_smaller() -> None:
 
 
 def test_a_cpu_node_nobody_measured_is_null_not_zero() -> None:
-    """The scheduler gives the node no GPU and no agent reports it: unknown, not 0 bytes."""
+    """The scheduler gives the node no GPU and no agent reports it: unknown, not 0 bytes, in
+    rayscope's keys (BioEngine's say 0 on a node without GPU, whoever measured it)."""
     status = merge(scheduler_nodes(SEED_VIEWS), {}, now=NOW, stale_after_s=15.0, view="head", sources=[])
-    assert status.nodes[CPU].total_gpu_memory is None
-    assert status.nodes[CPU].used_gpu_memory is None
+    assert status.nodes[CPU].total_gpu_memory_bytes is None
+    assert status.nodes[CPU].used_gpu_memory_bytes is None
     measured = merge(
         scheduler_nodes(SEED_VIEWS), {CPU: SEED_REPORTS[CPU]}, now=NOW, stale_after_s=15.0, view="head"
     )
-    assert measured.nodes[CPU].total_gpu_memory == 0  # NVML answered: no GPU there
+    assert measured.nodes[CPU].total_gpu_memory_bytes == 0  # NVML answered: no GPU there
 
 
 class FailingReader:

@@ -10,7 +10,6 @@ computing capacity in floats (0.96 / 0.01 = 95.99…) fails ``test_capacity_uses
 ignoring NVML fails ``test_booking_fits_but_measured_memory_does_not``.
 """
 
-import json
 from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any, Optional
 
@@ -36,6 +35,7 @@ from tests.scenarios import (
     mixed_status,
     seed_status,
 )
+from tests.schemas import parsed
 
 
 def answer(status: Any, **request: Any) -> FitResult:
@@ -313,7 +313,7 @@ def test_golden_fit_outputs() -> None:
 
 def test_fit_json_round_trips() -> None:
     result = answer(fraction_status(), gpu_memory_mb=7680, replicas=3)
-    doc = json.loads(fit_json(result))
+    doc = parsed(fit_json(result), "fit")
     assert doc["fits"] is True and doc["shape"] == {"GPU": 0.5}
     assert {n["node_id"]: n["placed"] for n in doc["nodes"]} == {T4: 1, A100: 2, CPU: 0}
     assert msgspec.json.decode(fit_json(result), type=FitResult) == result

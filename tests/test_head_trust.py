@@ -78,7 +78,7 @@ class Agent:
 
 def used_on(port: Port, key: str) -> Any:
     node = port.state.status(time.monotonic()).nodes.get(key)
-    return None if node is None else node.used_gpu_memory
+    return None if node is None else node.used_gpu_memory_bytes
 
 
 def rejected(port: Port, reason: str) -> int:

@@ -1,13 +1,13 @@
 """``status --output / --append / --format prom`` and the exit codes, run as cron runs them,
 against the real Ray cluster and against a cluster that cannot be reached."""
 
-import json
 import os
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import LiveCluster, free_port, run_rayscope
+from tests.schemas import parsed
 
 pytestmark = pytest.mark.live
 
@@ -22,7 +22,7 @@ def test_output_is_replaced_by_rename_and_silent(
         "status", "--json", "--output", str(target), "--gcs", live_cluster.gcs_address, env=rayscope_env
     )
     assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
-    doc = json.loads(target.read_text())
+    doc = parsed(target.read_text(), "status")
     assert doc["nodes"][live_cluster.node_id("head")]["used_vram_mb"] == 20480
     assert target.stat().st_ino != inode  # a new file renamed over the old one, not rewritten in place
     assert [p.name for p in tmp_path.iterdir()] == ["status.json"]
@@ -57,7 +57,7 @@ def test_append_adds_one_timestamped_document_per_run(
         assert (done.returncode, done.stdout) == (0, "")
     lines = log.read_text().splitlines()
     assert len(lines) == 2
-    docs = [json.loads(line) for line in lines]
+    docs = [parsed(line, "status") for line in lines]
     assert docs[0]["timestamp"] < docs[1]["timestamp"] and docs[0]["timestamp"].endswith("Z")
     assert all(d["cluster"]["used_vram_mb"] == 20480 for d in docs)
 

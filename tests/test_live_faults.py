@@ -35,6 +35,7 @@ from tests.conftest import (
 )
 from tests.raynode import RayHead
 from tests.reliability_plugin import FaultRecord
+from tests.schemas import parsed
 
 pytestmark = [pytest.mark.live, pytest.mark.fault]
 
@@ -61,7 +62,7 @@ def status_head(head: HeadDaemon, token_file: Path, *extra: str) -> "subprocess.
 def node_json(head: HeadDaemon, node_id: str) -> Optional[dict[str, Any]]:
     code, body = head.get("/v1/status?all=1")
     assert code == 200
-    node: Optional[dict[str, Any]] = json.loads(body)["nodes"].get(node_id)
+    node: Optional[dict[str, Any]] = parsed(body, "status")["nodes"].get(node_id)
     return node
 
 
@@ -129,13 +130,13 @@ def test_gcs_killed_then_restarted_on_the_same_port(
             done = status_head(h, wire_token, "--json")
             if done.returncode != 0:
                 return None
-            return done if json.loads(done.stdout)["scheduler_age_s"] < 3 * INTERVAL_S else None
+            return done if parsed(done.stdout, "status")["scheduler_age_s"] < 3 * INTERVAL_S else None
 
         try:
             done, waited = poll("the view healed after the restart", healed, 180.0)
         except AssertionError as err:  # say what the head saw
             raise AssertionError(f"{err}\nhead log:\n{head.log_text()[-3000:]}") from None
-        document = json.loads(done.stdout)
+        document = parsed(done.stdout, "status")
         assert not document["scheduler_stale"] and document["cluster"]["nodes_alive"] == 1
         fault.observe(f"healed {waited:.1f} s after the new head's raylet ran: exit 0, view fresh")
     finally:
@@ -164,7 +165,7 @@ def proc_state(pid: int) -> str:
 
 def local_raylet_ids() -> set[str]:
     done = run_rayscope("node", "--json", "--gcs", f"127.0.0.1:{free_port()}")
-    return {r["node_id"] for r in json.loads(done.stdout)["raylets"]}
+    return {r["node_id"] for r in parsed(done.stdout, "node")["raylets"]}
 
 
 def test_a_sigkilled_raylet_left_a_zombie_counts_as_not_running(
@@ -289,10 +290,12 @@ def test_nvml_found_after_the_driver_loads(
         driver.touch()
         node, waited = poll(
             "the GPU after the driver loaded",
-            lambda: ((n := node_json(head_daemon, node_id)) and n["total_gpu_memory"] and n) or None,
+            lambda: ((n := node_json(head_daemon, node_id)) and n["total_gpu_memory_bytes"] and n) or None,
             90.0,
         )
-        assert node["total_gpu_memory"] == 24 * fake.GIB and nvml_source(node)["ok"]
+        assert node["total_gpu_memory_bytes"] == 24 * fake.GIB and nvml_source(node)["ok"]
+        # A host the scheduler does not know gives Ray no GPU: BioEngine's key says 0 there.
+        assert node["in_scheduler"] is False and node["total_gpu_memory"] == 0
         fault.observe(f"'driver not loaded' at first; GPU reported {waited:.1f} s after the driver appeared")
     finally:
         agent.stop()
@@ -376,7 +379,7 @@ def test_two_hosts_without_a_raylet_are_two_entries_under_every_view(
     def both() -> Optional[dict[str, Any]]:
         # exit 0 too: a head that has not read the scheduler yet rightly says "partial" (1)
         done = status_head(head, wire_token, "--json")
-        document: dict[str, Any] = json.loads(done.stdout) if done.stdout else {}
+        document: dict[str, Any] = parsed(done.stdout, "status") if done.stdout else {}
         return document if done.returncode == 0 and keys <= set(document.get("nodes", {})) else None
 
     document, _ = poll("both hosts at the head, its scheduler view read", both, 90.0)

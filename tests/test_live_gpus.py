@@ -7,7 +7,6 @@ test fails on the over-booker's line; every actor's line carries its own actor i
 attributed to the wrong actor fails it too.
 """
 
-import json
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -16,6 +15,7 @@ import pytest
 
 from tests import fake_nvml as fake
 from tests.conftest import HeadDaemon, LiveCluster, push_agent, run_rayscope
+from tests.schemas import parsed
 
 pytestmark = pytest.mark.live
 
@@ -108,8 +108,9 @@ def test_gpu_memory_is_attributed_to_the_actors_that_hold_it(
     ]
     assert "  127.0.0.1 [HEAD] G GPU: 0.05/1 booked: 22528/24576 MB  VRAM: 22.9/24.0 GB  CPU: 8/8" in lines
 
-    doc = json.loads(
-        run_rayscope("status", "--json", "--gpus", "--gcs", live_cluster.gcs_address, env=env).stdout
+    doc = parsed(
+        run_rayscope("status", "--json", "--gpus", "--gcs", live_cluster.gcs_address, env=env).stdout,
+        "status",
     )
     head = doc["nodes"][head_id]
     assert head["attribution"]["actors_read"] and head["attribution"]["processes_mapped"]

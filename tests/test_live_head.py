@@ -4,7 +4,6 @@ One ``rayscope push`` per Ray node (pinned with ``--node-id``: the test cluster 
 raylets on this one host) and one ``rayscope head``, all with a shared token, interval 1 s.
 """
 
-import json
 import subprocess
 import time
 from collections.abc import Iterator
@@ -14,6 +13,7 @@ from typing import Any, Callable, Optional
 import pytest
 
 from tests.conftest import Daemon, HeadDaemon, LiveCluster, base_env, free_port, push_agent, run_rayscope
+from tests.schemas import parsed
 
 pytestmark = pytest.mark.live
 
@@ -58,7 +58,7 @@ class Fleet:
         if done.returncode == 2 and "no data" in done.stderr:  # the head has neither view nor report yet
             raise KeyError("no data yet")
         assert done.returncode in (0, 1), done.stderr  # 1 = partial: a stale agent, still a document
-        doc: dict[str, Any] = json.loads(done.stdout)
+        doc: dict[str, Any] = parsed(done.stdout, "status")
         return doc
 
     def node(self, name: str) -> dict[str, Any]:
@@ -120,7 +120,7 @@ def test_node_lists_the_push_agents_running_on_its_host(fleet: Fleet) -> None:
 
     done = run_rayscope("node", "--json", env=fleet.env)
     assert done.returncode in (0, 1), done.stderr
-    agents = {a["pid"]: a for a in json.loads(done.stdout)["agents"]}
+    agents = {a["pid"]: a for a in parsed(done.stdout, "node")["agents"]}
     own_unit = parse_unit(Path("/proc/self/cgroup").read_text())  # the agents inherit it
     for name, daemon in fleet.agents.items():
         agent = agents.get(daemon.process.pid)
@@ -143,7 +143,7 @@ def test_rayscope_head_env_names_the_head(fleet: Fleet) -> None:
     env = {**fleet.env, "RAYSCOPE_HEAD": fleet.head.url, "RAYSCOPE_TOKEN_FILE": str(fleet.token_file)}
     done = run_rayscope("status", "--json", env=env)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["view"] == "head"
+    assert parsed(done.stdout, "status")["view"] == "head"
 
 
 def test_a_killed_agent_turns_stale_then_fresh_when_restarted(fleet: Fleet) -> None:
@@ -246,7 +246,9 @@ def test_agent_started_before_its_head_connects_when_it_comes_up(
 
             def reporting() -> bool:
                 _, body = head.get("/v1/status")
-                return bool(json.loads(body)["nodes"][live_cluster.node_id("cpu")]["agent"] == "reporting")
+                return bool(
+                    parsed(body, "status")["nodes"][live_cluster.node_id("cpu")]["agent"] == "reporting"
+                )
 
             eventually(reporting, timeout_s=20, what="the early agent reporting")
             log = agent.log_text()  # before the head stops: losing it again is a new state change
@@ -261,7 +263,7 @@ def test_agent_started_before_its_head_connects_when_it_comes_up(
 def test_head_json_has_every_bioengine_key_plus_ours(fleet: Fleet) -> None:
     code, body = fleet.head.get("/v1/status")
     assert code == 200
-    doc = json.loads(body)
+    doc = parsed(body, "status")
     bioengine_node_keys = {
         "node_ip", "head", "total_cpu", "used_cpu", "total_gpu", "used_gpu", "total_gpu_memory",
         "used_gpu_memory", "total_memory", "used_memory", "total_object_store_memory",
@@ -286,7 +288,7 @@ def test_fit_reads_the_head_like_status(fleet: Fleet) -> None:
         "fit", "--gpu-memory-mb", "4096", "--json", "--head", fleet.head.url, *token, env=fleet.env
     )
     assert done.returncode == 0, done.stderr
-    doc = json.loads(done.stdout)
+    doc = parsed(done.stdout, "fit")
     assert doc["view"] == "head" and doc["fits"] is True and doc["fits_measured"] is None
     head = next(n for n in doc["nodes"] if n["node_id"] == fleet.cluster.node_id("head"))
     assert head["placed"] == 1 and head["measured"] == "unknown"

@@ -22,6 +22,7 @@ import pytest
 from tests import fake_nvml as fake
 from tests.conftest import LiveCluster, base_env, run_rayscope, running_cluster
 from tests.livecluster import FAKE_UUID
+from tests.schemas import parsed
 
 pytestmark = pytest.mark.live
 
@@ -91,7 +92,7 @@ def test_per_device_booking_equals_what_each_actor_sees(
         "status", "--json", "--gpus", "--gcs", cluster.gcs_address, "--timeout", "30", env=fake_env
     )
     assert done.returncode == 0, done.stderr
-    doc = json.loads(done.stdout)
+    doc = parsed(done.stdout, "status")
     for node in MULTI:
         placement = doc["nodes"][cluster.node_id(node)]["placement"]
         ours = {d["visible_id"]: (d["uuid"], d["actors"], d["booked_vram_mb"]) for d in placement["devices"]}
@@ -120,8 +121,11 @@ def test_fit_refuses_what_no_single_device_holds_and_ray_agrees(
     rayscope says yes, and Ray starts it."""
     cluster, _ = multigpu
     doc_node = cluster.node_id("pair_uuid")
-    status = json.loads(
-        run_rayscope("status", "--json", "--gcs", cluster.gcs_address, "--timeout", "30", env=fake_env).stdout
+    status = parsed(
+        run_rayscope(
+            "status", "--json", "--gcs", cluster.gcs_address, "--timeout", "30", env=fake_env
+        ).stdout,
+        "status",
     )
     assert status["nodes"][doc_node]["used_gpu"] == pytest.approx(1.2)
     pin = {"accelerator_type:V100": 0.001}

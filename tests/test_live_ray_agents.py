@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import HeadDaemon, LiveCluster, base_env, free_port, run_rayscope, running_cluster
+from tests.schemas import parsed
 
 pytestmark = pytest.mark.live
 
@@ -53,7 +54,7 @@ class RayHead:
     def status(self) -> dict[str, Any]:
         code, body = self.daemon.get("/v1/status?all=1")
         assert code == 200, body
-        doc: dict[str, Any] = json.loads(body)
+        doc: dict[str, Any] = parsed(body, "status")
         return doc
 
     def node(self, node_id: str) -> dict[str, Any]:
@@ -138,7 +139,7 @@ def test_every_node_reports_through_a_ray_placed_agent(cluster: LiveCluster, ray
     assert len(node_lines) == 2 and all(line.endswith("agent: ray") for line in node_lines), done.stdout
     # ``rayscope node`` on this host (both raylets run here) finds both agents' workers.
     node = run_rayscope("node", "--json", env=ray_head.env)
-    placed = [a for a in json.loads(node.stdout)["agents"] or [] if a["started_by"] == "ray"]
+    placed = [a for a in parsed(node.stdout, "node")["agents"] or [] if a["started_by"] == "ray"]
     assert len(placed) == 2, node.stdout[-2000:]
 
 
@@ -151,7 +152,7 @@ def test_agents_book_nothing(cluster: LiveCluster, tmp_path: Path, wire_token: P
     def sums() -> dict[str, dict[str, float]]:
         done = run_rayscope("status", "--json", "--gcs", cluster.gcs_address, "--timeout", "30", env=env)
         assert done.returncode == 0, done.stderr
-        doc = json.loads(done.stdout)
+        doc = parsed(done.stdout, "status")
         nodes = {nid: {k: node[k] for k in RESOURCE_KEYS} for nid, node in doc["nodes"].items()}
         return {"cluster": {k: doc["cluster"][k] for k in RESOURCE_KEYS}, **nodes}
 

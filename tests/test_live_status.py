@@ -6,7 +6,6 @@ deNBI test still passes; reading ``available`` as ``used`` turns 0.04 into 0.96 
 both; dropping the 1e-4 rounding fails on Ray's 0.040000000000000036.
 """
 
-import json
 import re
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import LiveCluster, run_rayscope
+from tests.schemas import parsed
 
 pytestmark = pytest.mark.live
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.live
 def status_json(env: dict[str, str], cluster: LiveCluster) -> dict[str, Any]:
     done = run_rayscope("status", "--json", "--gcs", cluster.gcs_address, env=env)
     assert done.returncode == 0, done.stderr
-    doc: dict[str, Any] = json.loads(done.stdout)
+    doc: dict[str, Any] = parsed(done.stdout, "status")
     return doc
 
 
@@ -48,7 +48,9 @@ def test_europa_json_has_all_three_gpu_numbers(
     assert head["total_vram_mb"] == 24576
     assert head["used_gpu"] == 0.04  # Ray hands back 0.040000000000000036
     assert head["total_gpu"] == 1
-    assert head["total_gpu_memory"] is None and head["used_gpu_memory"] is None
+    # No NVML here: rayscope's figures are null, BioEngine's keys say "NA" (never null).
+    assert head["total_gpu_memory_bytes"] is None and head["used_gpu_memory_bytes"] is None
+    assert head["total_gpu_memory"] == "NA" and head["used_gpu_memory"] == "NA"
     assert head["head"] is True and head["accelerator_type"] == "G"
 
 
@@ -89,7 +91,7 @@ def test_json_is_a_superset_of_bioengine_get_cluster_state(
     assert {"total_cpu", "used_cpu", "total_gpu", "used_gpu", "total_vram_mb", "used_vram_mb"} <= doc[
         "cluster"
     ].keys()
-    assert doc["view"] == "gcs" and doc["schema"] == 1
+    assert doc["view"] == "gcs" and doc["schema"] == 2
     assert {s["name"]: s["ok"] for s in doc["sources"]}["gcs"] is True
 
 
@@ -98,7 +100,7 @@ def test_without_gcs_flag_the_local_raylets_name_the_cluster(
 ) -> None:
     done = run_rayscope("status", "--json", env=rayscope_env)
     if done.returncode == 0:
-        assert json.loads(done.stdout)["gcs_address"] == live_cluster.gcs_address
+        assert parsed(done.stdout, "status")["gcs_address"] == live_cluster.gcs_address
     else:  # another Ray cluster runs on this host too: then rayscope must say so, not guess
         assert done.returncode == 2
         assert "clusters run on this host" in done.stderr and live_cluster.gcs_address in done.stderr
@@ -158,7 +160,7 @@ def test_node_command_shows_local_raylets_and_booking(
 ) -> None:
     done = run_rayscope("node", "--json", "--gcs", live_cluster.gcs_address, env=rayscope_env)
     assert done.returncode == 0, done.stderr
-    diag = json.loads(done.stdout)
+    diag = parsed(done.stdout, "node")
     ours = {live_cluster.node_id(n) for n in ("head", "denbi", "cpu")}
     assert ours <= {r["node_id"] for r in diag["raylets"]}
     head = next(r for r in diag["raylets"] if r["node_id"] == live_cluster.node_id("head"))

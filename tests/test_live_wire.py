@@ -29,6 +29,7 @@ import pytest
 from agent import wire
 from tests.conftest import REPO, Daemon, base_env, free_port, push_agent, run_rayscope
 from tests.reliability_plugin import FaultRecord
+from tests.schemas import parsed
 
 pytestmark = pytest.mark.live
 
@@ -461,7 +462,7 @@ def test_agents_and_status_work_over_tls_and_plain_clients_are_refused(tmp_path:
             "--json", "--all", *client_tls, env=ENV,
         )  # fmt: skip
         assert done.returncode in (0, 1), done.stderr
-        assert json.loads(done.stdout)["nodes"][NODE]["agent"] == "reporting"
+        assert parsed(done.stdout, "status")["nodes"][NODE]["agent"] == "reporting"
         eventually(lambda: "unreachable" in plain.log_text(), 20, "the plain agent is refused")
         assert head.agent_state(plain_node) == "absent"
         assert "connected to head" not in plain.log_text()

@@ -5,7 +5,6 @@ The scenarios run without a Ray cluster (``--gcs`` names a closed port), so book
 ``NA``; the live attribution test (test_live_gpus.py) adds the actor table.
 """
 
-import json
 import shutil
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import pytest
 
 from tests import fake_nvml as fake
 from tests.conftest import REPO, base_env, free_port, run_rayscope
+from tests.schemas import parsed
 
 NO_DRIVER = "  NVML: NVML library (libnvidia-ml.so.1) not found: no NVIDIA driver on this node"
 MISMATCH = (
@@ -98,7 +98,7 @@ def test_two_gpus_json_carries_processes_and_attribution(
 ) -> None:
     done = run_node(fake_nvml_lib, fake.two_gpus(sleeper), tmp_path, "--json")
     assert done.returncode == 0, done.stderr
-    diag: dict[str, Any] = json.loads(done.stdout)
+    diag: dict[str, Any] = parsed(done.stdout, "node")
     gpu0 = diag["gpus"][0]
     assert gpu0["uuid"] == "GPU-00000000-5f1c-4d3e-9a7b-000000000000"
     assert gpu0["pci_bus_id"] == "00000000:01:00.0"
@@ -148,7 +148,7 @@ def test_an_r470_driver_lists_the_same_processes_through_v2(
     for lib in (fake_nvml_lib, r470_nvml):
         done = run_node(lib, fake.two_gpus(sleeper), tmp_path, "--json")
         assert done.returncode == 0, done.stderr
-        docs.append(json.loads(done.stdout))
+        docs.append(parsed(done.stdout, "node"))
     current, old = docs
     for new_gpu, old_gpu in zip(current["gpus"], old["gpus"]):
         assert old_gpu["processes"] == new_gpu["processes"]
@@ -283,7 +283,7 @@ def test_gpu_health_scenarios(fake_nvml_lib: fake.FakeNvml, sleeper: int, tmp_pa
     assert "    health: fallen off the bus" in lines
 
     done = run_node(fake_nvml_lib, fake.four_gpus_health(sleeper), tmp_path, "--json")
-    health = [g["health"] for g in json.loads(done.stdout)["gpus"]]
+    health = [g["health"] for g in parsed(done.stdout, "node")["gpus"]]
     assert health[0]["ecc_uncorrected_volatile"] == 0 and health[0]["xid_errors"] == 0
     assert (health[1]["xid_errors"], health[1]["last_xid"], health[1]["remapped_rows_pending"]) == (
         2,

@@ -231,6 +231,44 @@ def test_bioengine_lists_stop_at_the_state_apis_limit() -> None:
     assert demands[0].count == 250  # rayscope's own list keeps the true count
 
 
+def test_bioengine_limits_each_list_apart() -> None:
+    """BioEngine makes one state-API call per list, each answering at most 100: 100 actors
+    do not crowd the tasks out (the old shared limit left 0 tasks here)."""
+    actors = [PendingActor(actor_id=f"a{i}", required_resources={"GPU": 4.0}) for i in range(120)]
+    read = PendingRead(nodes=[TWO_GPUS], requests=[PendingRequest(shape={"GPU": 8}, count=30)], actors=actors)
+    resources, _ = pending.explain(read)
+    assert (len(resources.actors), len(resources.tasks), resources.total) == (100, 30, 130)
+
+
+def test_bioengine_lists_only_actors_waiting_for_resources_by_plain_names() -> None:
+    """What Ray 2.60's state API lists and BioEngine's filter keeps (seen on the live
+    ``pending`` topology): an actor waiting on its arguments is ``DEPENDENCIES_UNREADY``, one
+    inside a placement group asks ``CPU_group_<pg>``; neither is in BioEngine's list, both
+    are in rayscope's ``pending`` with their reasons. Before: both were in ``actors``."""
+    group = "ab" * 18
+    read = PendingRead(
+        nodes=[TWO_GPUS],
+        actors=[
+            PendingActor(actor_id="a1", name="gpu", required_resources={"GPU": 0.5}),
+            PendingActor(
+                actor_id="a2", name="dep", state="DEPENDENCIES_UNREADY", required_resources={"CPU": 1.0}
+            ),
+            PendingActor(
+                actor_id="a3",
+                name="in-pg",
+                required_resources={f"CPU_group_{group}": 1.0, f"GPU_group_{group}": 2.0},
+                placement_group_id=group,
+            ),
+            PendingActor(actor_id="a4", name="custom", required_resources={"VRAM_MB": 99999.0}),
+        ],
+    )
+    resources, demands = pending.explain(read)
+    assert [a.name for a in resources.actors] == ["gpu"] and resources.total == 1
+    reasons = {name: d.reason for d in demands for name in d.names}
+    assert reasons["dep"] == "waits" and reasons["in-pg"] == "waits_placement_group"
+    assert {"gpu", "custom"} <= reasons.keys()
+
+
 def test_bioengine_shape_is_what_bioengine_documents() -> None:
     """``get_cluster_state``'s docstring: ``pending_resources`` = actors, jobs, tasks (lists
     of dicts) and total (an int)."""
@@ -241,7 +279,11 @@ def test_bioengine_shape_is_what_bioengine_documents() -> None:
         isinstance(block[k], list) and all(isinstance(e, dict) for e in block[k])
         for k in ("actors", "jobs", "tasks")
     )
-    assert type(block["total"]) is int and block["total"] == 5
+    assert type(block["total"]) is int and block["total"] == 4
+    # in-pg waits inside its placement group: Ray's state API lists it with CPU_group_<pg>
+    # names, which BioEngine's filter does not read; rayscope's own list explains it.
+    assert "in-pg" not in [a["name"] for a in block["actors"]]
+    assert any(d["names"] == ["in-pg"] for d in doc["cluster"]["pending"])
 
 
 def test_nothing_waits_no_section_and_no_metric() -> None:

@@ -90,7 +90,7 @@ def test_gpu_fraction_has_two_decimals(used: float, expected: str) -> None:
 
 
 def test_unknown_numbers_render_as_na_never_zero() -> None:
-    node: NodeStatus = msgspec.structs.replace(seed_status().nodes[EUROPA], used_gpu_memory=None)
+    node: NodeStatus = msgspec.structs.replace(seed_status().nodes[EUROPA], used_gpu_memory_bytes=None)
     assert "VRAM: NA/24.0 GB" in node_line(node)
     assert gib(0) == "0.0" and gib(None) == "NA"
 
@@ -102,7 +102,8 @@ def test_cpu_only_line_has_no_gpu_words() -> None:
 def test_json_numbers_stay_numbers() -> None:
     doc = json.loads(status_json(mixed_status(), include_dead=True))
     for node in doc["nodes"].values():
-        assert node["total_gpu_memory"] is None or isinstance(node["total_gpu_memory"], int)
+        assert node["total_gpu_memory"] == "NA" or isinstance(node["total_gpu_memory"], int)
+        assert node["total_gpu_memory_bytes"] is None or isinstance(node["total_gpu_memory_bytes"], int)
     assert doc["nodes"][CPU]["slurm_job_id"] == "8812"
 
 

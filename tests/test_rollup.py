@@ -8,7 +8,15 @@ still passes; summing dead nodes fails ``test_dead_nodes_are_not_summed``.
 
 import math
 
-from agent.rollup import accelerator_type, measured_memory, merge, scheduler_nodes, slurm_job_id, used_amount
+from agent.gpu_memory import MeasuredMemory, bioengine_memory, measured_memory
+from agent.rollup import (
+    accelerator_type,
+    merge,
+    ray_accelerator,
+    scheduler_nodes,
+    slurm_job_id,
+    used_amount,
+)
 from agent.schema.report import GpuDevice
 from agent.schema.status import RayNode
 from tests.scenarios import (
@@ -73,17 +81,39 @@ def test_stale_report_is_kept_on_the_node_but_not_summed() -> None:
     status = mixed_status()
     t4 = status.nodes[T4]
     assert t4.stale and t4.agent == "stale" and t4.report_age_s == 42.0
-    assert t4.used_gpu_memory is not None  # still shown, with its age
-    # Nothing is in the sum: the T4's report is stale, Europa lost a GPU (its total is
-    # unknown, not one GPU's), the other nodes are unmeasured.
-    assert status.nodes[EUROPA].used_gpu_memory is None and status.nodes[EUROPA].gpus_unmeasured == 1
-    assert status.cluster.used_gpu_memory is None
+    # A stale report's total and NVML's raw used stay (capacity does not change, the raw
+    # figure has report_age_s); its used is not a figure to trust: null, and "NA" in
+    # BioEngine's key, as BioEngine says for a sample older than 30 s.
+    assert t4.total_gpu_memory_bytes == 24 * 1024**3 and t4.total_gpu_memory == 24 * 1024**3
+    assert t4.nvml_memory_used_bytes is not None
+    assert (t4.used_gpu_memory_bytes, t4.used_gpu_memory, t4.used_gpu_memory_reason) == (
+        None,
+        "NA",
+        "stale report",
+    )
+    assert t4.used_gpu_memory_source is None and t4.used_gpu_memory_age_s is None
+    # Nothing is in rayscope's sums: the T4's report is stale, Europa lost a GPU (its total
+    # is unknown, not one GPU's), the other nodes are unmeasured.
+    europa = status.nodes[EUROPA]
+    assert europa.used_gpu_memory_bytes is None and europa.gpus_unmeasured == 1
+    assert (europa.total_gpu_memory, europa.used_gpu_memory) == ("NA", "NA")
+    assert europa.used_gpu_memory_reason == "1 GPU(s) not measured"
+    assert status.cluster.used_gpu_memory_bytes is None and status.cluster.total_gpu_memory_bytes is None
     assert status.cluster.gpu_nodes_measured == 0 and status.cluster.gpu_nodes == 3
+    # BioEngine's sums add the numbers there are: the stale T4's total, the CPU node's 0s.
+    assert (status.cluster.total_gpu_memory, status.cluster.used_gpu_memory) == (24 * 1024**3, 0)
 
 
 def test_fresh_reports_are_summed() -> None:
     status = seed_status()
-    assert status.cluster.total_gpu_memory == 2 * 24 * 1024**3
+    assert status.cluster.total_gpu_memory_bytes == status.cluster.total_gpu_memory == 2 * 24 * 1024**3
+    europa = status.nodes[EUROPA]
+    assert europa.used_gpu_memory_bytes == europa.used_gpu_memory == europa.nvml_memory_used_bytes
+    assert (europa.used_gpu_memory_source, europa.used_gpu_memory_age_s, europa.used_gpu_memory_reason) == (
+        "nvml",
+        2.0,  # NVML's figure is read at collection: its age is the report's
+        "",
+    )
     assert status.nodes[EUROPA].agent == "reporting" and status.nodes[EUROPA].report_age_s == 2.0
 
 
@@ -93,20 +123,44 @@ def test_report_for_unknown_node_is_not_in_scheduler() -> None:
 
 
 def test_cpu_only_node_without_report_has_unknown_gpu_memory() -> None:
-    """Unknown is null, never a made-up 0 (BioEngine wrote 0 bytes here)."""
+    """Unknown is null in rayscope's keys, never a made-up 0; BioEngine's keys say what
+    BioEngine says: 0 bytes and accelerator "NA" on a node without GPU, "NA" on a GPU node."""
     status = merge(scheduler_nodes(SEED_VIEWS), {}, now=NOW, stale_after_s=15, view="head")
-    assert status.nodes[CPU].total_gpu_memory is None
-    assert status.nodes[EUROPA].total_gpu_memory is None  # a GPU node nobody measured
+    cpu, europa = status.nodes[CPU], status.nodes[EUROPA]
+    assert cpu.total_gpu_memory_bytes is None and cpu.used_gpu_memory_bytes is None
+    assert cpu.used_gpu_memory_reason == "no agent"
+    assert (cpu.total_gpu_memory, cpu.used_gpu_memory, cpu.accelerator_type) == (0, 0, "NA")
+    assert ray_accelerator(cpu) is None
+    assert europa.total_gpu_memory_bytes is None  # a GPU node nobody measured
+    assert (europa.total_gpu_memory, europa.used_gpu_memory, europa.accelerator_type) == ("NA", "NA", "G")
+    assert ray_accelerator(europa) == "G"
 
 
 def test_measured_memory_distinguishes_unknown_from_none() -> None:
-    assert measured_memory(None) == (None, None, 0)
-    assert measured_memory([]) == (0, 0, 0)
+    assert measured_memory(None) == MeasuredMemory(None, None, None, None, None, "NVML did not answer", 0)
+    assert measured_memory([]) == MeasuredMemory(0, 0, 0, "nvml", 0.0, "", 0)
     lost = GpuDevice(index=0, errors={"device": "GPU is lost"})
-    assert measured_memory([lost]) == (None, None, 1)
+    assert measured_memory([lost]) == MeasuredMemory(None, None, None, None, None, "1 GPU(s) not measured", 1)
     ok = GpuDevice(index=1, memory_total_bytes=10, memory_used_bytes=4)
-    assert measured_memory([ok]) == (10, 4, 0)
-    assert measured_memory([lost, ok, lost]) == (None, None, 2)  # not 10: GPUs are missing from it
+    assert measured_memory([ok]) == MeasuredMemory(10, 4, 4, "nvml", 0.0, "", 0)
+    # not 10: GPUs are missing from it
+    assert measured_memory([lost, ok, lost]) == MeasuredMemory(
+        None, None, None, None, None, "2 GPU(s) not measured", 2
+    )
+    # NVML gave the total but not the used figure: the capacity is known, the use is not
+    no_used = GpuDevice(index=2, memory_total_bytes=10, errors={"memory_used": "Unknown Error"})
+    assert measured_memory([ok, no_used]) == MeasuredMemory(
+        20, None, None, None, None, "1 GPU(s) not measured", 1
+    )
+
+
+def test_bioengine_memory_follows_get_cluster_state() -> None:
+    """0 on a node without GPU whatever NVML sees; else bytes or "NA", never null."""
+    assert bioengine_memory(0.0, 24, 3) == (0, 0)
+    assert bioengine_memory(0.0, None, None) == (0, 0)
+    assert bioengine_memory(1.0, 24, 3) == (24, 3)
+    assert bioengine_memory(1.0, 24, None) == (24, "NA")
+    assert bioengine_memory(2.0, None, None) == ("NA", "NA")
 
 
 def test_order_is_head_then_ip_numerically_then_id() -> None:

@@ -8,6 +8,7 @@ from typing import Optional
 
 import msgspec
 
+from agent.gpu_memory import measured_memory
 from agent.schema.report import SourceStatus
 from agent.schema.status import ClusterStatus, NodeStatus
 from agent.units import GIB, MIB
@@ -16,6 +17,13 @@ from agent.units import GIB, MIB
 def gib(value: Optional[float]) -> str:
     """Bytes as GiB with one decimal (labelled ``GB`` like nvidia-smi does), ``NA`` if unknown."""
     return "NA" if value is None else f"{value / GIB:.1f}"
+
+
+def shown_used_bytes(node: NodeStatus) -> Optional[int]:
+    """The used GPU memory a node's line shows: rayscope's trusted figure; for a stale
+    report the trusted figure it last had (the line says ``stale Ns``); ``None``: unknown.
+    Never BioEngine's ``used_gpu_memory``, whose ``"NA"`` is no number."""
+    return measured_memory(node.gpus).used_bytes if node.stale else node.used_gpu_memory_bytes
 
 
 def size(value: float) -> str:

@@ -41,12 +41,12 @@ _NODE_METRICS: tuple[tuple[str, str, Callable[[NodeStatus], Optional[float]]], .
     (
         "rayscope_gpu_memory_used_bytes",
         "GPU memory in use as NVML measures it, summed over the node's GPUs.",
-        lambda n: None if n.stale or n.used_gpu_memory is None else float(n.used_gpu_memory),
+        lambda n: None if n.stale or n.used_gpu_memory_bytes is None else float(n.used_gpu_memory_bytes),
     ),
     (
         "rayscope_gpu_memory_total_bytes",
         "GPU memory installed as NVML reports it, summed over the node's GPUs.",
-        lambda n: None if n.stale or n.total_gpu_memory is None else float(n.total_gpu_memory),
+        lambda n: None if n.stale or n.total_gpu_memory_bytes is None else float(n.total_gpu_memory_bytes),
     ),
     ("rayscope_cpus_booked", "CPUs booked: Ray's CPU resource in use.", lambda n: n.used_cpu),
     ("rayscope_cpus_capacity", "CPUs the node advertises to Ray.", lambda n: n.total_cpu),

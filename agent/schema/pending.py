@@ -67,14 +67,16 @@ class PendingResources(msgspec.Struct, kw_only=True):
     """BioEngine's ``cluster.pending_resources``: lists of dicts and their ``total``."""
 
     actors: list[PendingActor] = []
-    """Waiting actors that ask for CPU, GPU or memory (BioEngine drops the others)."""
+    """BioEngine's: ``PENDING_CREATION`` actors that ask for ``CPU``, ``GPU`` or ``memory``
+    by those names (``agent.pending.bioengine_lists``); rayscope's ``pending`` has them all."""
     jobs: list[dict[str, str]] = []
     """Always empty: submitted jobs wait in the dashboard's job manager, not in the GCS
     tables rayscope reads."""
     tasks: list[PendingTask] = []
     """Waiting tasks: the pending requests no waiting actor accounts for, one entry each."""
     total: int = 0
-    """``len(actors) + len(jobs) + len(tasks)``, as BioEngine counts it."""
+    """``len(actors) + len(jobs) + len(tasks)``, as BioEngine counts it (each list at most
+    100 entries, as Ray's state API answers BioEngine)."""
 
 
 class PendingDemand(msgspec.Struct, kw_only=True):

@@ -4,22 +4,36 @@ Three GPU numbers that are never merged:
 
 * ``total_gpu`` / ``used_gpu`` — Ray's ``GPU`` resource: device handles booked (fraction);
 * ``total_vram_mb`` / ``used_vram_mb`` — Ray's custom ``VRAM_MB`` resource: memory booked;
-* ``total_gpu_memory`` / ``used_gpu_memory`` — NVML: bytes the driver sees in use.
+* ``total_gpu_memory_bytes`` / ``used_gpu_memory_bytes`` — NVML: bytes the driver sees in use
+  (rayscope's keys; BioEngine's ``total_gpu_memory`` / ``used_gpu_memory`` carry the same
+  numbers in BioEngine's types: bytes or ``"NA"``).
+
+Each key has one owner (docs/json.md): the keys BioEngine's ``get_cluster_state()`` defines
+keep BioEngine's types and meanings; what rayscope knows beyond them is in keys of its own,
+typed, ``null`` when unknown.
 
 These types are the head's and the CLI's own (a head and its clients are one release), so a
 field may change here when the document's ``schema`` (:data:`DOCUMENT_SCHEMA`) says so;
 ``agent.schema.report`` is the schema that crosses releases.
 """
 
-from typing import Optional
+from typing import Literal, Optional, Union
 
 import msgspec
 
 from agent.schema.pending import PendingDemand, PendingResources
-from agent.schema.report import GpuDevice, GpuUser, NodeReport, SourceStatus
+from agent.schema.report import Count, GpuDevice, GpuUser, NodeReport, SourceStatus
 
-DOCUMENT_SCHEMA = 1
-"""Version of the documents rayscope prints and serves (status, node, fit)."""
+DOCUMENT_SCHEMA = 2
+"""Version of the documents rayscope prints and serves (status, node, fit). 2: BioEngine's
+GPU memory keys and ``accelerator_type`` in BioEngine's types, rayscope's own ``_bytes``
+keys beside them, ``pending_resources`` absent when not read (docs/json.md lists each change)."""
+
+NA: Literal["NA"] = "NA"
+"""BioEngine's word for a number it does not have (never ``null`` in its keys)."""
+
+BytesOrNA = Union[Count, Literal["NA"]]
+"""BioEngine's type for a node's GPU memory: int bytes, or the string ``"NA"``."""
 
 
 class RayNode(msgspec.Struct, kw_only=True, gc=False):
@@ -138,7 +152,11 @@ class ReceivedReport(msgspec.Struct, kw_only=True, gc=False):
 
 
 class NodeStatus(msgspec.Struct, kw_only=True, gc=False):
-    """One node of the rollup: BioEngine's ``get_cluster_state`` node keys, then ours."""
+    """One node of the rollup: BioEngine's ``get_cluster_state`` node keys, then ours.
+
+    ``nodes`` also holds nodes BioEngine would not list (dead ones with ``--all``, hosts the
+    scheduler does not know), with values BioEngine's rules give them; BioEngine's ``nodes``
+    are the entries with ``alive`` and ``in_scheduler``."""
 
     node_ip: Optional[str]
     head: bool
@@ -146,9 +164,13 @@ class NodeStatus(msgspec.Struct, kw_only=True, gc=False):
     used_cpu: float
     total_gpu: float
     used_gpu: float
-    total_gpu_memory: Optional[int]
-    """Bytes, NVML. ``None`` = nobody measured it (BioEngine wrote the string ``"NA"``)."""
-    used_gpu_memory: Optional[int]
+    total_gpu_memory: BytesOrNA
+    """BioEngine's: ``0`` when ``total_gpu == 0``; else NVML's total over the node's GPUs
+    when every GPU's is known (a stale report's too); else ``"NA"``. rayscope's figure,
+    whatever ``total_gpu`` says, is :attr:`total_gpu_memory_bytes`."""
+    used_gpu_memory: BytesOrNA
+    """BioEngine's: ``0`` when ``total_gpu == 0``; else :attr:`used_gpu_memory_bytes` (a
+    fresh report, every GPU's trusted figure known); else ``"NA"``."""
     total_vram_mb: float
     """MB booked capacity (``VRAM_MB``); 0 = this node does not book VRAM, not "free"."""
     used_vram_mb: float
@@ -157,7 +179,9 @@ class NodeStatus(msgspec.Struct, kw_only=True, gc=False):
     total_object_store_memory: float
     used_object_store_memory: float
     accelerator_type: Optional[str]
-    """Ray's ``accelerator_type:X`` token: the key users schedule on ("G" = any GeForce)."""
+    """BioEngine's: ``"NA"`` when ``total_gpu == 0``; else Ray's ``accelerator_type:X``
+    token, the key users schedule on ("G" = any GeForce), or ``None`` when the node has
+    none (``agent.rollup.ray_accelerator`` reads it back as Ray's token or ``None``)."""
     slurm_job_id: Optional[str]
     node_id: str
     hostname: Optional[str] = None
@@ -185,12 +209,34 @@ class NodeStatus(msgspec.Struct, kw_only=True, gc=False):
     received_at: Optional[float] = None
     """The reader's clock when the report arrived (the head's, for a pushed report)."""
     gpus_unmeasured: int = 0
-    """GPUs the agent lists whose memory NVML did not give (a lost GPU): the node's
-    ``total_gpu_memory``/``used_gpu_memory`` are then ``None``, not a sum without them."""
+    """GPUs the agent lists whose memory NVML did not give (a lost GPU): the node's sums
+    that need it (``*_gpu_memory_bytes``, ``nvml_memory_used_bytes``) are then ``None``
+    (BioEngine's keys ``"NA"``), never a sum without it."""
+    total_gpu_memory_bytes: Optional[int] = None
+    """NVML's total over the node's GPUs, whatever ``total_gpu`` says (a node may hold GPUs
+    Ray was not told of), from its latest report, stale or not; ``0``: NVML answered and
+    found no GPU; ``None``: not measured (no report, NVML failed, a GPU not measured)."""
+    used_gpu_memory_bytes: Optional[int] = None
+    """The used figure rayscope trusts, summed over the node's GPUs (each GPU's
+    ``memory_used_bytes``); ``None`` when unknown, stale or unreliable
+    (:attr:`used_gpu_memory_reason` says which)."""
+    used_gpu_memory_source: Optional[str] = None
+    """Where :attr:`used_gpu_memory_bytes` comes from: ``nvml``, ``cuda`` or ``mixed``
+    (GPUs of both); ``None`` with it."""
+    used_gpu_memory_age_s: Optional[float] = None
+    """Age of its oldest figure by the reader's clock: the figure's age at collection plus
+    the report's age; ``None`` with it."""
+    used_gpu_memory_reason: str = ""
+    """Why :attr:`used_gpu_memory_bytes` is ``None``: ``no agent``, ``stale report``,
+    ``NVML did not answer``, ``1 GPU(s) not measured``, ...; ``""`` when it is known."""
+    nvml_memory_used_bytes: Optional[int] = None
+    """NVML's raw used, summed over the node's GPUs, as of the latest report (its age is
+    ``report_age_s``), also where rayscope does not trust it; ``None``: not measured."""
 
 
 class ClusterTotals(msgspec.Struct, kw_only=True):
-    """Sums over alive nodes. NVML sums cover only nodes measured and fresh."""
+    """Sums over alive nodes the scheduler knows (BioEngine's ``nodes``: the entries with
+    ``alive`` and ``in_scheduler``)."""
 
     total_cpu: float = 0.0
     used_cpu: float = 0.0
@@ -198,8 +244,16 @@ class ClusterTotals(msgspec.Struct, kw_only=True):
     used_gpu: float = 0.0
     total_vram_mb: float = 0.0
     used_vram_mb: float = 0.0
-    total_gpu_memory: Optional[int] = None
-    used_gpu_memory: Optional[int] = None
+    total_gpu_memory: Count = 0
+    """BioEngine's: the sum of the nodes' ``total_gpu_memory`` that are numbers (``"NA"``
+    skipped); ``0`` when none is. Total and used may cover different nodes."""
+    used_gpu_memory: Count = 0
+    """BioEngine's: the sum of the nodes' ``used_gpu_memory`` that are numbers."""
+    total_gpu_memory_bytes: Optional[int] = None
+    """rayscope's: NVML's total over the ``gpu_nodes_measured`` nodes (GPU nodes with a
+    fresh report, total and trusted used both known); ``None`` when there is none."""
+    used_gpu_memory_bytes: Optional[int] = None
+    """rayscope's: the trusted used figure over the same nodes, so used/total is a use."""
     total_memory: float = 0.0
     used_memory: float = 0.0
     total_object_store_memory: float = 0.0
@@ -208,9 +262,10 @@ class ClusterTotals(msgspec.Struct, kw_only=True):
     nodes_dead: int = 0
     gpu_nodes: int = 0
     gpu_nodes_measured: int = 0
-    """How many of ``gpu_nodes`` the NVML sums cover."""
-    pending_resources: Optional[PendingResources] = None
-    """BioEngine's shape of what waits; ``None`` when the pending demand was not read."""
+    """How many of ``gpu_nodes`` ``total_gpu_memory_bytes``/``used_gpu_memory_bytes`` cover."""
+    pending_resources: Union[PendingResources, msgspec.UnsetType] = msgspec.UNSET
+    """BioEngine's shape of what waits; absent (``UNSET``) when the pending demand was not
+    read, as BioEngine leaves it out outside SLURM mode (never ``null``)."""
     pending: Optional[list[PendingDemand]] = None
     """Each waiting shape with its reason (agent.pending); ``None`` when not read."""
 

@@ -369,3 +369,20 @@ def test_nvml_modes_decide_and_cuda_measures(
             == "not sampled: compute mode exclusive_process (a CUDA context could lock others out)"
         )
         assert fake_cuda.events(log) == []
+
+
+def test_no_second_child_beside_one_that_would_not_die(cuda_lib: fake_cuda.FakeCuda, tmp_path: Path) -> None:
+    """A killed child stuck in the driver (uninterruptible sleep: SIGKILL waits) is kept; no
+    other starts until it has gone. The stuck child is stood in for by a live ``sleep``."""
+    cuda, log = sampler(cuda_lib, tmp_path, fake_cuda.vgpu_guest(UUID0), min_interval_s=0)
+    stuck = subprocess.Popen(["sleep", "60"], text=True)
+    cuda._hung = stuck
+    try:
+        sample = cuda.sample([request(UUID0)])[UUID0]
+        assert sample.reason == f"previous CUDA sample (pid {stuck.pid}) has not exited (hung driver?)"
+        assert cuda.children_started == 0 and fake_cuda.events(log) == []
+    finally:
+        stuck.kill()
+        stuck.wait(timeout=10)
+    assert cuda.sample([request(UUID0)])[UUID0].free_bytes == fake_cuda.VGPU_FREE_BYTES
+    assert cuda.children_started == 1

@@ -228,7 +228,7 @@ def test_never_when_any_reading_leaves_no_room_for_a_context(
     the same GPU with only the roomy reading is sampled."""
     cuda, log = sampler(cuda_lib, tmp_path, fake_cuda.vgpu_guest(UUID0))
     tight = cuda.sample([request(UUID0, free_bytes_readings=(20 * GIB, 100 * MIB))])[UUID0]
-    assert tight.reason == "not sampled: 100 MiB free, below the 512 MiB a CUDA context takes"
+    assert tight.reason == "not sampled: 100 MiB free, below the 1024 MiB a CUDA context takes"
     assert fake_cuda.events(log) == []
     assert cuda.sample([request(UUID0)])[UUID0].free_bytes == fake_cuda.VGPU_FREE_BYTES
 

@@ -6,10 +6,12 @@
 scenario file (format: the comment at the top of ``fake_nvml.c``).
 """
 
+import os
 import shutil
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Optional
 
 SOURCE = Path(__file__).resolve().with_name("fake_nvml.c")
 LIBRARY = "libnvidia-ml.so.1"
@@ -38,9 +40,19 @@ def no_driver(lib_dir: Path) -> FakeNvml:
     return FakeNvml(lib_dir)
 
 
-ERAS = {"current": [], "r470": ["-DDRIVER_R470"]}
+ERAS = {"current": [], "r470": ["-DDRIVER_R470"], "no_modes": ["-DNO_MODES"]}
 """Driver eras the fake is built for, with the symbols each era's library exports (see the
-comment at the top of ``fake_nvml.c``)."""
+comment at the top of ``fake_nvml.c``). ``no_modes``: a current library without the
+virtualization mode, compute mode and MPS list entry points (Function Not Found)."""
+
+
+def write_scenario(path: Path, text: str) -> None:
+    """Write ``text`` as the scenario at ``path`` so a process already reading it sees the
+    new one at its next NVML call: a new file renamed over the old (a new inode, which the
+    fake notices even within one mtime tick; a reader never sees half a file)."""
+    staged = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    staged.write_text(text)
+    os.replace(staged, path)
 
 
 def build(lib_dir: Path, era: str = "current") -> FakeNvml:
@@ -83,13 +95,20 @@ def gpu(
     power_mw: int = 245_000,
     power_limit_mw: int = 350_000,
     prefix: str = "",
+    virtualization: Optional[int] = None,
+    compute_mode: Optional[int] = None,
 ) -> str:
-    """The scenario lines of one healthy GPU (``prefix``: ``gpu0.mig1`` for a MIG instance)."""
+    """The scenario lines of one healthy GPU (``prefix``: ``gpu0.mig1`` for a MIG instance).
+
+    ``virtualization`` and ``compute_mode`` are NVML's codes (:data:`VIRT_NONE` ...,
+    :data:`COMPUTE_DEFAULT` ...); ``None`` leaves the line out: the driver answers Not
+    Supported, as every scenario written before the fake knew them does.
+    """
     p = prefix or f"gpu{index}"
     memory = f"{int(total_gib * GIB)} {int(used_gib * GIB)} {int(reserved_gib * GIB)}"
     lines = [
         f"{p}.name {name}",
-        f"{p}.uuid GPU-{index:08x}-5f1c-4d3e-9a7b-000000000000",
+        f"{p}.uuid {uuid(index)}",
         f"{p}.pci {pci}",
         f"{p}.memory {memory}",
         f"{p}.util {util} 40",
@@ -97,11 +116,26 @@ def gpu(
         f"{p}.power {power_mw}",
         f"{p}.power_limit {power_limit_mw}",
     ]
+    if virtualization is not None:
+        lines.append(f"{p}.virtualization {virtualization}")
+    if compute_mode is not None:
+        lines.append(f"{p}.compute_mode {compute_mode}")
     return "\n".join(lines) + "\n"
 
 
+def uuid(index: int) -> str:
+    """The UUID :func:`gpu` gives GPU ``index`` (NVML's form)."""
+    return f"GPU-{index:08x}-5f1c-4d3e-9a7b-000000000000"
+
+
 def process(device: str, pid: int, used_gib: float, kind: str = "compute") -> str:
+    """One process line: ``kind`` is ``compute``, ``graphics`` or ``mps`` (an MPS client)."""
     return f"{device}.{kind} {pid} {int(used_gib * GIB)}\n"
+
+
+# NVML's nvmlGpuVirtualizationMode_t and nvmlComputeMode_t codes.
+VIRT_NONE, VIRT_PASSTHROUGH, VIRT_VGPU, VIRT_HOST_VGPU, VIRT_HOST_VSGA = 0, 1, 2, 3, 4
+COMPUTE_DEFAULT, COMPUTE_EXCLUSIVE_THREAD, COMPUTE_PROHIBITED, COMPUTE_EXCLUSIVE_PROCESS = 0, 1, 2, 3
 
 
 RTX_3090 = "NVIDIA GeForce RTX 3090"
@@ -194,3 +228,107 @@ def four_gpus_health(sleeper_pid: int) -> str:
     lines += "gpu1.ecc_uncorrected 3\ngpu1.remapped 0 3 1 0\ngpu1.xid 48\ngpu1.xid 79\ngpu1.throttle 0x0\n"
     lines += "gpu2.throttle 0x48\n"
     return lines + "gpu3.error.handle 15\n"
+
+
+# --- virtual and shared GPUs (issue 20) ----------------------------------------------------
+
+A40_16C = "NVIDIA A40-16C"
+PHANTOM_USED_GIB = 14.5
+
+
+def vgpu_guest() -> str:
+    """An idle A40-16C vGPU slice in a VM (NVIDIA vGPU C-series time-slicing, as BioEngine
+    found at KTH): NVML's used memory is a phantom 14.5 of 16 GiB, no process listed, total
+    right. Compute mode default."""
+    return (
+        "driver 550.54.15\ncount 1\n"
+        + gpu(
+            0,
+            A40_16C,
+            pci="00000000:02:00.0",
+            total_gib=16,
+            used_gib=PHANTOM_USED_GIB,
+            reserved_gib=0.0,
+            util=0,
+            power_mw=0,
+            virtualization=VIRT_VGPU,
+            compute_mode=COMPUTE_DEFAULT,
+        )
+        + "gpu0.error.power 3\ngpu0.error.temperature 3\n"
+    )
+
+
+def passthrough(sleeper_pid: int) -> str:
+    """A whole A100 passed through to a VM: NVML reads it as on bare metal (one process)."""
+    return (
+        HEADER
+        + "count 1\n"
+        + gpu(
+            0,
+            A100,
+            pci="00000000:00:05.0",
+            total_gib=40,
+            used_gib=6.0,
+            virtualization=VIRT_PASSTHROUGH,
+            compute_mode=COMPUTE_DEFAULT,
+        )
+        + process("gpu0", sleeper_pid, 5.5)
+    )
+
+
+def host_vgpu() -> str:
+    """A hypervisor host whose A40 serves vGPU guests: NVML sees the physical GPU, each running
+    VM's framebuffer counted as used (two 16C guests: 32 GiB), no guest process listed."""
+    return "driver 550.54.16\ncount 1\n" + gpu(
+        0,
+        "NVIDIA A40",
+        pci="00000000:41:00.0",
+        total_gib=48,
+        used_gib=32.0,
+        virtualization=VIRT_HOST_VGPU,
+        compute_mode=COMPUTE_DEFAULT,
+    )
+
+
+def mps(server_pid: int, client_pids: tuple[int, int]) -> str:
+    """An MPS server on an RTX 3090 in exclusive-process mode (as NVIDIA's MPS guide sets it
+    up), with two clients (Ray actors' pids, given by the test): the compute list shows the
+    server, the MPS list the clients with their own memory."""
+    first, second = client_pids
+    return (
+        HEADER
+        + "count 1\n"
+        + gpu(
+            0,
+            RTX_3090,
+            pci="00000000:01:00.0",
+            total_gib=24,
+            used_gib=6.0,
+            virtualization=VIRT_NONE,
+            compute_mode=COMPUTE_EXCLUSIVE_PROCESS,
+        )
+        + process("gpu0", server_pid, 0.4)
+        + process("gpu0", first, 3.0, kind="mps")
+        + process("gpu0", second, 2.0, kind="mps")
+    )
+
+
+def modes_not_supported() -> str:
+    """A driver that answers Not Supported for virtualization mode, compute mode and the MPS
+    list (the entry points exist): each field absent, none guessed."""
+    return (
+        HEADER
+        + "count 1\n"
+        + gpu(0, RTX_3090, pci="00000000:01:00.0", total_gib=24, used_gib=1.0)
+        + "gpu0.error.mps 3\n"
+    )
+
+
+def modes_failing() -> str:
+    """Each of the three reads fails with Unknown Error (999): absent, with the reason kept."""
+    return (
+        HEADER
+        + "count 1\n"
+        + gpu(0, RTX_3090, pci="00000000:01:00.0", total_gib=24, used_gib=1.0)
+        + "gpu0.error.virtualization 999\ngpu0.error.compute_mode 999\ngpu0.error.mps 999\n"
+    )

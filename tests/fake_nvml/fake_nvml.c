@@ -2,7 +2,10 @@
  * LD_LIBRARY_PATH) and calls the NVML entry points below, which answer from a scenario file
  * named by $RAYSCOPE_FAKE_NVML_SCENARIO. Built by tests/fake_nvml/__init__.py with `cc`.
  *
- * Scenario file: one `key value` per line, `#` comments. Keys:
+ * Scenario file: one `key value` per line, `#` comments. The file is read again whenever it
+ * changes (its inode, size or mtime): a live test changes memory and processes over time by
+ * writing a new file and renaming it over the old one (tests/fake_nvml/__init__.py
+ * write_scenario), so a reader never sees half a file. Keys:
  *   init CODE                       nvmlInit's return code (18 = driver/library mismatch)
  *   init_requires PATH              nvmlInit answers 9 (driver not loaded) until PATH exists
  *   hang SECONDS                    nvmlDeviceGetCount sleeps this long first (a hung driver)
@@ -16,9 +19,16 @@
  *   gpuI.compute PID BYTES [GI CI]  one line per process; BYTES "-" = not available
  *   gpuI.graphics PID BYTES [GI CI]
  *   gpuI.migJ.<same keys> , .gi ID , .ci ID   MIG instance J of GPU I
+ *   gpuI.virtualization MODE        nvmlDeviceGetVirtualizationMode: 0 none (bare metal),
+ *                                   1 pass-through, 2 vGPU guest, 3 host vGPU, 4 host vSGA;
+ *                                   absent: Not Supported
+ *   gpuI.compute_mode MODE          nvmlDeviceGetComputeMode: 0 default, 1 exclusive thread,
+ *                                   2 prohibited, 3 exclusive process; absent: Not Supported
+ *   gpuI.mps PID BYTES [GI CI]      one line per MPS client (nvmlDeviceGetMPSComputeRunningProcesses);
+ *                                   none: the call answers an empty list, as without MPS
  *   <device>.error.FIELD CODE       FIELD answers CODE: handle, name, uuid, pci, memory,
  *                                   memory_v2, util, temperature, power, power_limit, mig,
- *                                   compute, graphics
+ *                                   compute, graphics, virtualization, compute_mode, mps
  *
  * Health (absent key = Not Supported):
  *   gpuI.ecc_uncorrected N          volatile uncorrected ECC errors
@@ -30,8 +40,12 @@
  * Driver eras (one build each, tests/fake_nvml/__init__.py): the default build exports what a
  * current driver (>= 510.39) does; -DDRIVER_R470 builds an R450/R470 library: no _v3 process
  * lists and no nvmlDeviceGetMemoryInfo_v2 (both absent, as on those drivers), the _v2 process
- * lists present. The symbol set is the era's, so a binding that only calls _v3 finds nothing.
+ * lists present (the MPS list too: _v2 only). The symbol set is the era's, so a binding that
+ * only calls _v3 finds nothing. -DNO_MODES builds a library without the virtualization mode,
+ * compute mode and MPS list entry points at all (pynvml's lookup answers Function Not Found):
+ * the path of a driver that lacks them, whichever release that is.
  */
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,14 +93,35 @@ typedef struct {
 
 static struct nvmlDevice_st devices[MAX_GPUS * (MAX_MIG + 1)];
 static char *keys[MAX_ENTRIES], *values[MAX_ENTRIES];
-static int entries, loaded;
+static int entries;
+static struct stat seen; /* the scenario file as last read: dev, ino, size, mtime */
+static int have_seen;
 
+static void forget(void) {
+    for (int i = 0; i < entries; i++) {
+        free(keys[i]);
+        free(values[i]);
+    }
+    entries = 0;
+}
+
+static int same_file(const struct stat *a, const struct stat *b) {
+    return a->st_dev == b->st_dev && a->st_ino == b->st_ino && a->st_size == b->st_size &&
+           a->st_mtim.tv_sec == b->st_mtim.tv_sec && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec;
+}
+
+/* (Re)read the scenario when it is new or has changed since the last read. A file that cannot
+ * be read (gone, being replaced) keeps the last scenario. */
 static void load(void) {
-    if (loaded) return;
-    loaded = 1;
     const char *path = getenv("RAYSCOPE_FAKE_NVML_SCENARIO");
-    FILE *f = path ? fopen(path, "r") : NULL;
+    struct stat now;
+    if (!path || stat(path, &now) != 0) return;
+    if (have_seen && same_file(&now, &seen)) return;
+    FILE *f = fopen(path, "r");
     if (!f) return;
+    forget();
+    seen = now;
+    have_seen = 1;
     char line[1024];
     while (entries < MAX_ENTRIES && fgets(line, sizeof line, f)) {
         line[strcspn(line, "\r\n")] = 0;
@@ -106,6 +141,7 @@ static void load(void) {
 }
 
 static const char *get(const char *key) {
+    load();
     for (int i = entries - 1; i >= 0; i--)
         if (!strcmp(keys[i], key)) return values[i];
     return NULL;
@@ -341,6 +377,26 @@ nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t d, unsigned i
     return processes(d, "graphics", count, infos);
 }
 
+#ifndef NO_MODES
+/* MPS clients: the same struct as the other process lists. */
+#ifndef DRIVER_R470
+nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *count, nvmlProcessInfo_t *infos) {
+    return processes(d, "mps", count, infos);
+}
+#endif
+
+nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v2(nvmlDevice_t d, unsigned int *count, nvmlProcessInfo_t *infos) {
+    return processes(d, "mps", count, infos);
+}
+
+/* nvmlGpuVirtualizationMode_t and nvmlComputeMode_t are C enums: 4 bytes. */
+nvmlReturn_t nvmlDeviceGetVirtualizationMode(nvmlDevice_t d, unsigned int *mode) {
+    return uint_field(d, "virtualization", mode);
+}
+
+nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t d, unsigned int *mode) { return uint_field(d, "compute_mode", mode); }
+#endif
+
 /* Health. */
 nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t d, int errorType, int counterType, unsigned long long *count) {
     if (errorType != 1 || counterType != 0) return NOT_SUPPORTED; /* only uncorrected, volatile */
@@ -418,6 +474,7 @@ nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t d, unsigned long long types, 
 
 nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
     (void)timeoutms;
+    load();
     for (int g = 0; g < MAX_GPUS; g++) {
         if (!(registered[g] & XID_EVENT)) continue;
         char key[32];

@@ -9,25 +9,13 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from agent import head_request
 from agent.errors import EXIT_NO_DATA, AgentError
+from agent.head_request import DEFAULT_HEAD_PORT
+from agent.head_request import HEAD_ENV as HEAD_ENV  # noqa: PLC0414 - re-exported: the options name them here
+from agent.head_request import parse_head_url as parse_head_url  # noqa: PLC0414
 from agent.schema.status import DOCUMENT_SCHEMA, ClusterStatus
 from agent.tls import NO_TLS, TlsFiles
-
-HEAD_ENV = "RAYSCOPE_HEAD"
-DEFAULT_HEAD_PORT = 7532
-
-
-def parse_head_url(text: str) -> str:
-    """``HOST[:PORT]`` or ``http://HOST[:PORT]`` → the head agent's base URL; ``ValueError``."""
-    url = urlsplit(text.strip() if "://" in text else f"http://{text.strip()}")
-    if url.scheme not in ("http", "https") or not url.hostname:
-        raise ValueError(f"{text!r} is not a head agent URL (http://HOST:PORT)")
-    try:
-        port = url.port or DEFAULT_HEAD_PORT
-    except ValueError:
-        raise ValueError(f"{text!r}: port must be a number from 1 to 65535") from None
-    host = f"[{url.hostname}]" if ":" in url.hostname else url.hostname
-    return f"{url.scheme}://{host}:{port}"
 
 
 def head_status(
@@ -35,41 +23,32 @@ def head_status(
 ) -> ClusterStatus:
     """The rollup a head agent serves (``GET /v1/status?all=1``, ``&gpus=1`` for the per-GPU
     attribution); :class:`AgentError` (exit 2) when it cannot be had. No ray import on this
-    path: it is the fast one (``http.client`` itself, not ``urllib.request``, for the same
-    reason). HTTPS when the URL says ``https://`` or any ``tls`` file is given."""
+    path (``http.client`` itself, not ``urllib.request``); the failures are said as
+    :mod:`agent.head_request` says them on the fast path. HTTPS when the URL says
+    ``https://`` or any ``tls`` file is given."""
     import http.client
 
     parts = urlsplit(url)
     host, port = parts.hostname or "", parts.port or DEFAULT_HEAD_PORT
     connection: http.client.HTTPConnection
     if parts.scheme == "https" or tls.enabled:
-        from agent.tls import client_context
-
-        try:
-            context = client_context(tls)
-        except ValueError as err:
-            raise AgentError(str(err), EXIT_NO_DATA) from None
+        context = head_request.tls_context(tls)
         connection = http.client.HTTPSConnection(host, port, timeout=timeout_s, context=context)
-        url = f"https://{parts.netloc}"
     else:
         connection = http.client.HTTPConnection(host, port, timeout=timeout_s)
+    url = head_request.shown_url(url, tls)
     headers = {"Authorization": "Bearer " + token.decode()} if token else {}
     try:
         connection.request("GET", "/v1/status?all=1" + ("&gpus=1" if gpus else ""), headers=headers)
         response = connection.getresponse()
         body = response.read()
     except (TimeoutError, OSError, http.client.HTTPException) as err:
-        if isinstance(err, TimeoutError) or "timed out" in str(err):
-            reason = f"timeout {timeout_s:g} s"
-        else:
-            reason = (getattr(err, "strerror", None) or str(err) or type(err).__name__).lower()
-        raise AgentError(f"head agent unreachable at {url} ({reason})", EXIT_NO_DATA) from None
+        raise head_request.unreachable(err, url, timeout_s) from None
     finally:
         connection.close()
-    if response.status == 401:
-        raise AgentError(f"head agent at {url} requires its token: pass --token-file", EXIT_NO_DATA)
-    if response.status != 200:
-        raise AgentError(f"head agent at {url} answered HTTP {response.status}", EXIT_NO_DATA)
+    refused = head_request.refusal(response.status, url)
+    if refused is not None:
+        raise refused
     try:
         return msgspec.json.decode(body, type=ClusterStatus)
     except msgspec.DecodeError as err:

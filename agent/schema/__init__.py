@@ -7,5 +7,11 @@
 * :mod:`agent.schema.fit` — ``rayscope fit``;
 * :mod:`agent.schema.node` — ``rayscope node``.
 
-Structs and nothing else: no formatting, no I/O.
+Structs and nothing else: no formatting, no I/O; and here the documents' version, which
+``status --head``'s fast path (:mod:`agent.fast_status`) checks without building a Struct.
 """
+
+DOCUMENT_SCHEMA = 2
+"""Version of the documents rayscope prints and serves (status, node, fit). 2: BioEngine's
+GPU memory keys and ``accelerator_type`` in BioEngine's types, rayscope's own ``_bytes``
+keys beside them, ``pending_resources`` absent when not read (docs/json.md lists each change)."""

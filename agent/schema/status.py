@@ -21,13 +21,9 @@ from typing import Literal, Optional, Union
 
 import msgspec
 
+from agent.schema import DOCUMENT_SCHEMA as DOCUMENT_SCHEMA  # noqa: PLC0414 - re-exported (defined there for the fast path)
 from agent.schema.pending import PendingDemand, PendingResources
 from agent.schema.report import Count, GpuDevice, GpuUser, NodeReport, SourceStatus
-
-DOCUMENT_SCHEMA = 2
-"""Version of the documents rayscope prints and serves (status, node, fit). 2: BioEngine's
-GPU memory keys and ``accelerator_type`` in BioEngine's types, rayscope's own ``_bytes``
-keys beside them, ``pending_resources`` absent when not read (docs/json.md lists each change)."""
 
 NA: Literal["NA"] = "NA"
 """BioEngine's word for a number it does not have (never ``null`` in its keys)."""

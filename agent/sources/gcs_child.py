@@ -16,7 +16,7 @@ from agent.addresses import DEFAULT_TIMEOUT_S
 from agent.schema.pending import PendingRead
 from agent.schema.report import RayletInfo, SourceStatus
 from agent.schema.status import ActorBooking, RayNode
-from agent.sources import gcs, gcs_read, raycompat, trust
+from agent.sources import gcs, gcs_prestart, gcs_read, raycompat, trust
 
 
 def _runnable(path: str) -> bool:
@@ -55,33 +55,47 @@ def _no_ray_reason() -> str:
     )
 
 
-def child_script() -> str:
-    """``raycompat`` then ``gcs_read``, one script for ``python -c`` (both are standalone)."""
-    return "\n".join(
-        module.__loader__.get_source(module.__name__)  # type: ignore[union-attr]
-        for module in (raycompat, gcs_read)
-    )
+child_script = gcs_prestart.child_script
 
 
 def _run_child(address: str, timeout_s: float, python: str, *extra: str) -> dict[str, Any]:
     """``gcs_read`` as a script under ``python``, the port check and the child under one
-    deadline of ``timeout_s``: its whole JSON answer."""
+    deadline of ``timeout_s``: its whole JSON answer. Read again with ``import ray`` whole
+    when the light import does not work under this Ray (``retry_whole``)."""
     deadline = time.monotonic() + timeout_s
     gcs.check_port(address, timeout_s)
-    left = gcs.remaining_s(deadline, address, timeout_s)
-    source = child_script()
-    if python == sys.executable:  # -I drops PYTHONPATH and the user site: keep where ray is
-        source = trust.with_import_path(source, trust.parent_import_path("ray"))
-    try:
-        done = subprocess.run(  # isolated (SECURITY.md rule 1): -I, cwd /, Ray's variables only
-            [python, "-I", "-c", source, address, f"{left:.3f}", *extra],
-            cwd="/",
-            env=trust.child_env(os.environ),
-            capture_output=True,
-            timeout=left,
-            text=True,
-            check=False,
+    answer = _child_answer(address, timeout_s, python, gcs.remaining_s(deadline, address, timeout_s), extra)
+    if answer.get("retry_whole"):
+        left = gcs.remaining_s(deadline, address, timeout_s)
+        answer = _child_answer(address, timeout_s, python, left, (*extra, "whole"))
+    if not answer.get("ok"):
+        raise gcs.GcsUnavailable(
+            gcs.explain(RuntimeError(answer.get("error", "")), address, timeout_s, gcs.token_source())
         )
+    return answer
+
+
+def _child_answer(
+    address: str, timeout_s: float, python: str, left: float, extra: Sequence[str]
+) -> dict[str, Any]:
+    """One child's JSON answer, under the ``left`` seconds of the read's deadline: the one
+    started early (:mod:`gcs_prestart`) when it is the child this read would start."""
+    source = gcs_prestart.script_for(python)
+    words = [address, f"{left:.3f}", *extra]
+    started = gcs_prestart.take(python, source) if "whole" not in extra else None
+    try:
+        if started is not None:
+            done = gcs_prestart.finish(started, words, left)
+        else:
+            done = subprocess.run(  # isolated (SECURITY.md rule 1): -I, cwd /, Ray's variables only
+                [python, "-I", "-c", source, *words],
+                cwd="/",
+                env=trust.child_env(os.environ),
+                capture_output=True,
+                timeout=left,
+                text=True,
+                check=False,
+            )
     except subprocess.TimeoutExpired as err:
         raise gcs.GcsUnavailable(_child_timeout(err, address, timeout_s, python)) from None
     except OSError as err:
@@ -92,10 +106,6 @@ def _run_child(address: str, timeout_s: float, python: str, *extra: str) -> dict
         said = [line for line in done.stderr.strip().splitlines() if line != gcs_read.IMPORTED]
         last = (said or [f"exit code {done.returncode}"])[-1]
         raise gcs.GcsUnavailable(f"GCS read under {python} failed: {last}") from None
-    if not answer.get("ok"):
-        raise gcs.GcsUnavailable(
-            gcs.explain(RuntimeError(answer.get("error", "")), address, timeout_s, gcs.token_source())
-        )
     return answer  # type: ignore[no-any-return]
 
 

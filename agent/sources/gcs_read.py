@@ -65,20 +65,23 @@ def _resources(entries: Any) -> dict[str, float]:
     return {str(k): float(v) for k, v in dict(entries).items()}
 
 
-def _resource_states(client: Any, timeout_s: float) -> dict[str, Any]:
-    """The autoscaler's per-node total/available view, keyed by hex node id."""
+def resource_state(client: Any, timeout_s: float) -> Any:
+    """The autoscaler's state (``ClusterResourceState``): per node total and available, and
+    what waits. One read serves :func:`read_nodes` and :func:`read_pending` alike."""
     reply = _ray("ray.core.generated.autoscaler_pb2").GetClusterResourceStateReply()
     reply.ParseFromString(client.get_cluster_resource_state(timeout_s=timeout_s))
-    return {s.node_id.hex(): s for s in reply.cluster_resource_state.node_states}
+    return reply.cluster_resource_state
 
 
-def read_nodes(client: Any, timeout_s: float) -> list[dict[str, Any]]:
-    """Every node the GCS knows, alive or dead, as plain JSON-ready dicts."""
+def read_nodes(client: Any, timeout_s: float, state: Any = None) -> list[dict[str, Any]]:
+    """Every node the GCS knows, alive or dead, as plain JSON-ready dicts. ``state``: the
+    :func:`resource_state` already read (else it is read here, after the node table)."""
     alive_state = _ray("ray.core.generated.gcs_pb2").GcsNodeInfo.GcsNodeState.ALIVE
     infos = client.get_all_node_info(timeout=timeout_s)
     # Ray 2.x returns {NodeID: GcsNodeInfo}; some releases returned a list.
     items = list(infos.values()) if isinstance(infos, dict) else list(infos)
-    states = _resource_states(client, timeout_s)
+    cluster = state if state is not None else resource_state(client, timeout_s)
+    states = {s.node_id.hex(): s for s in cluster.node_states}
     nodes = []
     for info in items:
         node_id = info.node_id.hex()
@@ -100,11 +103,15 @@ def read_nodes(client: Any, timeout_s: float) -> list[dict[str, Any]]:
     return nodes
 
 
-def read_actors(client: Any, address: str, timeout_s: float) -> list[dict[str, Any]]:
-    """Every live actor: what it booked and where it runs, as plain JSON-ready dicts."""
+def read_actors(
+    client: Any, address: str, timeout_s: float, alive: Optional[list[Any]] = None
+) -> list[dict[str, Any]]:
+    """Every live actor: what it booked and where it runs, as plain JSON-ready dicts.
+    ``alive``: the live actor table already read (else it is read here)."""
     states = _ray("ray.core.generated.gcs_pb2").ActorTableData.ActorState
     actors = []
-    for info in raycompat.actor_table(client, address, timeout_s):
+    infos = alive if alive is not None else raycompat.actor_table(client, address, timeout_s)
+    for info in infos:
         node_id = info.node_id or info.address.node_id
         shares: dict[int, float] = {}
         for entry in info.resource_mapping:
@@ -146,9 +153,13 @@ def _device_use(infos: list[Any]) -> dict[str, dict[str, dict[str, float]]]:
     return use
 
 
-def read_pending(client: Any, address: str, timeout_s: float) -> dict[str, Any]:
+def read_pending(
+    client: Any, address: str, timeout_s: float, state: Any = None, alive: Optional[list[Any]] = None
+) -> dict[str, Any]:
     """What waits to be placed, and what the scheduler has free, from one autoscaler-state
-    read (the same call ``ray status`` makes) plus the actor table, as plain JSON-ready dicts.
+    read (the same call ``ray status`` makes; ``state`` when already read) plus the actor
+    table, as plain JSON-ready dicts. The live actors (``alive`` when already read) only
+    when something waits: their per-device use judges only a waiting shape.
 
     ``requests``: the pending resource requests (tasks and actors), each ``shape`` (Ray's
     names, placement-group resources as Ray writes them: ``GPU_group_<pg id>``) and
@@ -158,9 +169,7 @@ def read_pending(client: Any, address: str, timeout_s: float) -> dict[str, Any]:
     ``state``, ``required_resources``, ``placement_group_id``); ``device_use``: per node, resource and
     device index, what the live actors hold.
     """
-    reply = _ray("ray.core.generated.autoscaler_pb2").GetClusterResourceStateReply()
-    reply.ParseFromString(client.get_cluster_resource_state(timeout_s=timeout_s))
-    state = reply.cluster_resource_state
+    state = state if state is not None else resource_state(client, timeout_s)
     dead = _ray("ray.core.generated.autoscaler_pb2").NodeStatus.Value("DEAD")
     nodes = [
         {
@@ -182,26 +191,28 @@ def read_pending(client: Any, address: str, timeout_s: float) -> dict[str, Any]:
         for g in getattr(state, "pending_gang_resource_requests", [])
     ]
     states = _ray("ray.core.generated.gcs_pb2").ActorTableData.ActorState
-    actors = []
-    for state_name in PENDING_ACTOR_STATES:
-        for info in raycompat.actor_table(client, address, timeout_s, state_name):
-            actors.append(
-                {
-                    "actor_id": info.actor_id.hex(),
-                    "name": info.name,
-                    "class_name": info.class_name,
-                    "state": states.Name(info.state),
-                    "job_id": info.job_id.hex(),
-                    "required_resources": _resources(info.required_resources),
-                    "placement_group_id": info.placement_group_id.hex(),
-                }
-            )
+    actors = [
+        {
+            "actor_id": info.actor_id.hex(),
+            "name": info.name,
+            "class_name": info.class_name,
+            "state": states.Name(info.state),
+            "job_id": info.job_id.hex(),
+            "required_resources": _resources(info.required_resources),
+            "placement_group_id": info.placement_group_id.hex(),
+        }
+        for table in raycompat.actor_tables(client, address, timeout_s, PENDING_ACTOR_STATES)
+        for info in table
+    ]
+    waits = requests or gangs or actors
+    if waits and alive is None:
+        alive = raycompat.actor_table(client, address, timeout_s)
     return {
         "nodes": nodes,
         "requests": requests,
         "gangs": gangs,
         "actors": actors,
-        "device_use": _device_use(raycompat.actor_table(client, address, timeout_s)),
+        "device_use": _device_use(alive) if waits and alive is not None else {},
     }
 
 
@@ -214,32 +225,71 @@ IMPORTED = "rayscope: ray imported"
 deadline tells a slow import from a GCS that did not answer."""
 
 
-def main(argv: list[str]) -> int:
-    """Script mode: ``ADDRESS TIMEOUT_S [actors] [pending]`` → one JSON document on stdout."""
-    address, timeout_s = argv[1], float(argv[2])
-    with_actors = "actors" in argv[3:]
-    prepare_auth_env(os.environ)
+class _RetryWhole(Exception):
+    """A light import's symptom during a read (see :func:`raycompat.import_raylet`)."""
+
+
+def _read(words: list[str], light: bool) -> dict[str, Any]:
+    """``ADDRESS TIMEOUT_S [actors] [pending]``: the answer :func:`main` prints."""
+    address, timeout_s, flags = words[0], float(words[1]), words[2:]
+
+    def failed(err: Exception) -> str:
+        if light and isinstance(err, raycompat.LIGHT_IMPORT_SYMPTOMS):
+            raise _RetryWhole(f"{type(err).__name__}: {err}")
+        return f"{type(err).__name__}: {err}"
+
     try:
-        _ray("ray._raylet")  # the slow part on a loaded host: the parent's timeout names it
-        print(IMPORTED, file=sys.stderr, flush=True)
         client = connect(address)
-        nodes = read_nodes(client, timeout_s)
-        out: dict[str, Any] = {"ok": True, "nodes": nodes, "ray_version": ray_version()}
+        state = resource_state(client, timeout_s)
+        out: dict[str, Any] = {"ok": True, "nodes": read_nodes(client, timeout_s, state)}
+        out["ray_version"] = ray_version()
         out["cluster_ray_version"], out["cluster_ray_version_error"] = raycompat.cluster_ray_version(
             client, timeout_s
         )
     except Exception as err:  # reported to the parent as data, never a traceback
-        out = {"ok": False, "error": f"{type(err).__name__}: {err}"}
-    if with_actors and out["ok"]:
+        return {"ok": False, "error": failed(err)}
+    alive = None
+    if "actors" in flags:
         try:  # the nodes stand even when the actor table does not answer
-            out["actors"] = read_actors(client, address, timeout_s)
+            alive = raycompat.actor_table(client, address, timeout_s)
+            out["actors"] = read_actors(client, address, timeout_s, alive)
         except Exception as err:
-            out["actors_error"] = f"{type(err).__name__}: {err}"
-    if "pending" in argv[3:] and out["ok"]:
+            out["actors_error"] = failed(err)
+    if "pending" in flags:
         try:  # the nodes stand even when the pending demand does not answer
-            out["pending"] = read_pending(client, address, timeout_s)
+            out["pending"] = read_pending(client, address, timeout_s, state, alive)
         except Exception as err:
-            out["pending_error"] = f"{type(err).__name__}: {err}"
+            out["pending_error"] = failed(err)
+    return out
+
+
+def main(argv: list[str]) -> int:
+    """Script mode: ``ADDRESS TIMEOUT_S [actors] [pending] [whole]`` → one JSON document on
+    stdout. ``-`` instead: the same words as one JSON list on stdin, read once ray is imported
+    (the CLI starts this child before it knows the address; no line: it was not needed).
+    ``whole``: ``import ray`` whole, after an answer ``retry_whole`` (the light import did
+    not work under this Ray)."""
+    words = argv[1:]
+    light = "whole" not in words
+    prepare_auth_env(os.environ)
+    out: dict[str, Any] = {}
+    try:
+        raycompat.import_raylet(light)  # the slow part on a loaded host: the parent's timeout names it
+        print(IMPORTED, file=sys.stderr, flush=True)
+    except raycompat.LightImportFailed as err:
+        out = {"ok": False, "error": str(err), "retry_whole": True}
+    except Exception as err:
+        out = {"ok": False, "error": f"{type(err).__name__}: {err}"}
+    if words[:1] == ["-"]:
+        line = sys.stdin.readline()
+        if not line:
+            return 0
+        words = [str(word) for word in json.loads(line)]
+    if not out:
+        try:
+            out = _read(words, light)
+        except _RetryWhole as err:
+            out = {"ok": False, "error": str(err), "retry_whole": True}
     out["python"] = sys.executable
     json.dump(out, sys.stdout)
     return 0

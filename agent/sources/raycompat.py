@@ -17,6 +17,9 @@ GCS client's actor table call              added 2.35      ``async_get_all_actor
                                            by 2.44 (Inner) the class
 ``GlobalStateAccessor.disconnect``         gone by 2.53    called only where it exists
 cluster's Ray version                      never           KV ``cluster/CLUSTER_METADATA``
+what ``ray/__init__`` sets up for          any release     :func:`import_raylet` does only that
+``ray._raylet``                                            much; if a Ray needs more, the read
+                                                           is run again with ``import ray``
 =========================================  ==============  ==================================
 
 Standalone like ``gcs_read`` (the standard library and, lazily, ``ray``): ``gcs.py`` runs
@@ -26,8 +29,11 @@ the two joined as one script under a Ray node's own Python. A fact an old Ray ca
 
 import glob
 import importlib
+import importlib.util
 import json
 import os
+import sys
+from collections.abc import Sequence
 from typing import Any, Optional
 
 CLUSTER_METADATA_KEY = b"CLUSTER_METADATA"
@@ -38,6 +44,46 @@ CLUSTER_METADATA_NAMESPACE = b"cluster"
 
 def _ray(module: str) -> Any:
     return importlib.import_module(module)
+
+
+class LightImportFailed(Exception):
+    """``ray._raylet`` without ``ray/__init__`` did not work under this Ray: read again with a
+    whole ``import ray`` (in a new process: a half-initialised ``_raylet`` cannot be retried)."""
+
+
+LIGHT_IMPORT_SYMPTOMS = (AttributeError, ImportError, NameError)
+"""What a Ray module raises when it needs something ``ray/__init__`` sets up and
+:func:`import_raylet` did not (``ray.__version__`` was one, under 2.60)."""
+
+
+def import_raylet(light: bool) -> Any:
+    """``ray._raylet`` (the GCS client), for a process that does nothing but read the GCS.
+
+    ``light``: without running ``ray/__init__``, which imports the worker, actors, runtime
+    environments and their dependencies (~100 ms of the ~280 ms that ``import ray`` costs on
+    Ray 2.60, all unused by a GCS read). What ``_raylet`` needs from it is done here, as
+    ``ray/__init__`` does it: ``thirdparty_files`` first on the path, ``_raylet.so`` loaded
+    with its symbols global, ``ray.__version__``. :class:`LightImportFailed` when that is not
+    enough for this Ray; never in the head agent's own process (it imports ray whole).
+    """
+    spec = importlib.util.find_spec("ray") if light else None
+    if spec is None or not spec.submodule_search_locations or "ray" in sys.modules:
+        return _ray("ray._raylet")  # not there: the same ModuleNotFoundError as ever
+    package = next(iter(spec.submodule_search_locations))
+    try:
+        sys.path.insert(0, os.path.join(package, "thirdparty_files"))
+        shared = os.path.join(package, "_raylet.so")
+        if os.path.exists(shared):
+            import ctypes
+
+            ctypes.CDLL(shared, ctypes.RTLD_GLOBAL)
+        ray: Any = importlib.util.module_from_spec(spec)
+        sys.modules["ray"] = ray
+        version = _ray("ray._version")
+        ray.__version__, ray.__commit__ = version.version, version.commit
+        return _ray("ray._raylet")
+    except LIGHT_IMPORT_SYMPTOMS as err:
+        raise LightImportFailed(f"{type(err).__name__}: {err}") from None
 
 
 def _fields(message: Any) -> set[str]:
@@ -80,6 +126,22 @@ def actor_table(client: Any, address: str, timeout_s: float, state: str = "ALIVE
     else:
         return _actor_table_by_accessor(address, state)
     return list(infos.values()) if isinstance(infos, dict) else list(infos)
+
+
+def actor_tables(client: Any, address: str, timeout_s: float, states: Sequence[str]) -> list[list[Any]]:
+    """:func:`actor_table` for each of ``states``, the calls at once where this Ray's client
+    is asynchronous (2.35+), one after the other otherwise."""
+    if hasattr(client, "get_all_actor_info") or not hasattr(client, "async_get_all_actor_info"):
+        return [actor_table(client, address, timeout_s, state) for state in states]
+    import asyncio
+
+    async def fetch() -> list[Any]:
+        calls = [client.async_get_all_actor_info(actor_state_name=s, timeout=timeout_s) for s in states]
+        return list(await asyncio.gather(*calls))
+
+    return [
+        list(infos.values()) if isinstance(infos, dict) else list(infos) for infos in asyncio.run(fetch())
+    ]
 
 
 def _actor_table_by_accessor(address: str, state: str) -> list[Any]:

@@ -1,0 +1,412 @@
+"""``status --head``'s fast path (agent/fast_status.py, agent/head_request.py) prints what
+the typer CLI prints, byte for byte, with the same exit code, for the same head answer and
+the same options; and hands the CLI everything else.
+
+A fake head serves the contract of ``GET /v1/status?format=lines`` (the lines ``status``
+prints, ``X-Rayscope-Exit``, ``-Note``, ``-Notes``, ``-Schema``) and of the JSON document,
+rendered by rayscope's own functions from the scenarios' statuses; an "old" head ignores
+``format=`` and sends no ``X-Rayscope-*`` header, a "chunked" one answers like a proxy that
+re-chunks. Each case runs the whole entry point (``agent.__main__.main``: the fast path,
+then the CLI when it hands on) beside the CLI alone (``agent.cli.main``), in this process.
+Positive control: print the body without ``printable`` in ``fast_status._lines_text`` (the
+bent wire's escape sequences reach stdout), or drop ``said.note`` (every partial case differs).
+"""
+
+import contextlib
+import http.server
+import json
+import socket
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Callable, Optional
+from urllib.parse import parse_qs, urlsplit
+
+import msgspec
+import pytest
+
+from agent import __main__ as entry
+from agent import cli, fast_status, head_request, output
+from agent.completeness import assess
+from agent.render.status import source_details, status_json
+from agent.schema import DOCUMENT_SCHEMA
+from agent.schema.report import SourceStatus
+from agent.schema.status import ClusterStatus
+from tests import scenarios
+from tests.conftest import free_port
+
+Run = tuple[int, str, str]
+Headers = list[tuple[str, str]]
+
+
+def _no_data() -> ClusterStatus:
+    status = scenarios.head_view([], {})
+    return msgspec.structs.replace(
+        status, sources=[SourceStatus(name="gcs", ok=False, reason="GCS unreachable at 10.0.0.1:6379")]
+    )
+
+
+def _planted() -> ClusterStatus:
+    """A node whose host name carries an escape sequence and a line separator (a report
+    that got past the head's own rule, or a wire that is not to be trusted)."""
+    status = scenarios.seed_status()
+    node_id, node = next(iter(status.nodes.items()))
+    bent = msgspec.structs.replace(node, node_ip=None, hostname="gpu\x1b[2J-01\u2028x")
+    return msgspec.structs.replace(status, nodes={**status.nodes, node_id: bent})
+
+
+STATUSES: dict[str, Callable[[], ClusterStatus]] = {
+    "seed": scenarios.seed_status,
+    "mixed": scenarios.mixed_status,  # a dead node, a stale report: exit 1 and its note
+    "pending": scenarios.pending_status,
+    "busy": scenarios.busy_gpu_status,
+    "no-data": _no_data,
+    "planted": _planted,
+}
+OPTIONS = [
+    [],
+    ["--all"],
+    ["--gpus"],
+    ["--gpus", "--all"],
+    ["--json"],
+    ["--json", "--all", "--gpus"],
+    ["--format", "json"],
+    ["--format=text", "--timeout", "3"],
+]
+
+
+class FakeHead:
+    """A head agent's HTTP port answering from one status (``mode``: what kind of head)."""
+
+    def __init__(self, status: ClusterStatus, mode: str = "new") -> None:
+        self.status, self.mode = status, mode
+        self.requests: list[str] = []
+        head = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:
+                head.requests.append(self.path)
+                code, kind, body, headers = head.answer(self.path, self.headers.get("Authorization"))
+                self.send_response(code)
+                self.send_header("Content-Type", kind)
+                for name, value in headers:
+                    self.send_header(name, value)
+                if head.mode == "chunked":
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+                else:
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                self.close_connection = True
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def answer(
+        self, path: str, authorization: Optional[str]
+    ) -> tuple[int, str, bytes, list[tuple[str, str]]]:
+        if self.mode.startswith("http-"):
+            return int(self.mode[5:]), "text/plain; charset=utf-8", b"no\n", []
+        query = parse_qs(urlsplit(path).query)
+        include_dead, gpus = query.get("all") == ["1"], query.get("gpus") == ["1"]
+        code, note = assess(self.status)
+        headers = [
+            ("X-Rayscope-Exit", str(code)),
+            ("X-Rayscope-Note", json.dumps(note or "")),
+            ("X-Rayscope-Notes", json.dumps(source_details(self.status.sources))),
+            ("X-Rayscope-Schema", str(DOCUMENT_SCHEMA)),
+        ]
+        if self.mode == "old":
+            headers = []
+        elif query.get("format") == ["lines"]:
+            lines = output.status_text_lines(self.status, include_dead, gpus)
+            if self.mode == "bent":  # a wire (or a head) not to be trusted with a terminal
+                lines = ["\x1b]0;owned\x07" + line + "\u2028\x1b[2J" for line in lines]
+            return 200, "text/plain; charset=utf-8", ("\n".join(lines) + "\n").encode(), headers
+        document = status_json(self.status, include_dead, indent=0).encode()
+        return 200, "application/json", document, headers
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=10)
+
+
+@contextlib.contextmanager
+def fake_head(status: ClusterStatus, mode: str = "new") -> Iterator[FakeHead]:
+    head = FakeHead(status, mode)
+    try:
+        yield head
+    finally:
+        head.close()
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [*fast_status.ENVIRONMENT.values(), "RAYSCOPE_GCS"]:
+        monkeypatch.delenv(name, raising=False)
+
+
+def run_entry(argv: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Run:
+    """``rayscope ARGV`` through the entry point: the fast path, then the CLI."""
+    monkeypatch.setattr(sys, "argv", ["rayscope", *argv])
+    with pytest.raises(SystemExit) as stopped:
+        entry.main()
+    captured = capsys.readouterr()
+    return int(stopped.value.code or 0), captured.out, captured.err
+
+
+def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> Run:
+    """``rayscope ARGV`` through the typer CLI alone."""
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(argv)
+    captured = capsys.readouterr()
+    return int(stopped.value.code or 0), captured.out, captured.err
+
+
+def handled_fast(argv: list[str], capsys: pytest.CaptureFixture[str]) -> bool:
+    """Whether the fast path answered ``argv`` itself (it exits) rather than handing it on."""
+    try:
+        fast_status.run(argv)
+    except SystemExit:
+        capsys.readouterr()
+        return True
+    capsys.readouterr()
+    return False
+
+
+@pytest.mark.parametrize("verbose", [False, True], ids=["", "verbose"])
+@pytest.mark.parametrize("options", OPTIONS, ids=[" ".join(o) or "text" for o in OPTIONS])
+@pytest.mark.parametrize("name", sorted(STATUSES))
+def test_the_fast_path_prints_what_the_cli_prints(
+    name: str,
+    options: list[str],
+    verbose: bool,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with fake_head(STATUSES[name]()) as head:
+        argv = [*(["-v"] if verbose else []), "status", "--head", head.url, *options]
+        fast = run_entry(argv, capsys, monkeypatch)
+        typer_path = run_cli(argv, capsys)
+        if verbose and fast[0] == 2:  # --verbose adds a traceback, of each path's own frames
+            fast, typer_path = [(c, out, err.splitlines()[-1]) for c, out, err in (fast, typer_path)]
+        else:
+            assert "Traceback" not in fast[2]
+        assert fast == typer_path
+        assert handled_fast(argv, capsys)
+        asked = head.requests[0]
+    assert ("format=lines" in asked) == ("--json" not in options and "json" not in options)
+    if name == "planted" and "--json" not in options and "json" not in options:
+        assert "\x1b" not in fast[1] and "\u2028" not in fast[1] and "gpu[2J-01x" in fast[1]
+
+
+def test_escape_sequences_on_the_wire_never_reach_the_terminal(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lines the head did not make printable (or a wire without TLS that bent them) are
+    printed through the one printable rule, as the CLI's own renderers print: the control
+    characters go, what is left of the sequence is plain text."""
+    with fake_head(scenarios.seed_status(), "bent") as head:
+        code, out, err = run_entry(["status", "--head", head.url], capsys, monkeypatch)
+        assert (code, err) == (0, "")
+        assert "\x1b" not in out and "\x07" not in out and "\u2028" not in out
+        assert out.splitlines()[0].startswith("]0;ownedCluster: ") and out.count("\n") == len(
+            out.splitlines()
+        )
+        assert head.requests[0].startswith("/v1/status?format=lines")
+
+
+@pytest.mark.parametrize("mode", ["old", "chunked"])
+@pytest.mark.parametrize("options", [[], ["--json"], ["--gpus", "--all"]], ids=["text", "json", "gpus all"])
+def test_an_answer_the_fast_path_does_not_take_goes_to_the_cli(
+    mode: str, options: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An older head (``format=`` ignored, no ``X-Rayscope-*``) or a proxy that chunks: the
+    CLI asks again and prints what it always printed."""
+    with fake_head(scenarios.mixed_status(), mode) as head:
+        argv = ["status", "--head", head.url, *options]
+        assert run_entry(argv, capsys, monkeypatch) == run_cli(argv, capsys)
+        assert not handled_fast(argv, capsys)
+        assert any("format=lines" not in r and "all=1" in r for r in head.requests)  # the CLI's request
+
+
+@pytest.mark.parametrize("code", [401, 404, 500])
+def test_a_refusal_is_the_clis_one_line(
+    code: int, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with fake_head(scenarios.seed_status(), f"http-{code}") as head:
+        argv = ["status", "--head", head.url]
+        fast = run_entry(argv, capsys, monkeypatch)
+        assert fast == run_cli(argv, capsys)
+        assert handled_fast(argv, capsys) and len(head.requests) == 3  # entry, cli, handled_fast: one each
+    assert fast[0] == 2 and fast[1] == "" and fast[2].count("\n") == 1
+    if code == 401:
+        assert fast[2] == f"rayscope: head agent at {head.url} requires its token: pass --token-file\n"
+
+
+def test_unreachable_and_timeout_are_the_clis_lines_said_once(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A closed port and a head that takes the connection and never answers: said by the
+    fast path itself, in the CLI's words, without asking a second time (the wait would
+    double)."""
+    closed = f"http://127.0.0.1:{free_port()}"
+    argv = ["status", "--head", closed]
+    fast = run_entry(argv, capsys, monkeypatch)
+    assert (
+        fast
+        == run_cli(argv, capsys)
+        == (2, "", f"rayscope: head agent unreachable at {closed} (connection refused)\n")
+    )
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(4)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        argv = ["status", "--head", url, "--timeout", "0.3"]
+        expected = (2, "", f"rayscope: head agent unreachable at {url} (timeout 0.3 s)\n")
+        assert run_entry(argv, capsys, monkeypatch) == run_cli(argv, capsys) == expected
+        assert handled_fast(argv, capsys)
+
+
+def test_token_and_tls_file_errors_are_the_clis(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    open_token = tmp_path / "token"
+    open_token.write_text("secret-token-value\n")
+    open_token.chmod(0o644)
+    with fake_head(scenarios.seed_status()) as head:
+        for extra in (
+            ["--token-file", str(open_token)],
+            ["--token-file", str(tmp_path / "missing")],
+            ["--tls-ca", str(tmp_path / "missing.pem")],
+            ["--tls-cert", str(tmp_path / "c.pem")],
+        ):
+            argv = ["status", "--head", head.url, *extra]
+            fast = run_entry(argv, capsys, monkeypatch)
+            assert fast == run_cli(argv, capsys), extra
+            assert fast[0] == 2 and fast[2].count("\n") == 1 and "secret" not in fast[2], fast
+
+
+def test_the_environment_is_read_as_the_cli_reads_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    token = tmp_path / "token"
+    token.write_text("0123456789abcdef\n")
+    token.chmod(0o600)
+    with fake_head(scenarios.mixed_status()) as head:
+        monkeypatch.setenv("RAYSCOPE_HEAD", head.url)
+        monkeypatch.setenv("RAYSCOPE_TOKEN_FILE", str(token))
+        monkeypatch.setenv("RAYSCOPE_TLS_CA", "")  # empty: unset, as click has it
+        fast = run_entry(["status", "--all"], capsys, monkeypatch)
+        assert fast == run_cli(["status", "--all"], capsys)
+        assert handled_fast(["status", "--all"], capsys)
+        assert fast[0] == 1 and "partial" in fast[2]
+
+
+@pytest.mark.parametrize(
+    "words",
+    [
+        ["--help"],
+        ["-h"],
+        ["--output", "f"],
+        ["--append", "f"],
+        ["--watch"],
+        ["--watch", "2"],
+        ["--format", "prom"],
+        ["--format", "TEXT"],
+        ["--json", "--format", "text"],
+        ["--all", "--all"],
+        ["--timeout", "1", "--timeout=2"],
+        ["--token-file", "--all"],
+        ["--token-file"],
+        ["--all=1"],
+        ["--gcs", "127.0.0.1:6379"],
+        ["--bogus"],
+        ["extra"],
+        ["--"],
+        ["-v"],
+    ],
+)
+def test_what_the_fast_path_does_not_know_goes_to_the_cli(words: list[str]) -> None:
+    assert fast_status.parse(["--head", "http://127.0.0.1:1", *words], False, {}) is None
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["5", "0.001", "86400", " 7 ", "1e2", "1_0", "0", "-1", "86400.5", "nan", "inf", "-inf", "abc", ""],
+)
+def test_the_fast_path_takes_exactly_the_timeouts_the_cli_takes(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every ``--timeout`` the fast path takes is one the CLI takes, and the reverse: a value
+    it does not take goes to the CLI, which refuses it (exit 2, naming ``--timeout``)."""
+    url = f"http://127.0.0.1:{free_port()}"
+    taken = fast_status.parse(["--head", url, f"--timeout={value}"], False, {}) is not None
+    code, _, err = run_cli(["status", "--head", url, f"--timeout={value}"], capsys)
+    refused = code == 2 and "--timeout" in err
+    assert taken != refused, err
+
+
+def test_the_fast_path_reads_the_clis_option_names_defaults_and_variables() -> None:
+    """The names this module reads stand for the same things in agent/options.py."""
+    import typing
+
+    from agent import addresses, options
+
+    assert fast_status.DEFAULT_TIMEOUT_S == addresses.DEFAULT_TIMEOUT_S
+    assert fast_status.HEAD_ENV == head_request.HEAD_ENV
+    declared = {
+        "head": options.HeadOption,
+        "token_file": options.TokenFileOption,
+        "tls_cert": options.TlsCertOption,
+        "tls_key": options.TlsKeyOption,
+        "tls_ca": options.TlsCaOption,
+    }
+    for key, annotated in declared.items():
+        info: Any = typing.get_args(annotated)[1]
+        assert info.envvar == fast_status.ENVIRONMENT[key], key
+    every = {**fast_status.VALUES, **fast_status.FLAGS}
+    names: dict[str, Any] = {
+        "--head": options.HeadOption,
+        "--gcs": options.GcsOption,
+        "--token-file": options.TokenFileOption,
+        "--timeout": options.TimeoutOption,
+        "--format": options.FormatOption,
+        "--tls-cert": options.TlsCertOption,
+        "--tls-key": options.TlsKeyOption,
+        "--tls-ca": options.TlsCaOption,
+        "--all": options.AllNodesOption,
+        "--gpus": options.GpusOption,
+        "--json": options.JsonOption,
+    }
+    for name, declaration in names.items():
+        info = typing.get_args(declaration)[1]
+        assert name in every and name in (info.default, *info.param_decls)  # Annotated: the name is `default`
+
+
+def test_parse_head_answer_headers_strictly() -> None:
+    assert head_request.parse_head(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nX-A:  b ") == (
+        200,
+        {"content-length": "3", "x-a": "b"},
+    )
+    for bad in (
+        b"HTTP/2 200 OK",
+        b"HTTP/1.1 20x OK",
+        b"HTTP/1.1 2000 OK",
+        b"HTTP/1.1 200 OK\r\nX-A: 1\r\nx-a: 2",
+        b"HTTP/1.1 200 OK\r\n folded",
+        b"HTTP/1.1 200 OK\r\nno colon",
+    ):
+        with pytest.raises(head_request.Unusual):
+            head_request.parse_head(bad)

@@ -29,7 +29,6 @@ import fcntl
 import os
 import stat
 import sys
-import tempfile
 import time
 from typing import TYPE_CHECKING, Optional
 
@@ -120,6 +119,8 @@ def write_atomic(path: str, text: str) -> None:
     if refusal is not None:
         raise refusal
     try:
+        import tempfile  # here: status --head's fast path prints through this module, and pays its imports
+
         fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
     except OSError as err:
         raise AgentError(f"cannot write {path}: {err.strerror}", EXIT_CANNOT_WRITE) from None

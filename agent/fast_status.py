@@ -288,12 +288,12 @@ def _lines_text(body: bytes) -> str:
     return "\n".join(printable_lines(body.decode("utf-8", "replace").split("\n")))
 
 
-def _json_text(body: bytes) -> Optional[str]:
+def _json_text(body: bytes) -> Optional[bytes]:
     """The head's compact document indented as ``status --json`` prints it (the same
-    Struct encoded, then ``msgspec.json.format``); ``None`` when it is not JSON."""
+    Struct encoded, then ``msgspec.json.format``), UTF-8; ``None`` when it is not JSON."""
     import msgspec
 
     try:
-        return msgspec.json.format(body, indent=2).decode() + "\n"
-    except (msgspec.DecodeError, UnicodeDecodeError):
+        return msgspec.json.format(body, indent=2) + b"\n"
+    except msgspec.DecodeError:
         return None

@@ -135,18 +135,17 @@ def _exchange(sock: socket.socket, request: bytes) -> Answer:
         length = int(headers["content-length"])
     except (KeyError, ValueError):
         raise Unusual("no Content-Length") from None
-    parts = [body]
-    received = len(body)
-    while received < length:
-        chunk = sock.recv(min(_RECV_BYTES, length - received))
-        if not chunk:
-            raise Unusual("the body ended early")
-        parts.append(chunk)
-        received += len(chunk)
-    whole = b"".join(parts)
-    if len(whole) != length:
+    if len(body) > length:
         raise Unusual("more than Content-Length")
-    return Answer(status, headers, whole)
+    whole = bytearray(length)  # received in place: a document of 10,000 nodes is ~14 MB
+    whole[: len(body)] = body
+    view, received = memoryview(whole), len(body)
+    while received < length:
+        got = sock.recv_into(view[received:], min(_RECV_BYTES, length - received))
+        if not got:
+            raise Unusual("the body ended early")
+        received += got
+    return Answer(status, headers, bytes(whole))
 
 
 def parse_head(head: bytes) -> tuple[int, dict[str, str]]:

@@ -30,7 +30,7 @@ import os
 import stat
 import sys
 import time
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Union
 
 from agent.errors import EXIT_CANNOT_WRITE, EXIT_NO_DATA, AgentError, say
 
@@ -266,12 +266,19 @@ def deliver_status(
     return code
 
 
-def to_stdout(text: str) -> None:
-    """``text`` on stdout; a reader that went away (``status | head -1``) is not an error:
-    the rest is dropped quietly and the command keeps the exit code it would have had."""
+def to_stdout(text: Union[str, bytes]) -> None:
+    """``text`` on stdout (``bytes``: UTF-8 already, written as they are when stdout's
+    encoding is UTF-8, so that a large document is not decoded to be encoded again); a
+    reader that went away (``status | head -1``) is not an error: the rest is dropped
+    quietly and the command keeps the exit code it would have had."""
     try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        if isinstance(text, bytes) and (sys.stdout.encoding or "").lower().replace("-", "") == "utf8":
+            sys.stdout.flush()
+            sys.stdout.buffer.write(text)
+            sys.stdout.buffer.flush()
+        else:
+            sys.stdout.write(text.decode() if isinstance(text, bytes) else text)
+            sys.stdout.flush()
     except BrokenPipeError:
         # The interpreter flushes stdout again at exit: point it at /dev/null first.
         devnull = os.open(os.devnull, os.O_WRONLY)

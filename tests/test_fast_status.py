@@ -410,3 +410,69 @@ def test_parse_head_answer_headers_strictly() -> None:
     ):
         with pytest.raises(head_request.Unusual):
             head_request.parse_head(bad)
+
+
+EMBEDDED = {
+    "embedded": scenarios.embedded_seed_status,
+    "pending": scenarios.pending_status,
+    "no-data": _no_data,
+}
+EMBEDDED_OPTIONS = [
+    [],
+    ["--all", "--gpus"],
+    ["--json"],
+    ["--format", "prom"],
+    ["--gcs", "10.0.0.1:6379", "--timeout=2.5"],
+]
+
+
+@pytest.mark.parametrize("verbose", [False, True], ids=["", "verbose"])
+@pytest.mark.parametrize("options", EMBEDDED_OPTIONS, ids=[" ".join(o) or "text" for o in EMBEDDED_OPTIONS])
+@pytest.mark.parametrize("name", sorted(EMBEDDED))
+def test_the_embedded_status_without_typer_prints_what_the_cli_prints(
+    name: str,
+    options: list[str],
+    verbose: bool,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``status`` without a head, answered without the CLI's imports: the same read (the
+    same arguments to ``client.read_cluster``), the same bytes and exit code."""
+    from agent import client
+    from agent.sources import gcs_prestart
+
+    reads: list[tuple[Any, ...]] = []
+
+    def read_cluster(*args: Any) -> ClusterStatus:
+        reads.append(args[:5])
+        return EMBEDDED[name]()
+
+    monkeypatch.setattr(client, "read_cluster", read_cluster)
+    monkeypatch.setattr(gcs_prestart, "start", lambda *a: reads.append(("prestart",)))
+    argv = [*(["-v"] if verbose else []), "status", *options]
+    fast = run_entry(argv, capsys, monkeypatch)
+    typer_path = run_cli(argv, capsys)
+    if verbose and fast[0] == 2:
+        fast, typer_path = [(c, out, err.splitlines()[-1]) for c, out, err in (fast, typer_path)]
+    assert fast == typer_path
+    assert handled_fast(argv, capsys)
+    prestart, fast_read, cli_read = reads[0], reads[1], reads[2]
+    assert prestart == ("prestart",) and fast_read == cli_read
+
+
+@pytest.mark.parametrize(
+    "words",
+    [["--gcs", "foo"], ["--gcs", "127.0.0.1:99999"], ["--timeout", "0"], ["--token-file", "t"], ["--watch"]],
+)
+def test_an_embedded_status_the_fast_path_does_not_take_still_starts_the_gcs_child(
+    words: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CLI reads the GCS (or refuses the value): the child is started either way, and
+    killed at exit when no read takes it."""
+    from agent.sources import gcs_prestart
+
+    started: list[bool] = []
+    monkeypatch.setattr(gcs_prestart, "start", lambda *a: started.append(True))
+    fast_status.run(["status", *words])
+    assert started == [True]
+    assert fast_status.parse(words, False, {}) is None

@@ -1,7 +1,10 @@
-"""The head agent's HTTP client: ``status --head`` reads the merged rollup from it.
+"""The head agent's HTTP client: ``status --head`` (and ``fit --head``) read the merged
+rollup from it, decoded into Structs.
 
-The fast path of the CLI: no ray, no psutil, no pynvml — only the standard library's HTTP
-client and msgspec, so a status query costs little more than the interpreter's start.
+No ray, no psutil, no pynvml: only the standard library's HTTP client and msgspec. The
+fastest path, ``status --head`` printing what the head rendered, is
+:mod:`agent.fast_status`; it hands here what it does not take, and both say a failure in
+the words of :mod:`agent.head_request`.
 """
 
 from typing import Optional

@@ -16,6 +16,7 @@ import contextlib
 import http.server
 import json
 import socket
+import ssl
 import sys
 import threading
 from collections.abc import Iterator
@@ -79,7 +80,9 @@ OPTIONS = [
 class FakeHead:
     """A head agent's HTTP port answering from one status (``mode``: what kind of head)."""
 
-    def __init__(self, status: ClusterStatus, mode: str = "new") -> None:
+    def __init__(
+        self, status: ClusterStatus, mode: str = "new", tls: Optional[ssl.SSLContext] = None
+    ) -> None:
         self.status, self.mode = status, mode
         self.requests: list[str] = []
         head = self
@@ -108,9 +111,11 @@ class FakeHead:
                 pass
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        if tls is not None:  # handshakes in accept(): a failed one is the server's OSError, and it serves on
+            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.server.server_address[1]}"
 
     def answer(
         self, path: str, authorization: Optional[str]
@@ -143,8 +148,10 @@ class FakeHead:
 
 
 @contextlib.contextmanager
-def fake_head(status: ClusterStatus, mode: str = "new") -> Iterator[FakeHead]:
-    head = FakeHead(status, mode)
+def fake_head(
+    status: ClusterStatus, mode: str = "new", tls: Optional[ssl.SSLContext] = None
+) -> Iterator[FakeHead]:
+    head = FakeHead(status, mode, tls)
     try:
         yield head
     finally:
@@ -296,6 +303,45 @@ def test_token_and_tls_file_errors_are_the_clis(
             fast = run_entry(argv, capsys, monkeypatch)
             assert fast == run_cli(argv, capsys), extra
             assert fast[0] == 2 and fast[2].count("\n") == 1 and "secret" not in fast[2], fast
+
+
+@pytest.mark.parametrize("client", ["verified", "no CA", "no client certificate", "plain http"])
+def test_over_tls_the_fast_path_reads_and_fails_as_the_cli_does(
+    client: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A head with mutual TLS (its certificate, clients' signed by the CA): read with the
+    right files, refused without the CA (the system's CAs do not know it), without a client
+    certificate, or as plain HTTP; each the CLI's answer, said once."""
+    from tests.test_live_wire import make_pki
+
+    pki = make_pki(tmp_path)
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(str(pki["head.pem"]), str(pki["head.key"]))
+    server.load_verify_locations(str(pki["ca.pem"]))
+    server.verify_mode = ssl.CERT_REQUIRED
+    files = {
+        "verified": [
+            "--tls-ca",
+            str(pki["ca.pem"]),
+            "--tls-cert",
+            str(pki["client.pem"]),
+            "--tls-key",
+            str(pki["client.key"]),
+        ],
+        "no CA": ["--tls-cert", str(pki["client.pem"]), "--tls-key", str(pki["client.key"])],
+        "no client certificate": ["--tls-ca", str(pki["ca.pem"])],
+        "plain http": [],
+    }[client]
+    with fake_head(scenarios.mixed_status(), tls=server) as head:
+        url = head.url.replace("https", "http") if client == "plain http" else head.url
+        argv = ["status", "--head", url, "--timeout", "3", *files]
+        fast = run_entry(argv, capsys, monkeypatch)
+        assert fast == run_cli(argv, capsys)
+        assert handled_fast(argv, capsys)
+    if client == "verified":
+        assert fast[0] == 1 and "partial" in fast[2]
+    else:
+        assert fast[0] == 2 and fast[1] == "" and "unreachable" in fast[2] and fast[2].count("\n") == 1
 
 
 def test_the_environment_is_read_as_the_cli_reads_it(

@@ -335,13 +335,21 @@ def test_over_tls_the_fast_path_reads_and_fails_as_the_cli_does(
     with fake_head(scenarios.mixed_status(), tls=server) as head:
         url = head.url.replace("https", "http") if client == "plain http" else head.url
         argv = ["status", "--head", url, "--timeout", "3", *files]
-        fast = run_entry(argv, capsys, monkeypatch)
-        assert fast == run_cli(argv, capsys)
+        fast, typer_path = run_entry(argv, capsys, monkeypatch), run_cli(argv, capsys)
+        if client == "no client certificate":  # TLS 1.3 races the server's alert with the
+            # client's request: either path reads the alert or an EOF, run to run
+            fast, typer_path = [(c, o, e.partition(" (")[0] + "\n") for c, o, e in (fast, typer_path)]
+        assert fast == typer_path
         assert handled_fast(argv, capsys)
     if client == "verified":
         assert fast[0] == 1 and "partial" in fast[2]
     else:
-        assert fast[0] == 2 and fast[1] == "" and "unreachable" in fast[2] and fast[2].count("\n") == 1
+        assert (
+            fast[0] == 2
+            and fast[1] == ""
+            and fast[2].startswith(f"rayscope: head agent unreachable at {url}")
+        )
+        assert fast[2].count("\n") == 1
 
 
 def test_the_environment_is_read_as_the_cli_reads_it(

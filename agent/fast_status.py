@@ -280,7 +280,7 @@ def status_headers(headers: dict[str, str], verbose: bool) -> Optional[Said]:
     return said._replace(sources=printable_lines(said.sources)) if verbose else said
 
 
-def _lines_text(body: bytes) -> str:
+def _lines_text(body: Union[bytes, bytearray]) -> str:
     """The status lines as served, through the one printable rule again (the head's lines
     are printable already; the wire between is not to be trusted with a terminal)."""
     from agent.text import printable_lines
@@ -288,7 +288,7 @@ def _lines_text(body: bytes) -> str:
     return "\n".join(printable_lines(body.decode("utf-8", "replace").split("\n")))
 
 
-def _json_text(body: bytes) -> Optional[bytes]:
+def _json_text(body: Union[bytes, bytearray]) -> Optional[bytes]:
     """The head's compact document indented as ``status --json`` prints it (the same
     Struct encoded, then ``msgspec.json.format``), UTF-8; ``None`` when it is not JSON."""
     import msgspec

@@ -19,3 +19,20 @@ def actor_name(actor: ActorBooking) -> str:
     if actor.class_name.startswith(SERVE_REPLICA_CLASS):
         return actor.class_name.rsplit(":", 1)[-1]
     return actor.name or short_class_name(actor.class_name) or "actor"
+
+
+SERVE_REPLICA_NAME = "SERVE_REPLICA::"
+
+
+def app_name(class_name: str, name: str) -> str:
+    """The app an actor is a replica of, for grouping: ``app/deployment`` for a Ray Serve
+    replica (a BioEngine app is a Serve application: its id is the app, each of its
+    deployments books its own replicas), told by its class or its name; else its class."""
+    if class_name.startswith(SERVE_REPLICA_CLASS):
+        app, _, deployment = class_name[len(SERVE_REPLICA_CLASS) :].rpartition(":")
+        return f"{app}/{deployment}" if app else deployment
+    if name.startswith(SERVE_REPLICA_NAME):
+        parts = name[len(SERVE_REPLICA_NAME) :].split("#")
+        if len(parts) >= 3:
+            return f"{'#'.join(parts[:-2])}/{parts[-2]}"
+    return short_class_name(class_name) or name or "actor"

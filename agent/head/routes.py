@@ -1,10 +1,10 @@
 """What the head's HTTP port answers, path by path: a complete request in, a response out.
 
 No sockets here (:mod:`agent.head.http` reads requests under a deadline and writes the
-answers): each answer runs in one of the port's worker threads. ``/v1/status`` and
-``/metrics`` need a bearer token when the head has one (the agents' token or the read-only
-one); ``/healthz`` answers everyone, with counters only. A bug in one answer is a 500 with a
-reason, logged once per kind, and the head keeps serving.
+answers): each answer runs in one of the port's worker threads. ``/v1/status``,
+``/v1/usage`` and ``/metrics`` need a bearer token when the head has one (the agents' token
+or the read-only one); ``/healthz`` answers everyone, with counters only. A bug in one
+answer is a 500 with a reason, logged once per kind, and the head keeps serving.
 """
 
 import hmac
@@ -20,6 +20,8 @@ from agent.head.state import HeadState
 from agent.logs import LogThrottle
 from agent.render.metrics import metrics_text
 from agent.render.status import status_json
+from agent.render.usage import usage_json, usage_metrics
+from agent.usage_summary import DEFAULT_HEADROOM_PCT, checked_headroom, parse_window
 
 log = logging.getLogger("rayscope.head")
 
@@ -77,17 +79,32 @@ class Routes:
             health = self.state.health(time.monotonic())
             ok = bool(health["gcs_poller"]["ok"])
             return Response(200, JSON, msgspec.json.encode({"ok": ok, **health}))
-        if url.path not in ("/v1/status", "/metrics"):
-            return text(404, "not found: try /v1/status, /metrics, /healthz")
+        if url.path not in ("/v1/status", "/metrics", "/v1/usage"):
+            return text(404, "not found: try /v1/status, /v1/usage, /metrics, /healthz")
         if self.read_tokens and not self.authorized(request.headers):
             return text(401, "bearer token required")
         query = parse_qs(url.query)
+        return self.usage(query) if url.path == "/v1/usage" else self.status(url.path, query)
+
+    def status(self, path: str, query: dict[str, list[str]]) -> Response:
+        """``/v1/status`` (``?gpus=1``, ``?all=1``) or ``/metrics`` (with the usage families)."""
         gpus = query.get("gpus", ["0"])[0] in YES
         status = self.state.status(time.monotonic(), gpus=gpus, wall_now=time.time())
-        if url.path == "/metrics":
-            return Response(200, PROMETHEUS_TEXT, metrics_text(status).encode())
+        if path == "/metrics":
+            usage = usage_metrics(self.state.usage.document(time.monotonic()))
+            return Response(200, PROMETHEUS_TEXT, (metrics_text(status) + usage).encode())
         include_dead = query.get("all", ["0"])[0] in YES
         return Response(200, JSON, status_json(status, include_dead, indent=0).encode())
+
+    def usage(self, query: dict[str, list[str]]) -> Response:
+        """``/v1/usage?window=SPAN&headroom=PCT``: the usage document (400 for a bad query)."""
+        try:
+            window_s = parse_window(query["window"][0]) if "window" in query else None
+            headroom = checked_headroom(float(query.get("headroom", [DEFAULT_HEADROOM_PCT])[0]))
+        except ValueError as err:
+            return text(400, f"bad query: {err}")
+        usage = self.state.usage.document(time.monotonic(), window_s, headroom)
+        return Response(200, JSON, usage_json(usage).encode())
 
     def authorized(self, headers: Message) -> bool:
         """``Bearer TOKEN``, the scheme in any case (RFC 9110); every token compared in

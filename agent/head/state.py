@@ -19,6 +19,7 @@ from agent.addresses import DEFAULT_TIMEOUT_S
 from agent.attribution import attribute_cluster
 from agent.head.admission import IngestCounters
 from agent.head.reports import ReportTable
+from agent.head.usage_store import DEFAULT_WINDOW_S, UsageStore
 from agent.rollup import STALE_INTERVALS, merge, scheduler_nodes
 from agent.schema.pending import PendingRead
 from agent.schema.report import REPORT_SCHEMA, NodeReport, SourceStatus
@@ -74,8 +75,12 @@ class PollerHealth:
 class HeadState:
     """The latest report per node and the latest scheduler view; safe across threads."""
 
-    def __init__(self, interval_s: float, gcs_address: Optional[str]) -> None:
+    def __init__(
+        self, interval_s: float, gcs_address: Optional[str], usage: Optional[UsageStore] = None
+    ) -> None:
         self.interval_s = interval_s
+        self.usage = usage or UsageStore(DEFAULT_WINDOW_S, interval_s, time.monotonic(), time.time())
+        """Each actor's measured GPU memory over a window (``rayscope usage``)."""
         self.gcs_address = gcs_address
         self._lock = threading.Lock()
         self._table = ReportTable()
@@ -126,6 +131,7 @@ class HeadState:
                 known.node_ip if known is not None else None,
                 STALE_INTERVALS * self.interval_s,
             )
+            self.usage.seen(key, report)
             self.reports_received += 1
         return report
 
@@ -189,6 +195,16 @@ class HeadState:
         with self._lock:
             view_ok = self._view_read_at is not None
             return self._table.forget(now, FORGET_INTERVALS * self.interval_s, view_ok)
+
+    def fold_usage(self, now: float) -> None:
+        """Once per interval (the poller): attribute the reports since the last fold to the
+        actors of the latest actor table and record them in the usage window."""
+        with self._lock:
+            pending = self.usage.take()
+            actors = self._actors
+            reports = {key: r.report for key, r in self._table.reports.items()}
+        self.usage.fold(pending, actors, co_hosted(reports), now)
+        self.usage.maybe_save(now)
 
     def set_actors(self, actors: Optional[list[ActorBooking]], status: SourceStatus) -> None:
         """The actor table's bookings (``--gpus``); a failed read keeps the last good one."""

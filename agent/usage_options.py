@@ -8,9 +8,11 @@ from typing import Annotated, Optional
 import typer
 
 
-def _window(text: str) -> float:
+def _window(text: "str | float") -> float:
     from agent.usage_summary import parse_window
 
+    if isinstance(text, float):  # the default, not typed by anyone
+        return text
     try:
         return parse_window(text)
     except ValueError as err:

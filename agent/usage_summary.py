@@ -66,8 +66,7 @@ def nearest_rank(values: Sequence[int], percentile: float = PERCENTILE) -> Optio
     share of the values at or below it); ``None`` for no values."""
     if not values:
         return None
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(percentile / 100 * len(ordered)) - 1)]
+    return sorted(values)[max(1, math.ceil(percentile / 100 * len(values))) - 1]
 
 
 def suggestion_mb(peak_bytes: int, headroom_pct: float) -> int:
@@ -82,11 +81,11 @@ def suggestion_mb(peak_bytes: int, headroom_pct: float) -> int:
 
 def actor_usage(
     series: ActorSeries, now: float, window: UsageWindow, k: int, headroom_pct: float
-) -> tuple[ActorUsage, list[int]]:
-    """One actor over the last ``k`` slots; and its measured slot figures (for its app)."""
+) -> ActorUsage:
+    """One actor over the last ``k`` slots."""
     meta = series.meta
     totals, samples = series.slots(window.slot(now), k)
-    measured = [v for v in totals if v != EMPTY]
+    measured = totals if EMPTY not in totals else [v for v in totals if v != EMPTY]
     peak = max(measured) if measured else None
     since = max(series.first_seen, window.known_since, now - k * window.slot_s)
     usage = ActorUsage(
@@ -114,17 +113,17 @@ def actor_usage(
         usage.suggested_vram_mb = suggestion_mb(peak, headroom_pct)
         if meta.booked_mb is not None:
             usage.frees_mb = round(meta.booked_mb - usage.suggested_vram_mb, 1)
-    return usage, measured
+    return usage
 
 
-def app_usage(
-    app: str, actors: Sequence[ActorUsage], measured: Sequence[int], headroom_pct: float
-) -> AppUsage:
-    """The replicas of one app, per replica: the largest booking and peak, the pooled p95,
-    one suggestion for all, and what re-booking the alive ones at it frees."""
+def app_usage(app: str, actors: Sequence[ActorUsage], headroom_pct: float) -> AppUsage:
+    """The replicas of one app, per replica: the largest booking, peak and p95 (the worst
+    replica's: at least the p95 of all their slots pooled), one suggestion for all, and
+    what re-booking the alive ones at it frees."""
     alive = [a for a in actors if a.alive]
     booked = [a.booked_mb for a in actors if a.booked_mb is not None]
     peaks = [a.peak_used_bytes for a in actors if a.peak_used_bytes is not None]
+    p95s = [a.p95_used_bytes for a in actors if a.p95_used_bytes is not None]
     largest = max(actors, key=lambda a: a.booked_mb or 0.0)
     group = AppUsage(
         app=app,
@@ -135,7 +134,7 @@ def app_usage(
         booked_gpu=largest.booked_gpu,
         bookings_differ=len(set(booked)) > 1,
         peak_used_bytes=max(peaks) if peaks else None,
-        p95_used_bytes=nearest_rank(measured),
+        p95_used_bytes=max(p95s) if p95s else None,
         samples=sum(a.samples for a in actors),
         oom_risk=any(a.oom_risk for a in actors),
     )
@@ -167,16 +166,14 @@ def usage_document(
     asked = window.window_s if window_s is None else min(window_s, window.window_s)
     k = slot_count(asked, window.slot_s)
     actors: list[ActorUsage] = []
-    by_app: dict[str, tuple[list[ActorUsage], list[int]]] = {}
+    by_app: dict[str, list[ActorUsage]] = {}
     for series in window.actors.values():
         if series.last_slot <= window.slot(now) - k:
             continue  # not seen in the window asked (a shorter one than the head's)
-        usage, measured = actor_usage(series, now, window, k, headroom_pct)
+        usage = actor_usage(series, now, window, k, headroom_pct)
         actors.append(usage)
-        members, pooled = by_app.setdefault(usage.app, ([], []))
-        members.append(usage)
-        pooled += measured
-    apps = [app_usage(app, members, pooled, headroom_pct) for app, (members, pooled) in by_app.items()]
+        by_app.setdefault(usage.app, []).append(usage)
+    apps = [app_usage(app, members, headroom_pct) for app, members in by_app.items()]
     apps.sort(key=lambda a: (-(a.frees_mb or 0.0), a.app))
     actors.sort(key=lambda a: (a.app, a.name, a.actor_id))
     covered = max(0.0, min(asked, now - window.known_since))

@@ -278,13 +278,14 @@ def read_state(path: str) -> Optional[SavedUsage]:
         return None
     except OSError as err:
         raise AgentError(f"cannot read --usage-state {path}: {err.strerror or err}", EXIT_NO_DATA) from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid not in (0, os.geteuid()):
+        os.close(fd)
+        raise AgentError(
+            f"cannot read --usage-state {path}: not a regular file of root or uid {os.geteuid()}",
+            EXIT_NO_DATA,
+        )
     with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode) or st.st_uid not in (0, os.geteuid()):
-            raise AgentError(
-                f"cannot read --usage-state {path}: not a regular file of root or uid {os.geteuid()}",
-                EXIT_NO_DATA,
-            )
         if st.st_size > MAX_STATE_BYTES:
             too_big = f"--usage-state {path} is larger than {MAX_STATE_BYTES // MIB} MiB"
             raise AgentError(too_big, EXIT_NO_DATA)

@@ -65,7 +65,7 @@ def verdict(row: "ActorUsage | AppUsage") -> str:
 def figures(row: "ActorUsage | AppUsage") -> str:
     return (
         f"{booked(row)}  peak {mb_of_bytes(row.peak_used_bytes)}  p95 {mb_of_bytes(row.p95_used_bytes)}"
-        f"  {row.samples} samples"
+        f"  {row.samples} sample{'' if row.samples == 1 else 's'}"
     )
 
 

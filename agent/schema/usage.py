@@ -77,7 +77,7 @@ class AppUsage(msgspec.Struct, kw_only=True):
     peak_used_bytes: Optional[int] = None
     """The highest of its replicas' peaks."""
     p95_used_bytes: Optional[int] = None
-    """95th percentile of every replica's per-slot maxima, pooled."""
+    """The highest of its replicas' p95s (at least the p95 of all their slots pooled)."""
     samples: int = 0
     suggested_vram_mb: Optional[int] = None
     frees_mb: Optional[float] = None

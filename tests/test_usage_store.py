@@ -9,6 +9,7 @@ downtime in ``UsageStore.restore`` and the restart test's slots land too late; r
 """
 
 import json
+from collections.abc import Mapping
 from email.message import Message
 from pathlib import Path
 from typing import Optional
@@ -16,6 +17,7 @@ from typing import Optional
 import msgspec
 import pytest
 
+from agent import gpu_memory
 from agent.errors import AgentError
 from agent.head import usage_store
 from agent.head.routes import Request, Routes
@@ -40,7 +42,7 @@ READ_TOKEN = b"fedcba9876543210fedcba9876543210"
 
 
 def report(
-    gib_by_pid: dict[int, Optional[float]], node: str = NODE, used_gib: Optional[float] = 20.0
+    gib_by_pid: Mapping[int, Optional[float]], node: str = NODE, used_gib: Optional[float] = 20.0
 ) -> NodeReport:
     processes = [
         GpuProcess(pid=pid, used_memory_bytes=None if gib is None else int(gib * GIB), kinds=["compute"])
@@ -122,8 +124,8 @@ def test_an_unmeasured_gpu_gives_its_reason_instead_of_a_figure(monkeypatch: pyt
     assert (samples, reason) == ([], usage_store.UNMEASURED_PROCESS)
     # A vGPU guest without a CUDA sample, as agent.gpu_memory.gpu_used judges it (issue 20).
     vgpu = "vGPU guest: NVML's used memory comes from the vGPU manager"
-    real = usage_store.gpu_used
-    monkeypatch.setattr(usage_store, "gpu_used", lambda gpu: real(gpu)._replace(used_bytes=None, reason=vgpu))
+    real = gpu_memory.gpu_used
+    monkeypatch.setattr(gpu_memory, "gpu_used", lambda gpu: real(gpu)._replace(used_bytes=None, reason=vgpu))
     store = UsageStore(3600, 5, 0.0, WALL)
     store.fold({NODE: [report({101: 14.5})]}, ACTORS[:1], {}, now=5.0)
     (row,) = store.document(6.0).actors

@@ -23,10 +23,10 @@ from typing import Optional
 
 import msgspec
 
+from agent import gpu_memory
 from agent.actors import actor_name
 from agent.attribution import attribute_node, leaf_devices
 from agent.errors import EXIT_NO_DATA, AgentError
-from agent.gpu_memory import gpu_used
 from agent.output import write_atomic
 from agent.schema.report import GpuDevice, NodeReport
 from agent.schema.status import ActorBooking
@@ -82,7 +82,7 @@ def report_samples(
     for device in leaf_devices(gpus):
         if device.attribution is None:
             continue
-        figure = gpu_used(device)
+        figure = gpu_memory.gpu_used(device)  # the one judge of a GPU's used figure (issue 20)
         for user in device.attribution.users:
             actor = by_id.get(user.actor_id or "")
             if actor is None:

@@ -34,7 +34,11 @@ UsageWindowOption = Annotated[
         "--usage-window",
         metavar="SPAN",
         parser=_window,
-        help="How long the head remembers each actor's GPU memory (rayscope usage): 3600, 30m, 1h, 7d.",
+        show_default=False,
+        help=(
+            "How long the head remembers each actor's GPU memory (rayscope usage):"
+            " 3600, 30m, 1h (the default), 7d."
+        ),
     ),
 ]
 UsageStateOption = Annotated[

@@ -13,7 +13,6 @@ report per node (``reports[-1:]`` in ``UsageStore.fold``) and the one-phase spik
 missing whenever an interval held two reports.
 """
 
-import json
 import math
 import re
 import time
@@ -25,6 +24,7 @@ import pytest
 
 from tests import fake_nvml as fake
 from tests.conftest import HeadDaemon, LiveCluster, push_agent, run_rayscope
+from tests.schemas import parsed
 from tests.test_promtool import lint
 
 pytestmark = pytest.mark.live
@@ -95,8 +95,8 @@ def cellpose(live_cluster: LiveCluster) -> Iterator[dict[str, dict[str, Any]]]:
 def usage_json(head: HeadDaemon, env: dict[str, str], token: Path) -> dict[str, Any]:
     done = run_rayscope("usage", "--json", "--head", head.url, "--token-file", str(token), env=env)
     assert done.returncode == 0, done.stderr
-    parsed: dict[str, Any] = json.loads(done.stdout)
-    return parsed
+    document: dict[str, Any] = parsed(done.stdout, "usage")  # schema/usage.schema.json
+    return document
 
 
 def test_usage_names_each_replica_s_highest_figure_and_the_booking_to_ask_for(

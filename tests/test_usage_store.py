@@ -30,6 +30,7 @@ from agent.schema.status import ActorBooking
 from agent.schema.usage import UsageDocument
 from agent.usage_summary import usage_document
 from tests.conftest import free_port, run_rayscope
+from tests.schemas import parsed
 from tests.test_promtool import lint
 
 GIB = 1024**3
@@ -228,6 +229,7 @@ def test_usage_needs_the_read_token_like_status() -> None:
     assert get(routes, "/v1/usage", b"wrong")[0] == 401
     status, body = get(routes, "/v1/usage?window=30m&headroom=25", READ_TOKEN)
     assert status == 200
+    parsed(body, "usage")  # schema/usage.schema.json
     doc = msgspec.json.decode(body, type=UsageDocument)
     assert (doc.window_s, doc.headroom_pct) == (1800, 25)
     assert {a.name for a in doc.actors} == {"federated-unet-0", "federated-unet-1", "denbi-app"}

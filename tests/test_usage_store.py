@@ -9,6 +9,7 @@ downtime in ``UsageStore.restore`` and the restart test's slots land too late; r
 """
 
 import json
+import os
 from collections.abc import Mapping
 from email.message import Message
 from pathlib import Path
@@ -195,6 +196,18 @@ def test_a_state_file_behind_a_symlink_is_refused(tmp_path: Path) -> None:
     with pytest.raises(AgentError) as err:
         read_state(str(link))
     assert err.value.exit_code == 2 and "cannot read --usage-state" in str(err.value)
+
+
+def test_a_state_file_another_user_planted_is_refused(tmp_path: Path) -> None:
+    """In a shared directory another user could plant a made-up history (root runs the head)."""
+    if os.geteuid() != 0:
+        pytest.fail("needs root, to plant a file as uid 65534 (the tests run as root)")
+    path = tmp_path / "usage.json"
+    filled(str(path)).save(100.0)
+    os.chown(path, 65534, 65534)
+    with pytest.raises(AgentError) as err:
+        read_state(str(path))
+    assert err.value.exit_code == 2 and "not a regular file of root or uid 0" in str(err.value)
 
 
 def test_a_state_file_that_cannot_be_written_stops_the_head_at_its_start(tmp_path: Path) -> None:

@@ -103,6 +103,13 @@ def test_peak_and_p95_over_the_window_and_over_a_shorter_one() -> None:
     assert short.actors[0].p95_used_bytes == 100 * MIB  # ceil(0.95 * 10) = the 10th of 10
 
 
+def test_a_window_longer_than_the_head_s_is_the_head_s() -> None:
+    window = UsageWindow(60, 1, now=0.0)
+    window.record(meta(), [("GPU-0", GIB)], now=1.0)
+    doc = usage_document(window, now=2.0, wall_now=WALL, window_s=3600)
+    assert (doc.window_s, doc.head_window_s, doc.actors[0].peak_used_bytes) == (60, 60, GIB)
+
+
 def test_a_peak_leaves_the_window_with_its_slot() -> None:
     window = UsageWindow(10, 1, now=0.0)
     window.record(meta(), [("GPU-0", 8 * GIB)], now=0.0)

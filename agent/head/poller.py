@@ -31,13 +31,13 @@ def poll_once(
     state.set_view(views, status)
     if agents is not None and status.ok:
         agents.reconcile(v.node_id for v in views if v.alive)
-    state.fold_usage(time.monotonic())
     for node_id in state.forget_gone(time.monotonic()):
         log.info(
             "forgot node %s: unknown to the scheduler, silent for %d intervals", node_id, FORGET_INTERVALS
         )
     if status.ok:
         log.debug("GCS %s: %d nodes", status.detail, len(views))
+    state.fold_usage(time.monotonic())  # last: a failure here costs the round nothing else
     return status
 
 

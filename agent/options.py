@@ -275,7 +275,10 @@ ListenOption = Annotated[
 HttpOption = Annotated[
     str,
     typer.Option(
-        "--http", metavar="HOST:PORT", callback=endpoint(7532), help="GET /v1/status, /metrics, /healthz."
+        "--http",
+        metavar="HOST:PORT",
+        callback=endpoint(7532),
+        help="GET /v1/status, /v1/usage, /metrics, /healthz.",
     ),
 ]
 

@@ -9,7 +9,7 @@ unit (1e-4), since the GCS hands back ``1 - 0.96 = 0.040000000000000036``.
 from collections.abc import Iterable, Mapping, Sequence
 from enum import Enum
 from operator import attrgetter
-from typing import Optional
+from typing import Optional, cast
 
 from msgspec.structs import replace
 
@@ -205,6 +205,13 @@ def _node_from_report(report: NodeReport, key: str) -> NodeStatus:
     return node
 
 
+def _memory(received: ReceivedReport) -> MeasuredMemory:
+    """The report's GPU memory sums, computed once per report (not once per query)."""
+    if received.memory is None:
+        received.memory = measured_memory(received.report.gpus)
+    return cast(MeasuredMemory, received.memory)
+
+
 def _apply_report(
     node: NodeStatus, received: ReceivedReport, now: float, stale_after_s: float, wall_offset: float
 ) -> None:
@@ -212,7 +219,7 @@ def _apply_report(
     age = round(max(0.0, now - received.received_at), 1)
     # The head's interval only: a report's own interval_s must not decide its freshness.
     stale = not received.local and age > stale_after_s
-    _apply_memory(node, measured_memory(report.gpus), 0.0 if received.local else age, stale)
+    _apply_memory(node, _memory(received), 0.0 if received.local else age, stale)
     node.collected_at = report.collected_at
     node.received_at = received.received_at + wall_offset
     node.gpus = report.gpus
@@ -223,6 +230,42 @@ def _apply_report(
     node.agent_started_by = "" if received.local else report.started_by
     node.report_age_s = None if received.local else age
     node.stale = stale
+
+
+def _merged_node(
+    known: Optional[NodeStatus],
+    received: ReceivedReport,
+    key: str,
+    now: float,
+    stale_after_s: float,
+    wall_offset: float,
+) -> NodeStatus:
+    """``known`` (the scheduler's node, or ``None``) with ``received`` applied, as of ``now``.
+
+    A fresh report merges into the same scheduler node query after query, and only its ages
+    change: that merge is kept on the report (``ReceivedReport.merged``) and copied with the
+    ages of ``now``. A stale report, or a node the scheduler does not know, is merged whole.
+    """
+    age = round(max(0.0, now - received.received_at), 1)
+    if known is None or (not received.local and age > stale_after_s):
+        node = replace(known) if known is not None else _node_from_report(received.report, key)
+        _apply_report(node, received, now, stale_after_s, wall_offset)
+        return node
+    cached = received.merged
+    if cached is None or cached[0] is not known:
+        template = replace(known)
+        _apply_report(template, received, received.received_at, stale_after_s, 0.0)
+        cached = received.merged = (known, template)  # a benign race: both threads build the same
+    template = cached[1]
+    if received.local:
+        return replace(template, received_at=received.received_at + wall_offset)
+    used_age = template.used_gpu_memory_age_s  # the figure's own age at collection
+    return replace(
+        template,
+        received_at=received.received_at + wall_offset,
+        report_age_s=age,
+        used_gpu_memory_age_s=None if used_age is None else (round(used_age + age, 1) if used_age else age),
+    )
 
 
 def _apply_memory(node: NodeStatus, memory: MeasuredMemory, report_age_s: float, stale: bool) -> None:
@@ -316,9 +359,7 @@ def merge(
     for node_id, received in reports.items():
         known = nodes.get(node_id)
         unknown = unknown or known is None
-        node = replace(known) if known is not None else _node_from_report(received.report, node_id)
-        _apply_report(node, received, now, stale_after_s, wall_offset)
-        nodes[node_id] = node
+        nodes[node_id] = _merged_node(known, received, node_id, now, stale_after_s, wall_offset)
     ordered = sorted(nodes.values(), key=sort_key) if unknown else list(nodes.values())
     age = None if scheduler_read_at is None else round(max(0.0, now - scheduler_read_at), 1)
     return ClusterStatus(

@@ -96,6 +96,9 @@ class HeadState:
         """Counters of parts beside ingest (agents placed through Ray) for ``/healthz``."""
         self.more_sources: list[Callable[[], SourceStatus]] = []
         """Statuses of parts beside the GCS (agents placed through Ray), in every status."""
+        self.version = 0
+        """Counts the changes of what :meth:`status` merges (reports, views, actors, demand):
+        :mod:`agent.head.answers` renders again only when it moved (or time did)."""
 
     def ingest(
         self,
@@ -127,6 +130,7 @@ class HeadState:
                 STALE_INTERVALS * self.interval_s,
             )
             self.reports_received += 1
+            self.version += 1
         return report
 
     def disconnected(self, conn: Hashable) -> None:
@@ -138,6 +142,7 @@ class HeadState:
     def goodbye(self, conn: Hashable) -> list[str]:
         """``conn``'s agent stopped cleanly: its nodes show ``no agent`` at once."""
         with self._lock:
+            self.version += 1
             return self._table.goodbye(conn)
 
     def count_rejected(self) -> None:
@@ -180,6 +185,7 @@ class HeadState:
                 self._table.set_known(base)
                 self._view_read_at = time.monotonic() if read_at is None else read_at
             self._gcs_status = status
+            self.version += 1
 
     def forget_gone(self, now: float) -> list[str]:
         """Drop reports that have long stopped (``now``: the monotonic clock): of nodes the
@@ -188,7 +194,9 @@ class HeadState:
         would otherwise stay for good)."""
         with self._lock:
             view_ok = self._view_read_at is not None
-            return self._table.forget(now, FORGET_INTERVALS * self.interval_s, view_ok)
+            gone = self._table.forget(now, FORGET_INTERVALS * self.interval_s, view_ok)
+            self.version += len(gone)
+            return gone
 
     def set_actors(self, actors: Optional[list[ActorBooking]], status: SourceStatus) -> None:
         """The actor table's bookings (``--gpus``); a failed read keeps the last good one."""
@@ -196,12 +204,14 @@ class HeadState:
             if actors is not None:
                 self._actors = actors
             self._actors_status = status
+            self.version += 1
 
     def set_pending(self, read: Optional[PendingRead], status: SourceStatus) -> None:
         """What waits to be placed, read with the scheduler view; a failed read drops it
         (an old demand would name actors long placed), and the status says why."""
         with self._lock:
             self._pending, self._pending_status = read, status
+            self.version += 1
 
     def status(self, now: float, gpus: bool = False, wall_now: Optional[float] = None) -> ClusterStatus:
         """The rollup as of ``now`` (the monotonic clock): reports older than

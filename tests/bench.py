@@ -207,13 +207,14 @@ def bench_rollup(reports: list[NodeReport]) -> dict[str, float]:
 
 
 def bench_ingest_tcp(reports: list[NodeReport], logs: Path) -> float:
-    """Reports/s a head pinned to one core takes over TCP from 100 simulated agents."""
+    """Reports/s a head pinned to one core takes over TCP from 100 simulated agents: the head
+    of tests/bench_head.py, whose scheduler view knows every node (as a real head's does; a
+    head without one holds at most 1,024 unknown nodes and would be measuring evictions)."""
     env = base_env(RAY_AUTH_MODE="disabled")
     token_file = logs / "token"
     token_file.write_bytes(TOKEN)
     token_file.chmod(0o600)
-    extra = ["--gcs", "127.0.0.1:9", "--interval", "5"]  # no GCS: ingest alone is measured
-    head = HeadDaemon(env, logs / "head-tcp.log", extra, token_file)
+    head = BigHead(env, logs / "head-tcp.log", token_file)
     psutil.Process(head.process.pid).cpu_affinity([0])
     try:
         return send_reports(head, reports, rounds=3)

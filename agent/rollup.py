@@ -295,17 +295,26 @@ def sort_key(node: NodeStatus) -> tuple[int, tuple[int, ...], str, str]:
 _SUMMED = tuple(kind + stem for stem, _ in SCHEDULER_RESOURCES for kind in ("total_", "used_"))
 
 
-def totals(nodes: Iterable[NodeStatus]) -> ClusterTotals:
+def scheduler_sums(nodes: Iterable[NodeStatus]) -> dict[str, float]:
+    """The scheduler's cluster sums (``total_cpu`` ... ``used_object_store_memory``) over
+    alive scheduler nodes: a function of the scheduler's view alone (reports change no
+    booking), so the head computes them once per view."""
+    alive = [n for n in nodes if n.in_scheduler and n.alive]
+    return {key: ray_round(sum(map(attrgetter(key), alive))) for key in _SUMMED}
+
+
+def totals(nodes: Iterable[NodeStatus], sums: Optional[Mapping[str, float]] = None) -> ClusterTotals:
     """Cluster sums over alive scheduler nodes (BioEngine's ``nodes``). BioEngine's GPU
     memory sums add the node values that are numbers; rayscope's cover the GPU nodes with a
-    fresh report whose total and trusted used are both known (``gpu_nodes_measured``)."""
+    fresh report whose total and trusted used are both known (``gpu_nodes_measured``).
+    ``sums``: :func:`scheduler_sums` of these nodes' scheduler view, when known."""
     in_scheduler = [n for n in nodes if n.in_scheduler]
     alive = [n for n in in_scheduler if n.alive]
     gpu_nodes = [n for n in alive if n.total_gpu > 0]
     measured = [
         n for n in gpu_nodes if n.total_gpu_memory_bytes is not None and n.used_gpu_memory_bytes is not None
     ]
-    sums = ClusterTotals(
+    totals_ = ClusterTotals(
         nodes_alive=len(alive),
         nodes_dead=len(in_scheduler) - len(alive),
         gpu_nodes=len(gpu_nodes),
@@ -313,12 +322,12 @@ def totals(nodes: Iterable[NodeStatus]) -> ClusterTotals:
         total_gpu_memory=sum(n.total_gpu_memory for n in alive if isinstance(n.total_gpu_memory, int)),
         used_gpu_memory=sum(n.used_gpu_memory for n in alive if isinstance(n.used_gpu_memory, int)),
     )
-    for key in _SUMMED:
-        setattr(sums, key, ray_round(sum(map(attrgetter(key), alive))))
+    for key, value in (scheduler_sums(alive) if sums is None else sums).items():
+        setattr(totals_, key, value)
     if measured:
-        sums.total_gpu_memory_bytes = sum(n.total_gpu_memory_bytes or 0 for n in measured)
-        sums.used_gpu_memory_bytes = sum(n.used_gpu_memory_bytes or 0 for n in measured)
-    return sums
+        totals_.total_gpu_memory_bytes = sum(n.total_gpu_memory_bytes or 0 for n in measured)
+        totals_.used_gpu_memory_bytes = sum(n.used_gpu_memory_bytes or 0 for n in measured)
+    return totals_
 
 
 def scheduler_nodes(views: Sequence[RayNode]) -> dict[str, NodeStatus]:
@@ -338,6 +347,7 @@ def merge(
     sources: Sequence[SourceStatus] = (),
     scheduler_read_at: Optional[float] = None,
     wall_now: Optional[float] = None,
+    sums: Optional[Mapping[str, float]] = None,
 ) -> ClusterStatus:
     """Merge the latest report per node id into :func:`scheduler_nodes` (left untouched).
 
@@ -349,7 +359,8 @@ def merge(
     document shows (default: ``now``, when both are one clock).
 
     A report for a node the scheduler does not know becomes a node with
-    ``in_scheduler=False``; a report older than ``stale_after_s`` (by the reader's clock,
+    ``in_scheduler=False``; ``sums``: :func:`scheduler_sums` of ``base``, when the caller
+    keeps them. A report older than ``stale_after_s`` (by the reader's clock,
     ``now - received_at``; longer for an agent whose own interval is longer) is marked stale
     and its used figure is not trusted (left out of the cluster's sums).
     """
@@ -370,6 +381,6 @@ def merge(
         view=view,
         gcs_address=gcs_address,
         sources=list(sources),
-        cluster=totals(ordered),
-        nodes={n.node_id: n for n in ordered},
+        cluster=totals(ordered, sums),
+        nodes={n.node_id: n for n in ordered} if unknown else nodes,
     )

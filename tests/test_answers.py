@@ -16,7 +16,7 @@ from agent.head.routes import Request, Routes
 from agent.head.state import HeadState
 from agent.logs import LogThrottle
 from agent.render.status import SUMMARY_NODES, status_lines
-from agent.rollup import merge, scheduler_nodes
+from agent.rollup import merge, scheduler_nodes, scheduler_sums
 from agent.schema.report import SourceStatus
 from agent.schema.status import ReceivedReport
 from tests.scenarios import EUROPA, NOW, SEED_REPORTS, SEED_VIEWS, T4, gpu, report, view
@@ -169,3 +169,17 @@ def test_a_big_cluster_lists_only_the_nodes_that_need_attention() -> None:
     assert len(every) == SUMMARY_NODES + 10
     small = big_cluster(SUMMARY_NODES, stale=2).status(NOW)
     assert status_lines(small, summary=True) == status_lines(small)
+
+
+def test_the_bookings_summed_once_per_view_are_the_bookings_summed_per_query() -> None:
+    """The head sums the scheduler's bookings when a view arrives, not on every query: the
+    same cluster line either way, dead nodes and nodes the scheduler does not know left out."""
+    dead = view("de" * 28, "10.0.0.9", {"CPU": 4, "GPU": 1}, None, alive=False)
+    base = scheduler_nodes([*SEED_VIEWS, dead])
+    reports = {**SEED_REPORTS, "99" * 28: report("99" * 28, [gpu(0, 1.0)], "10.0.0.12")}
+    per_query = merge(base, reports, now=NOW, stale_after_s=15.0, view="head")
+    per_view = merge(
+        base, reports, now=NOW, stale_after_s=15.0, view="head", sums=scheduler_sums(base.values())
+    )
+    assert msgspec.json.encode(per_view) == msgspec.json.encode(per_query)
+    assert per_view.cluster.total_cpu == 32 and per_view.cluster.nodes_dead == 1

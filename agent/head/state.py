@@ -19,7 +19,7 @@ from agent.addresses import DEFAULT_TIMEOUT_S
 from agent.attribution import attribute_cluster
 from agent.head.admission import IngestCounters
 from agent.head.reports import ReportTable
-from agent.rollup import STALE_INTERVALS, merge, scheduler_nodes
+from agent.rollup import STALE_INTERVALS, merge, scheduler_nodes, scheduler_sums
 from agent.schema.pending import PendingRead
 from agent.schema.report import REPORT_SCHEMA, NodeReport, SourceStatus
 from agent.schema.status import ActorBooking, ClusterStatus, NodeStatus, RayNode, ReceivedReport
@@ -80,6 +80,7 @@ class HeadState:
         self._lock = threading.Lock()
         self._table = ReportTable()
         self._base: dict[str, NodeStatus] = {}  # rollup.scheduler_nodes of the latest view
+        self._sums: dict[str, float] = scheduler_sums(())  # and its bookings summed
         self._gcs_status = SourceStatus(name="gcs", ok=False, reason="not read yet", detail=gcs_address or "")
         self._actors: Optional[list[ActorBooking]] = None
         self._actors_status = SourceStatus(name="gcs_actors", ok=False, reason="not read yet")
@@ -179,9 +180,10 @@ class HeadState:
         """A new scheduler view (a failed read keeps the last good one, flagged by status
         and by its age). ``read_at``: the head's monotonic clock at the read (default: now)."""
         base = scheduler_nodes(views) if status.ok else None
+        sums = scheduler_sums(base.values()) if base is not None else None
         with self._lock:
-            if base is not None:
-                self._base = base
+            if base is not None and sums is not None:
+                self._base, self._sums = base, sums
                 self._table.set_known(base)
                 self._view_read_at = time.monotonic() if read_at is None else read_at
             self._gcs_status = status
@@ -220,6 +222,7 @@ class HeadState:
         ``gpus``: also attribute each fresh report's GPU memory to the actors on it."""
         with self._lock:
             base, reports, gcs_status = self._base, dict(self._table.reports), self._gcs_status
+            sums = self._sums
             actors, actors_status = self._actors, self._actors_status
             read_at = self._view_read_at
             waiting, pending_status = self._pending, self._pending_status
@@ -236,6 +239,7 @@ class HeadState:
             sources=sources,
             scheduler_read_at=read_at,
             wall_now=wall_now,
+            sums=sums,
         )
         if pending_status is not None:
             status.sources.append(pending_status)

@@ -36,7 +36,7 @@ from agent.head.routes import Request, Response, Routes
 from agent.head.state import HeadState
 from agent.logs import LogThrottle
 from agent.render.metrics import metrics_text
-from agent.render.status import status_json, status_lines
+from agent.render.status import status_json_bytes, status_lines
 from agent.schema.report import GpuDevice, HostInfo, NodeReport, RayletInfo, SourceStatus
 from agent.schema.status import RayNode
 from tests.bench_agents import keep_marked
@@ -194,7 +194,7 @@ def bench_rollup(reports: list[NodeReport]) -> dict[str, float]:
     figures = interleaved_medians_s(
         {
             "rollup": lambda: state.status(2.0),
-            "json": lambda: status_json(status, indent=0),
+            "json": lambda: status_json_bytes(status),
             "served_uncached": uncached,
             "served_cached": lambda: routes.answer(get),
             "lines": lambda: status_lines(status),

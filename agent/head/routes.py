@@ -24,7 +24,7 @@ from agent.head.answers import Answers, Rendered, status_headers
 from agent.head.state import HeadState
 from agent.logs import LogThrottle
 from agent.render.metrics import metrics_text
-from agent.render.status import status_json
+from agent.render.status import status_json_bytes
 from agent.schema.status import ClusterStatus
 
 log = logging.getLogger("rayscope.head")
@@ -121,7 +121,7 @@ def _metrics(status: ClusterStatus) -> Rendered:
 
 def _json(include_dead: bool) -> Callable[[ClusterStatus], Rendered]:
     def render(status: ClusterStatus) -> Rendered:
-        return Rendered(status_json(status, include_dead, indent=0).encode(), status_headers(status))
+        return Rendered(status_json_bytes(status, include_dead), status_headers(status))
 
     return render
 

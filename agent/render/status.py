@@ -184,10 +184,19 @@ def pending_lines(status: ClusterStatus, old_age: Optional[float] = None) -> lis
 def status_json(status: ClusterStatus, include_dead: bool = False, indent: int = 2) -> str:
     """The JSON document: BioEngine's ``{"cluster": ..., "nodes": ...}`` plus our keys.
     ``indent=0`` is compact (what the head agent serves)."""
-    if not include_dead:
-        nodes = {n.node_id: n for n in visible_nodes(status, include_dead)}
-        status = msgspec.structs.replace(status, nodes=nodes)
-    return encode(status, indent)
+    return encode(_shown(status, include_dead), indent)
+
+
+def status_json_bytes(status: ClusterStatus, include_dead: bool = False) -> bytes:
+    """:func:`status_json`, compact, as the bytes the head serves (52 MB at 10,000 nodes of
+    8 GPUs: no round trip through ``str``)."""
+    return msgspec.json.encode(_shown(status, include_dead))
+
+
+def _shown(status: ClusterStatus, include_dead: bool) -> ClusterStatus:
+    if include_dead:
+        return status
+    return msgspec.structs.replace(status, nodes={n.node_id: n for n in visible_nodes(status, include_dead)})
 
 
 def status_ndjson(status: ClusterStatus, include_dead: bool = False) -> str:

@@ -104,7 +104,7 @@ reliability: setup  ## every fault test (pytest -m fault), the 100,000-input fuz
 	RAYSCOPE_RELIABILITY_JSON=$(CURDIR)/$(RELIABILITY_DIR)/faults.jsonl $(BIN)/python -m pytest -m fault -q; \
 	rc=$$?; $(MAKE) fuzz || rc=1; $(MAKE) soak || rc=1; exit $$rc
 
-compat: pyz  ## dist/rayscope.pyz under a venv per Ray 2.33.0-2.60.0 (cached in ~/.cache/rayscope-compat), table into README.md
+compat: pyz  ## dist/rayscope.pyz under a venv per Ray 2.33.0-2.60.0 (cached in ~/.cache/rayscope-compat), table into docs/ray-releases.md
 	$(BIN)/python -m tests.compat --readme
 
 compat-ends: pyz  ## the same for the oldest and the newest Ray only (CI, every change)

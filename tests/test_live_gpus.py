@@ -85,7 +85,7 @@ def test_gpu_memory_is_attributed_to_the_actors_that_hold_it(
 
     done = run_rayscope("status", "--gpus", "--gcs", live_cluster.gcs_address, env=env)
     assert done.returncode == 0, done.stderr
-    print(done.stdout)  # the README's example (pytest -s shows it)
+    print(done.stdout)  # docs/gpus.md's example (pytest -s shows it)
     lines = done.stdout.splitlines()
 
     def label(name: str) -> str:

@@ -258,9 +258,9 @@ def test_metrics_and_the_head_view(waiting: Waiting, tmp_path: Path) -> None:
         assert head.stop() == 0
 
 
-def test_the_readme_quotes_this_run(waiting: Waiting) -> None:
-    """README.md's fragmented example is what this test's cluster prints, line for line."""
+def test_the_docs_quote_this_run(waiting: Waiting) -> None:
+    """docs/pending.md's fragmented example is what this test's cluster prints, line for line."""
     at = waiting.lines.index("Pending:")
     block = waiting.lines[at : at + 3]
-    readme = (REPO / "README.md").read_text()
-    assert "\n".join(block) in readme, "\n".join(waiting.lines)
+    page = (REPO / "docs" / "pending.md").read_text()
+    assert "\n".join(block) in page, "\n".join(waiting.lines)

@@ -329,7 +329,14 @@ NodeIdOption = Annotated[
     typer.Option("--node-id", metavar="ID", help="The Ray node to report for (default: the local raylet's)."),
 ]
 
-AllNodesOption = Annotated[bool, typer.Option("--all", help="Show dead nodes too.")]
+AllNodesOption = Annotated[
+    bool,
+    typer.Option(
+        "--all",
+        help="Every node: dead ones too, and on a cluster of more than 50 nodes the ones with"
+        " nothing to flag, which the status lines otherwise count in one line.",
+    ),
+]
 
 
 def optional_watch_value(argv: Sequence[str]) -> list[str]:

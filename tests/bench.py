@@ -41,6 +41,7 @@ from agent.schema.report import GpuDevice, HostInfo, NodeReport, RayletInfo, Sou
 from agent.schema.status import RayNode
 from tests.bench_agents import keep_marked
 from tests.conftest import REPO, HeadDaemon, LiveCluster, base_env, free_port, push_agent, start_cluster
+from tests.waiting import eventually
 
 NODES = 10_000
 GPUS_PER_NODE = 8
@@ -339,13 +340,11 @@ def recv_exactly(sock: socket.socket, size: int) -> bytes:
 
 
 def wait_reporting(head: HeadDaemon, node_ids: list[str], timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def reporting() -> bool:
         nodes = json.loads(head.get("/v1/status")[1])["nodes"]
-        if all(nodes.get(n, {}).get("agent") == "reporting" for n in node_ids):
-            return
-        time.sleep(0.5)
-    raise RuntimeError("agents never reported")
+        return all(nodes.get(n, {}).get("agent") == "reporting" for n in node_ids)
+
+    eventually(reporting, timeout_s, f"agents reporting for {len(node_ids)} node(s)", 0.5)
 
 
 def cpu_s(pids: list[int]) -> float:

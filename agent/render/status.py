@@ -1,7 +1,7 @@
 """``rayscope status``: the status lines, the JSON document, NDJSON lines for ``--append``,
 and the completeness note.
 
-The status lines are a contract (the seed's format, see ARCHITECTURE.md): GPU fractions
+The status lines are a contract (the seed's format, see docs/architecture.md): GPU fractions
 ``.2f``, GPU totals and CPUs ``.0f``, ``booked: used/total MB`` only where the node advertises
 ``VRAM_MB``, NVML memory in GiB ``.1f`` labelled ``GB`` with ``NA`` for unknown numbers.
 """

@@ -197,7 +197,15 @@ def test_report_for_a_node_the_gcs_does_not_know_is_no_raylet(
     fleet = Fleet(live_cluster, tmp_path, wire_token, nodes=())  # a head and the ghost's agent only
     try:
         fleet.agents["ghost"] = fleet.start_agent("ghost", node_id=ghost_id)
-        ghost = eventually(lambda: fleet.status()["nodes"][ghost_id], what="the ghost node shows up")
+
+        def ghost_beside_a_scheduler_view() -> Optional[dict[str, Any]]:
+            # "no raylet" needs the head's first GCS read, which a loaded machine takes seconds for
+            document = fleet.status()
+            if not any(s["name"] == "gcs" and s["ok"] for s in document["sources"]):
+                return None
+            return document["nodes"][ghost_id]  # type: ignore[no-any-return]
+
+        ghost = eventually(ghost_beside_a_scheduler_view, what="the ghost node beside a scheduler view")
         assert ghost["in_scheduler"] is False
         done = fleet.run_status()
         assert any(line.endswith("no raylet") for line in done.stdout.splitlines())

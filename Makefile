@@ -51,7 +51,7 @@ debian-deps:  ## Debian packages the tests need beyond .venv (prometheus: promto
 golden: setup  ## rewrite tests/golden/ from the renderers; review the diff
 	RAYSCOPE_UPDATE_GOLDEN=1 $(BIN)/python -m pytest -q -m "not live" \
 		tests/test_render.py tests/test_attribution.py tests/test_cron_output.py tests/test_fit.py tests/test_help.py \
-		tests/test_pending.py tests/test_placement.py
+		tests/test_pending.py tests/test_placement.py tests/test_page.py
 
 schema: setup  ## rewrite schema/*.schema.json from the msgspec Structs (tests/schemas.py); review the diff
 	$(BIN)/python -m tests.schemas

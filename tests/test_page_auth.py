@@ -104,6 +104,7 @@ def test_a_cross_site_get_or_post_cannot_set_the_cookie() -> None:
         answer = login(r, READ, **headers)
         assert (answer.status, cookie_of(answer)) == (403, None), headers
     assert cookie_of(login(r, READ)) is not None  # curl: no Origin, no Sec-Fetch-Site
+    assert cookie_of(login(r, READ, Origin="null", Sec_Fetch_Site="same-origin")) is not None
 
 
 def test_a_cookie_is_refused_when_forged_expired_or_of_another_token() -> None:

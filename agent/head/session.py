@@ -65,12 +65,13 @@ def cookie_ok(headers: Message, tokens: tuple[bytes, ...], now: Optional[float] 
 
 
 def same_origin(headers: Message) -> bool:
-    """A ``POST`` the head's own page sent: its ``Origin`` names the ``Host`` it was sent to
-    (browsers send ``Origin`` on every POST) and ``Sec-Fetch-Site``, where sent, says
-    ``same-origin``. A request with neither (curl) is no browser's cross-site request."""
+    """A ``POST`` the head's own page sent. ``Sec-Fetch-Site`` (a header no page's script can
+    set) decides where the browser sends it: ``same-origin`` only. Else ``Origin``, which
+    browsers send on every cross-site POST, must name the ``Host`` it was sent to (``null``
+    never does). A request with neither (curl) is no browser's cross-site request."""
     site = headers.get("Sec-Fetch-Site")
-    if site is not None and site not in ("same-origin", "none"):
-        return False
+    if site is not None:
+        return bool(site == "same-origin")
     origin = headers.get("Origin")
     if origin is None:
         return True

@@ -54,11 +54,12 @@ form.login input[type=password]{width:100%;padding:4px;margin:6px 0}
 JS = """
 (function () {
   var view = document.getElementById("view"), age = document.getElementById("age");
-  var every = 1000 * Number(view.dataset.refresh), last = Date.now(), failed = "";
+  var every = 1000 * Number(view.dataset.refresh), last = Date.now(), failed = "", tried = false;
   function tick() {
+    if (!tried) { return; }
     var s = Math.round((Date.now() - last) / 1000);
     age.textContent = failed ? "refresh failed (" + failed + "): view " + s + " s old"
-                             : "refreshed " + s + " s ago";
+                             : "updated " + s + " s ago";
     document.body.classList.toggle("old", Date.now() - last > 3 * every);
   }
   function refresh() {
@@ -74,7 +75,7 @@ JS = """
       shut.forEach(function (id) { var d = document.getElementById(id); if (d) { d.open = false; } });
       last = Date.now(); failed = "";
     }).catch(function (err) { failed = err.message; }).finally(function () {
-      tick(); setTimeout(refresh, every);
+      tried = true; tick(); setTimeout(refresh, every);
     });
   }
   setInterval(tick, 1000);
@@ -111,7 +112,7 @@ CSP = "; ".join(
 PAGE_HEADERS = (
     ("Content-Security-Policy", CSP),
     ("X-Content-Type-Options", "nosniff"),
-    ("Referrer-Policy", "no-referrer"),
+    ("Referrer-Policy", "same-origin"),  # no-referrer would send Origin: null on the login
     ("Cache-Control", "no-store"),
 )
 """Headers of every HTML answer (the page, its refresh, the login form)."""

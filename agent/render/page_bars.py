@@ -52,9 +52,14 @@ class GpuBar(NamedTuple):
 
     key: str
     """``NODE_ID:INDEX`` (``NODE_ID:rayN`` for a device only Ray's placement knows)."""
+    label: str
+    """``GPU0``, ``GPU0/MIG1``; a device only Ray's placement knows by Ray's id."""
     title: str
     capacity_mib: Optional[float]
-    """The lanes' full width: NVML's total, else the node's ``VRAM_MB`` per GPU."""
+    """The device's memory in MiB: NVML's total, else the node's ``VRAM_MB`` per GPU."""
+    lane: Optional[float]
+    """The booked lane's full width in its segments' unit: :attr:`capacity_mib`; on a node
+    without ``VRAM_MB`` whose device's memory is unknown, 1 (segments are fractions)."""
     booked_mib: Optional[float]
     """``VRAM_MB`` booked here (on a node without it: the fraction times the capacity)."""
     booked_text: str
@@ -169,19 +174,22 @@ def _bar(node: NodeStatus, gpu: Optional[GpuDevice], device: Optional[DeviceFree
     total = gpu.memory_total_bytes if gpu is not None else (device.memory_total_bytes if device else None)
     capacity = _capacity(node, total)
     handles = _handles(node, gpu, device)
-    segments = _segments(_users(gpu), capacity, vram_node) if gpu is not None else []
+    # The booked lane's scale: the device's MiB; without VRAM_MB and NVML, the fraction itself.
+    scale = capacity if capacity is not None or vram_node else 1.0
+    segments = _segments(_users(gpu), scale, vram_node) if gpu is not None else []
     if vram_node:
         booked = _booked(node, gpu, device)
         cap = "NA" if capacity is None else f"{capacity:.0f}"
         booked_text = "NA" if booked is None else f"{booked:.0f}/{cap} MB"
     else:
-        booked = None if handles is None or capacity is None else handles * capacity
+        booked = None if handles is None or scale is None else handles * scale
         booked_text = "NA" if handles is None else f"{handles:.2f} GPU"
     rest = 0.0 if booked is None else booked - sum(s.mib for s in segments)
-    if rest > 0.5:  # booked here by work no actor listed on this GPU accounts for
+    in_mib = vram_node or capacity is not None
+    if rest > (0.5 if in_mib else 0.005):  # booked by work no actor listed on this GPU accounts for
         actors = len(device.actors) if device is not None else 0
         who = f"{actors} actor(s)" if actors and not segments else "tasks or actors not listed here"
-        amount = f"{rest:.0f} MB" if vram_node or not capacity else f"GPU {rest / capacity:.2f}"
+        amount = f"{rest:.0f} MB" if vram_node or not scale else f"GPU {rest / scale:.2f}"
         segments.append(Segment(f"{who}: {amount}", rest))
     measured = gpu_used(gpu) if gpu is not None else None
     used = measured.used_bytes if measured is not None else (device.memory_used_bytes if device else None)
@@ -191,14 +199,18 @@ def _bar(node: NodeStatus, gpu: Optional[GpuDevice], device: Optional[DeviceFree
     if gpu is not None and used is None and not node.stale and gpu.memory_used_bytes is not None:
         untrusted = gpu.memory_used_bytes
     if gpu is not None:
-        key, title = f"{node.node_id}:{gpu.index}", f"{gpu_label(gpu)} {gpu.name or ''}".rstrip()
+        key, label = f"{node.node_id}:{gpu.index}", gpu_label(gpu)
+        title = f"{label} {gpu.name or ''}".rstrip()
     else:
         assert device is not None
-        key, title = f"{node.node_id}:ray{device.gpu_id}", f"Ray GPU {device.gpu_id}"
+        key, label = f"{node.node_id}:ray{device.gpu_id}", f"GPU{device.gpu_id}"
+        title = f"Ray's GPU id {device.gpu_id} (no NVML report names the device)"
     return GpuBar(
         key=key,
+        label=label,
         title=title,
         capacity_mib=capacity,
+        lane=scale,
         booked_mib=booked,
         booked_text=booked_text,
         segments=segments,
@@ -240,7 +252,7 @@ def _svg(bar: GpuBar) -> str:
     """The three lanes, 100 units wide (the SVG scales to its cell): booked by actor, handles,
     measured. Widths are attributes, not styles, so the page's CSP needs no inline style."""
     rects = ['<rect class="lane" x="0" y="0" width="100" height="8"/>']
-    cap = bar.capacity_mib
+    cap = bar.lane
     x = 0.0
     if cap:
         for i, seg in enumerate(bar.segments):
@@ -315,7 +327,7 @@ def bar_html(bar: GpuBar) -> str:
     css = "gpu" + (" marked" if bar.marks else "")
     return (
         f'<div class="{css}" data-gpu="{esc(bar.key)}">'
-        f'<div class="t"><b title="{esc(bar.title)}">{esc(bar.title.split(" ", 1)[0])}</b>{marks}</div>'
+        f'<div class="t"><b title="{esc(bar.title)}">{esc(bar.label)}</b>{marks}</div>'
         f'{_svg(bar)}<div class="n">booked <span class="booked">{esc(bar.booked_text)}</span>'
         f"{_free(_free_booking(bar))}</div>"
         f'<div class="n">GPU <span class="fraction">{handles}</span>'

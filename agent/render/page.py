@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 from agent.render.fmt import cpus, gib, has_gpus, source_notes, visible_nodes
 from agent.render.page_assets import CSS, HATCH, JS
-from agent.render.page_bars import bar_html, esc, gpu_bars
+from agent.render.page_bars import GpuBar, bar_html, esc, gpu_bars
 from agent.render.status import cluster_line, demand_line, node_line, node_markers
 from agent.rollup import SchedulerView, scheduler_failure, scheduler_view
 from agent.schema.status import ClusterStatus, NodeStatus
@@ -52,9 +52,8 @@ FEW_GPUS = 2
 class _Node(NamedTuple):
     node: NodeStatus
     line: str
-    bars: str
+    bars: list[GpuBar]
     marked: bool
-    gpus: int
 
 
 def _nodes(status: ClusterStatus) -> list[_Node]:
@@ -70,7 +69,7 @@ def _nodes(status: ClusterStatus) -> list[_Node]:
         bars = gpu_bars(node) if has_gpus(node) else []
         markers = node_markers(node, status.view, state is not SchedulerView.NONE, old_age)
         marked = bool(bars and any(b.marks for b in bars)) or any(not m.startswith("agent:") for m in markers)
-        out.append(_Node(node, line, "".join(bar_html(b) for b in bars), marked, len(bars)))
+        out.append(_Node(node, line, bars, marked))
     return out
 
 
@@ -179,10 +178,10 @@ def view_html(status: ClusterStatus, query: PageQuery) -> str:
         parts.append("<h2>GPU nodes</h2>")
         for n in gpu_nodes:
             css = "node marked" if n.marked else "node"
-            few = " few" if n.gpus <= FEW_GPUS else ""
+            few = " few" if len(n.bars) <= FEW_GPUS else ""
             parts.append(
                 f'<details class="{css}" id="n-{esc(n.node.node_id)}" open><summary>{esc(n.line)}</summary>'
-                f'<div class="gpus{few}">{n.bars}</div></details>'
+                f'<div class="gpus{few}">{"".join(bar_html(b) for b in n.bars)}</div></details>'
             )
     if cpu_nodes:
         items = "".join(f'<li id="n-{esc(n.node.node_id)}">{esc(n.line)}</li>' for n in cpu_nodes)

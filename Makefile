@@ -34,11 +34,12 @@ demo: setup  ## a Ray cluster on 127.0.0.1, the seed's bookings, `rayscope statu
 
 # Debian packages some tests run besides .venv (`make setup` installs none of them): prometheus
 # gives promtool and prometheus (tests/test_promtool.py, tests/test_live_prometheus.py fail
-# without them). Only the missing ones are installed: nothing to do, no apt, when all are.
-DEBIAN_PACKAGES := prometheus
+# without them); chromium drives the head's page (tests/test_live_page.py). Only the missing
+# ones are installed: nothing to do, no apt, when all are.
+DEBIAN_PACKAGES := prometheus chromium
 
 .PHONY: debian-deps
-debian-deps:  ## Debian packages the tests need beyond .venv (prometheus: promtool); as root or with sudo
+debian-deps:  ## Debian packages the tests need beyond .venv (prometheus: promtool; chromium); as root or with sudo
 	@missing=$$(for p in $(DEBIAN_PACKAGES); do \
 		dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed$$' || echo $$p; done); \
 	[ -z "$$missing" ] && exit 0; \
@@ -51,7 +52,7 @@ debian-deps:  ## Debian packages the tests need beyond .venv (prometheus: promto
 golden: setup  ## rewrite tests/golden/ from the renderers; review the diff
 	RAYSCOPE_UPDATE_GOLDEN=1 $(BIN)/python -m pytest -q -m "not live" \
 		tests/test_render.py tests/test_attribution.py tests/test_cron_output.py tests/test_fit.py tests/test_help.py \
-		tests/test_pending.py tests/test_placement.py
+		tests/test_pending.py tests/test_placement.py tests/test_page.py
 
 schema: setup  ## rewrite schema/*.schema.json from the msgspec Structs (tests/schemas.py); review the diff
 	$(BIN)/python -m tests.schemas

@@ -100,7 +100,8 @@ class Head:
     async def _start_http(self) -> asyncio.AbstractServer:
         """The HTTP port in this event loop: requests read here, answered by its workers."""
         read_tokens = tuple(t for t in (self.token, self.read_token) if t)
-        port = HttpPort(Routes(self.state, read_tokens, self.throttle), self.throttle)
+        routes = Routes(self.state, read_tokens, self.throttle, tls=self.ssl_context is not None)
+        port = HttpPort(routes, self.throttle)
         self.http_port = port
         self.state.more_health.append(port.counters.as_dict)
         return await asyncio.get_running_loop().create_server(

@@ -139,6 +139,7 @@ def test_usage_names_each_replica_s_highest_figure_and_the_booking_to_ask_for(
         doc = usage_json(head, rayscope_env, wire_token)
         text = run_rayscope("usage", "--head", head.url, "--token-file", str(wire_token), env=rayscope_env)
         metrics = head.get("/metrics")
+        page = head.get("/")  # the bearer token opens the page too
     finally:
         for agent in agents:
             agent.stop()
@@ -190,6 +191,11 @@ def test_usage_names_each_replica_s_highest_figure_and_the_booking_to_ask_for(
     ]
     for pattern in expected:
         assert any(re.fullmatch(pattern, line) for line in lines), (pattern, text.stdout)
+
+    assert page[0] == 200
+    cells = dict(re.findall(r'<div class="gpu" data-app="([^"]+)">(.*?)</div></div>', page[1].decode()))
+    assert "suggest 3072 MB (frees 8192 MB)" in cells["federated-unet"]  # beside the app's bar
+    assert "OOM risk: peak 2355 MB over 2048 MB booked" in cells["cellpose/CellposeModel"]
 
     assert metrics[0] == 200
     body = metrics[1].decode()

@@ -251,3 +251,32 @@ def test_a_thousand_nodes_of_eight_gpus_come_a_hundred_to_a_page() -> None:
     assert page_query({"page": ["3"], "marked": ["1"]}) == PageQuery(3, True, False)
     assert page_query({"page": ["-1"]}) == page_query({"page": ["x" * 100]}) == PageQuery()
     assert "100 of 1000 nodes shown" in page_html(status, PageQuery(page=99), 5.0)  # clamped to the last
+
+
+def test_each_app_has_its_bar_with_the_booking_to_ask_for() -> None:
+    """With the head's usage history the page shows each app's booking per replica beside
+    its peak and the suggestion (``usage``'s app line); without one, nothing."""
+    from agent.render.page_usage import apps_html
+    from agent.schema.usage import AppUsage, UsageDocument
+
+    unet = AppUsage(
+        app="federated-unet",
+        replicas=4,
+        actors=4,
+        booked_mb=5120.0,
+        booked_vram_mb=5120.0,
+        peak_used_bytes=2662 * 1024**2,
+        p95_used_bytes=2600 * 1024**2,
+        samples=56,
+        suggested_vram_mb=3072,
+        frees_mb=8192.0,
+    )
+    doc = UsageDocument(
+        generated_at=0.0, window_s=3600, head_window_s=3600, slot_s=5, headroom_pct=10,
+        known_since=0.0, covered_s=3600, apps=[unet],
+    )  # fmt: skip
+    html = apps_html(doc)
+    assert 'data-app="federated-unet"' in html and "4 replicas" in html
+    assert "booked 5120 MB  peak 2662 MB" in html and "suggest 3072 MB (frees 8192 MB)" in html
+    assert 'width="100.00"' in html and 'width="60.00"' in html  # booked is the scale; suggestion 3072/5120
+    assert apps_html(None) == "" and apps_html(msgspec.structs.replace(doc, apps=[])) == ""

@@ -151,7 +151,8 @@ class Routes:
             return Response(401, HTML, login_html().encode(), PAGE_HEADERS)
         status = self.state.status(time.monotonic(), gpus=True, wall_now=time.time())
         refresh_s = max(5.0, self.state.interval_s)
-        body = page_html(status, page_query(parse_qs(query_text)), refresh_s)
+        usage = self.state.usage.document(time.monotonic())
+        body = page_html(status, page_query(parse_qs(query_text)), refresh_s, usage)
         return Response(200, HTML, body.encode(), PAGE_HEADERS)
 
     def login(self, request: Request) -> Response:

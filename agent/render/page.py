@@ -15,14 +15,16 @@ to look at (stale, no agent, unhealthy, unreliable, fuller than the node sum, ..
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 from agent.render.fmt import cpus, gib, has_gpus, source_notes, visible_nodes
 from agent.render.page_assets import CSS, HATCH, JS
 from agent.render.page_bars import GpuBar, bar_html, esc, gpu_bars
+from agent.render.page_usage import apps_html
 from agent.render.status import cluster_line, demand_line, node_line, node_markers
 from agent.rollup import SchedulerView, scheduler_failure, scheduler_view
 from agent.schema.status import ClusterStatus, NodeStatus
+from agent.schema.usage import UsageDocument
 
 PAGE_NODES = 100
 """Nodes on one page: 100 nodes of 8 GPUs stay one page; 1,000 are ten."""
@@ -162,8 +164,9 @@ LEGEND = (
 )
 
 
-def view_html(status: ClusterStatus, query: PageQuery) -> str:
-    """The ``<main>`` element's content: what the refresh replaces."""
+def view_html(status: ClusterStatus, query: PageQuery, usage: Optional[UsageDocument] = None) -> str:
+    """The ``<main>`` element's content: what the refresh replaces. ``usage``: the head's
+    usage history, for the apps' bookings beside their use (``rayscope usage``)."""
     everyone = _nodes(status)
     marked_total = sum(n.marked for n in everyone)
     chosen = [n for n in everyone if n.marked] if query.marked else everyone
@@ -171,6 +174,7 @@ def view_html(status: ClusterStatus, query: PageQuery) -> str:
     query = query._replace(page=min(query.page, len(pages)))
     shown = pages[query.page - 1]
     parts = [_banners(status), _totals(status), _as_of(status, len(shown), len(everyone)), _pending(status)]
+    parts += [apps_html(usage)] if usage is not None and usage.apps else []
     parts += [_nav(query, pages, marked_total), LEGEND]
     gpu_nodes = [n for n in shown if has_gpus(n.node)]
     cpu_nodes = [n for n in shown if not has_gpus(n.node)]
@@ -191,10 +195,12 @@ def view_html(status: ClusterStatus, query: PageQuery) -> str:
     return "\n".join(parts)
 
 
-def page_html(status: ClusterStatus, query: PageQuery, refresh_s: float) -> str:
+def page_html(
+    status: ClusterStatus, query: PageQuery, refresh_s: float, usage: Optional[UsageDocument] = None
+) -> str:
     """The whole page, or with ``query.fragment`` only what :func:`view_html` gives."""
     if query.fragment:
-        return view_html(status, query)
+        return view_html(status, query, usage)
     where = f"head view of GCS {status.gcs_address}" if status.gcs_address else "head view, no GCS address"
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
@@ -203,7 +209,8 @@ def page_html(status: ClusterStatus, query: PageQuery, refresh_s: float) -> str:
         f'<noscript><meta http-equiv="refresh" content="{refresh_s:.0f}"></noscript>'
         f"<style>{CSS}</style></head>\n<body><header><h1>rayscope</h1>"
         f'<span class="where">{esc(where)}</span><span id="age">refreshes every {refresh_s:.0f} s</span>'
-        f'</header>\n<main id="view" data-refresh="{refresh_s:.0f}">\n{view_html(status, query)}\n</main>\n'
+        f'</header>\n<main id="view" data-refresh="{refresh_s:.0f}">\n'
+        f"{view_html(status, query, usage)}\n</main>\n"
         f"{HATCH}<script>{JS}</script></body></html>\n"
     )
 

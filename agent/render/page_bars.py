@@ -244,7 +244,8 @@ def gpu_bars(node: NodeStatus) -> list[GpuBar]:
     ]
 
 
-def _pct(part: float, whole: float) -> str:
+def percent(part: float, whole: float) -> str:
+    """``part`` of ``whole`` as an SVG width (0 to 100)."""
     return f"{max(0.0, min(100.0, 100.0 * part / whole)):.2f}"
 
 
@@ -256,7 +257,7 @@ def _svg(bar: GpuBar) -> str:
     x = 0.0
     if cap:
         for i, seg in enumerate(bar.segments):
-            width = float(_pct(seg.mib, cap))
+            width = float(percent(seg.mib, cap))
             width = min(width, 100.0 - x)
             rects.append(
                 f'<rect class="seg s{i % 4}" x="{x:.2f}" y="0" width="{width:.2f}" height="8">'
@@ -266,7 +267,7 @@ def _svg(bar: GpuBar) -> str:
     rects.append('<rect class="lane" x="0" y="9.5" width="100" height="2.5"/>')
     if bar.handles is not None:
         rects.append(
-            f'<rect class="handles" x="0" y="9.5" width="{_pct(bar.handles, 1.0)}" height="2.5">'
+            f'<rect class="handles" x="0" y="9.5" width="{percent(bar.handles, 1.0)}" height="2.5">'
             f"<title>GPU fraction booked: {bar.handles:.2f} of 1</title></rect>"
         )
     rects.append('<rect class="lane" x="0" y="13.5" width="100" height="4.5"/>')
@@ -274,12 +275,12 @@ def _svg(bar: GpuBar) -> str:
     if total and bar.used_bytes is not None:
         rects.append(
             f'<rect class="{"old" if bar.stale else "used"}" x="0" y="13.5"'
-            f' width="{_pct(bar.used_bytes, total)}" height="4.5"><title>NVML: {gib(bar.used_bytes)}'
+            f' width="{percent(bar.used_bytes, total)}" height="4.5"><title>NVML: {gib(bar.used_bytes)}'
             f" of {gib(total)} GB in use{' (a stale report)' if bar.stale else ''}</title></rect>"
         )
     elif total and bar.untrusted_bytes is not None:
         rects.append(
-            f'<rect class="untrusted" x="0" y="13.5" width="{_pct(bar.untrusted_bytes, total)}"'
+            f'<rect class="untrusted" x="0" y="13.5" width="{percent(bar.untrusted_bytes, total)}"'
             f' height="4.5"><title>NVML says {gib(bar.untrusted_bytes)} GB: not a measurement'
             "</title></rect>"
         )

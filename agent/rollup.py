@@ -13,7 +13,13 @@ from typing import Optional
 
 from msgspec.structs import replace
 
-from agent.gpu_memory import MeasuredMemory, bioengine_memory, measured_memory
+from agent.gpu_memory import (
+    MeasuredMemory,
+    bioengine_memory,
+    find_shared_gpus,
+    measured_memory,
+    shared_overcount,
+)
 from agent.schema.report import NodeReport, SourceStatus
 from agent.schema.status import (
     DOCUMENT_SCHEMA,
@@ -252,10 +258,11 @@ def sort_key(node: NodeStatus) -> tuple[int, tuple[int, ...], str, str]:
 _SUMMED = tuple(kind + stem for stem, _ in SCHEDULER_RESOURCES for kind in ("total_", "used_"))
 
 
-def totals(nodes: Iterable[NodeStatus]) -> ClusterTotals:
+def totals(nodes: Iterable[NodeStatus], shared_gpus: int = 0) -> ClusterTotals:
     """Cluster sums over alive scheduler nodes (BioEngine's ``nodes``). BioEngine's GPU
     memory sums add the node values that are numbers; rayscope's cover the GPU nodes with a
-    fresh report whose total and trusted used are both known (``gpu_nodes_measured``)."""
+    fresh report whose total and trusted used are both known (``gpu_nodes_measured``), each
+    physical GPU once where several nodes report it (``shared_gpus``: how many do)."""
     in_scheduler = [n for n in nodes if n.in_scheduler]
     alive = [n for n in in_scheduler if n.alive]
     gpu_nodes = [n for n in alive if n.total_gpu > 0]
@@ -273,8 +280,11 @@ def totals(nodes: Iterable[NodeStatus]) -> ClusterTotals:
     for key in _SUMMED:
         setattr(sums, key, ray_round(sum(map(attrgetter(key), alive))))
     if measured:
-        sums.total_gpu_memory_bytes = sum(n.total_gpu_memory_bytes or 0 for n in measured)
-        sums.used_gpu_memory_bytes = sum(n.used_gpu_memory_bytes or 0 for n in measured)
+        twice_total, twice_used = shared_overcount(measured) if shared_gpus else (0, 0)
+        sums.total_gpu_memory_bytes = sum(n.total_gpu_memory_bytes or 0 for n in measured) - twice_total
+        sums.used_gpu_memory_bytes = sum(n.used_gpu_memory_bytes or 0 for n in measured) - twice_used
+    if shared_gpus:
+        sums.shared_gpus = shared_gpus
     return sums
 
 
@@ -320,6 +330,8 @@ def merge(
         _apply_report(node, received, now, stale_after_s, wall_offset)
         nodes[node_id] = node
     ordered = sorted(nodes.values(), key=sort_key) if unknown else list(nodes.values())
+    # Time-slicing: one physical GPU in several nodes' reports is said so, and summed once.
+    shared = find_shared_gpus(ordered) if reports else 0
     age = None if scheduler_read_at is None else round(max(0.0, now - scheduler_read_at), 1)
     return ClusterStatus(
         scheduler_age_s=age,
@@ -329,6 +341,6 @@ def merge(
         view=view,
         gcs_address=gcs_address,
         sources=list(sources),
-        cluster=totals(ordered),
+        cluster=totals(ordered, shared),
         nodes={n.node_id: n for n in ordered},
     )

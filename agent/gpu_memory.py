@@ -128,7 +128,7 @@ class CudaFigure(NamedTuple):
     """Why the latest attempt gave none (``""`` when it did)."""
 
 
-CUDA_OFF = "CUDA sampling off"
+CUDA_OFF = "no CUDA sample: RAYSCOPE_CUDA_SAMPLE_S not set on the agent"
 """Why a GPU whose NVML figure is not trusted has none: nobody asked for CUDA samples."""
 
 
@@ -259,29 +259,24 @@ def find_shared_gpus(nodes: Iterable[NodeStatus]) -> int:
     ``NodeStatus.shared_gpus``; how many physical GPUs are shared. One pass over the nodes'
     GPUs, a dict lookup each; nodes are marked only where a GPU is shared. A UUID under two
     model names is no shared GPU (a recorded or made-up UUID), and stays apart."""
-    first: dict[str, NodeStatus] = {}
-    shared: dict[str, list[NodeStatus]] = {}
+    first: dict[tuple[str, Optional[str]], NodeStatus] = {}
+    shared: dict[tuple[str, Optional[str]], list[NodeStatus]] = {}
     for node in nodes:
         for gpu in node.gpus or ():
-            uuid = gpu.uuid
-            if not uuid:
+            if not gpu.uuid:
                 continue
-            owner = first.setdefault(uuid, node)
-            if owner is not node and _same_model(owner, node, uuid):
-                holders = shared.setdefault(uuid, [owner])
+            key = (gpu.uuid, gpu.name)
+            owner = first.setdefault(key, node)
+            if owner is not node:
+                holders = shared.setdefault(key, [owner])
                 if node not in holders:
                     holders.append(node)
-    for uuid, holders in shared.items():
+    for (uuid, _), holders in shared.items():
         for node in holders:
             marks = node.shared_gpus if isinstance(node.shared_gpus, dict) else {}
             marks[uuid] = [n.node_id for n in holders if n is not node]
             node.shared_gpus = marks
     return len(shared)
-
-
-def _same_model(a: NodeStatus, b: NodeStatus, uuid: str) -> bool:
-    names = {g.name for n in (a, b) for g in n.gpus or () if g.uuid == uuid}
-    return len(names) == 1
 
 
 def shared_overcount(nodes: Iterable[NodeStatus]) -> tuple[int, int]:

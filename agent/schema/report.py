@@ -69,6 +69,12 @@ def known(value: Union[T, Unset]) -> Optional[T]:
     return None if isinstance(value, msgspec.UnsetType) else value
 
 
+VIRTUALIZATION_MODE_NAMES = ("none", "passthrough", "vgpu_guest", "host_vgpu", "host_vsga", "unknown")
+"""Every ``GpuDevice.virtualization_mode`` an agent sends (``agent.sources.nvml_modes``);
+anything else reads as ``unknown``."""
+COMPUTE_MODE_NAMES = ("default", "exclusive_thread", "prohibited", "exclusive_process", "unknown")
+"""Every ``GpuDevice.compute_mode`` an agent sends; anything else reads as ``unknown``."""
+
 STARTED_BY_RAY = "ray"
 """``NodeReport.started_by`` of an agent placed by ``head --agents ray``."""
 AGENT_STARTERS = (STARTED_BY_RAY, "systemd", "manual")

@@ -99,7 +99,8 @@ class DeviceFree(msgspec.Struct, kw_only=True, gc=False):
     actors: dict[str, float] = {}
     """Actor id → the ``GPU`` quantity it holds here."""
     memory_used_bytes: Optional[int] = None
-    """NVML, when the device was matched and measured."""
+    """The used figure rayscope trusts (``agent.gpu_memory.gpu_used``: NVML's, or a CUDA sample's on
+    a vGPU guest), when the device was matched and measured."""
     memory_total_bytes: Optional[int] = None
 
 

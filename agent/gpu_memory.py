@@ -68,15 +68,33 @@ def untrusted_label(virtualization_mode: Optional[str]) -> str:
     return "vGPU" if virtualization_mode == "vgpu_guest" else "unknown device"
 
 
+_TRUSTED_MODES = frozenset(mode for mode, (trusted, _) in _RELIABILITY.items() if trusted)
+
+
 def nvml_trusted(gpu: GpuDevice) -> bool:
     """Whether NVML's figures for ``gpu`` (its used memory, its processes' memory) are the
-    device's own (:func:`memory_used_reliable` of its virtualization mode)."""
-    return memory_used_reliable(known(gpu.virtualization_mode))[0]
+    device's own (:func:`memory_used_reliable` of its virtualization mode). Every line of
+    every GPU node asks it: a set lookup."""
+    mode = gpu.virtualization_mode
+    return mode is UNSET or mode in _TRUSTED_MODES
+
+
+def untrusted_gpus(gpus: Optional[Sequence[GpuDevice]]) -> list[GpuDevice]:
+    """The GPUs of ``gpus`` whose NVML figures are not the device's (:func:`nvml_trusted`),
+    in one comprehension: each node's status line asks."""
+    trusted = _TRUSTED_MODES
+    return [
+        g for g in gpus or () if g.virtualization_mode is not UNSET and g.virtualization_mode not in trusted
+    ]
+
+
+NOT_TRUSTED = "NVML used not trusted"
+"""The words every reason and line uses where NVML's used figure is not the device's."""
 
 
 def _untrusted_reason(virtualization_mode: Optional[str]) -> str:
     kind = "vGPU guest" if virtualization_mode == "vgpu_guest" else "virtualization mode unknown"
-    return f"{kind}: NVML used not trusted"
+    return f"{kind}: {NOT_TRUSTED}"
 
 
 class GpuUsed(NamedTuple):

@@ -1,9 +1,12 @@
 """What the head's HTTP port answers, path by path: a complete request in, a response out.
 
 No sockets here (:mod:`agent.head.http` reads requests under a deadline and writes the
-answers): each answer runs in one of the port's worker threads. ``/v1/status`` and
-``/metrics`` need a bearer token when the head has one (the agents' token or the read-only
-one); ``/healthz`` answers everyone, with counters only. A bug in one answer is a 500 with a
+answers): each answer runs in one of the port's worker threads. ``/v1/status``,
+``/v1/usage`` and ``/metrics`` need a bearer token when the head has one (the agents' token or the read-only
+one); ``/healthz`` answers everyone, with counters only. ``/v1/status?format=lines`` is the
+text ``status`` prints; every status answer carries the exit code and notes ``status`` would
+give as ``X-Rayscope-*`` headers, and comes from :mod:`agent.head.answers` (rendered once
+per change; gzip on request). A bug in one answer is a 500 with a
 reason, logged once per kind, and the head keeps serving.
 """
 
@@ -11,15 +14,20 @@ import hmac
 import logging
 import time
 from email.message import Message
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 from urllib.parse import parse_qs, urlsplit
 
 import msgspec
 
+from agent import output
+from agent.head.answers import Answers, Rendered, status_headers
 from agent.head.state import HeadState
 from agent.logs import LogThrottle
 from agent.render.metrics import metrics_text
-from agent.render.status import status_json
+from agent.render.status import status_json_bytes
+from agent.render.usage import usage_json, usage_metrics
+from agent.schema.status import ClusterStatus
+from agent.usage_summary import DEFAULT_HEADROOM_PCT, checked_headroom, parse_window
 
 log = logging.getLogger("rayscope.head")
 
@@ -42,6 +50,7 @@ class Response(NamedTuple):
     status: int
     content_type: str
     body: bytes
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 def text(status: int, message: str) -> Response:
@@ -53,6 +62,7 @@ class Routes:
 
     def __init__(self, state: HeadState, read_tokens: tuple[bytes, ...], throttle: LogThrottle) -> None:
         self.state, self.read_tokens, self.throttle = state, read_tokens, throttle
+        self.answers = Answers(state)
 
     def answer(self, request: Request) -> Response:
         """The response to ``request``; never raises."""
@@ -77,17 +87,43 @@ class Routes:
             health = self.state.health(time.monotonic())
             ok = bool(health["gcs_poller"]["ok"])
             return Response(200, JSON, msgspec.json.encode({"ok": ok, **health}))
-        if url.path not in ("/v1/status", "/metrics"):
-            return text(404, "not found: try /v1/status, /metrics, /healthz")
+        if url.path not in ("/v1/status", "/metrics", "/v1/usage"):
+            return text(404, "not found: try /v1/status, /v1/usage, /metrics, /healthz")
         if self.read_tokens and not self.authorized(request.headers):
             return text(401, "bearer token required")
-        query = parse_qs(url.query)
+        if url.path == "/v1/usage":
+            return self.usage(parse_qs(url.query))
+        return self._status(url.path, parse_qs(url.query), request.headers)
+
+    def _status(self, path: str, query: dict[str, list[str]], headers: Message) -> Response:
+        """``/metrics``, ``/v1/status`` (JSON) or ``/v1/status?format=lines``, from the cache."""
         gpus = query.get("gpus", ["0"])[0] in YES
-        status = self.state.status(time.monotonic(), gpus=gpus, wall_now=time.time())
-        if url.path == "/metrics":
-            return Response(200, PROMETHEUS_TEXT, metrics_text(status).encode())
+        gzipped = "gzip" in str(headers.get("Accept-Encoding", "")).lower()
+        if path == "/metrics":
+            metrics = self.answers.get(("metrics", gpus), self._metrics, gpus, gzipped)
+            return Response(200, PROMETHEUS_TEXT, metrics.body, metrics.headers)
         include_dead = query.get("all", ["0"])[0] in YES
-        return Response(200, JSON, status_json(status, include_dead, indent=0).encode())
+        if query.get("format", ["json"])[0] == "lines":
+            render = _lines(include_dead, gpus)
+            lines = self.answers.get(("lines", gpus, include_dead), render, gpus, gzipped)
+            return Response(200, TEXT, lines.body, lines.headers)
+        document = self.answers.get(("json", gpus, include_dead), _json(include_dead), gpus, gzipped)
+        return Response(200, JSON, document.body, document.headers)
+
+    def _metrics(self, status: ClusterStatus) -> Rendered:
+        """The status families, then the usage history's per-app ones (cached with them)."""
+        usage = usage_metrics(self.state.usage.document(time.monotonic()))
+        return Rendered((metrics_text(status) + usage).encode(), ())
+
+    def usage(self, query: dict[str, list[str]]) -> Response:
+        """``/v1/usage?window=SPAN&headroom=PCT``: the usage document (400 for a bad query)."""
+        try:
+            window_s = parse_window(query["window"][0]) if "window" in query else None
+            headroom = checked_headroom(float(query.get("headroom", [DEFAULT_HEADROOM_PCT])[0]))
+        except ValueError as err:
+            return text(400, f"bad query: {err}")
+        usage = self.state.usage.document(time.monotonic(), window_s, headroom)
+        return Response(200, JSON, usage_json(usage).encode())
 
     def authorized(self, headers: Message) -> bool:
         """``Bearer TOKEN``, the scheme in any case (RFC 9110); every token compared in
@@ -96,3 +132,20 @@ class Routes:
         offered_bytes = offered.strip().encode("latin-1", "replace")
         matches = [hmac.compare_digest(offered_bytes, token) for token in self.read_tokens]
         return scheme.lower() == "bearer" and any(matches)
+
+
+def _json(include_dead: bool) -> Callable[[ClusterStatus], Rendered]:
+    def render(status: ClusterStatus) -> Rendered:
+        return Rendered(status_json_bytes(status, include_dead), status_headers(status))
+
+    return render
+
+
+def _lines(include_dead: bool, gpus: bool) -> Callable[[ClusterStatus], Rendered]:
+    """What ``status`` prints on stdout for the same options (``format=lines``)."""
+
+    def render(status: ClusterStatus) -> Rendered:
+        lines = output.status_text_lines(status, include_dead, gpus)
+        return Rendered(("\n".join(lines) + "\n").encode(), status_headers(status))
+
+    return render

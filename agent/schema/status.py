@@ -150,6 +150,11 @@ class ReceivedReport(msgspec.Struct, kw_only=True, gc=False):
     received_at: float
     local: bool = False
     """``True``: read on this host by this command, not sent by an agent."""
+    memory: Optional[object] = None
+    """The rollup's cache (never encoded): its ``MeasuredMemory`` of the report's GPUs."""
+    merged: "Optional[tuple[NodeStatus, NodeStatus]]" = None
+    """The rollup's cache: (scheduler node, that node merged with this fresh report, ages
+    left out): a report is merged into the same scheduler node query after query."""
 
 
 class NodeStatus(msgspec.Struct, kw_only=True, gc=False):

@@ -27,7 +27,9 @@ import pynvml
 
 from agent.schema.report import UNSET, GpuDevice, GpuHealth, GpuProcess, SourceStatus
 from agent.sources import nvml_modes
-from agent.sources.nvml_health import LIBRARY_TOO_OLD, read_health
+from agent.sources.nvml_calls import LIBRARY_TOO_OLD, newest_list
+from agent.sources.nvml_calls import text as _text
+from agent.sources.nvml_health import read_health
 
 T = TypeVar("T")
 
@@ -58,10 +60,6 @@ _LIBRARY_TOO_OLD = LIBRARY_TOO_OLD
 def reason_for(err: "pynvml.NVMLError") -> str:
     """The operator's reading of an NVML error."""
     return _REASONS.get(err.value, f"NVML error: {err}")
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _shutdown() -> None:
@@ -204,21 +202,14 @@ def _process_list(
     """One NVML process list (``Compute`` or ``Graphics``) through the newest call version
     this driver exports: (entries, version that answered); ``(None, None)`` on failure."""
     field = f"{kind.lower()}_processes"
-    for version in PROCESS_LIST_VERSIONS:
-        call = getattr(pynvml, f"nvmlDeviceGet{kind}RunningProcesses_v{version}", None)
-        if call is None:  # this pynvml predates the version
-            continue
-        try:
-            return list(call(handle)), version
-        except pynvml.NVMLError as err:
-            if err.value == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
-                continue  # an older driver: try the previous call version
-            errors[field] = _text(err)
-            return None, None
-        except _LIBRARY_TOO_OLD:
-            continue
-    errors[field] = "Function Not Found (no process-list call version this driver exports)"
-    return None, None
+    try:
+        entries, version = newest_list(handle, f"nvmlDeviceGet{kind}RunningProcesses", PROCESS_LIST_VERSIONS)
+    except pynvml.NVMLError as err:
+        errors[field] = _text(err)
+        return None, None
+    if entries is None:
+        errors[field] = "Function Not Found (no process-list call version this driver exports)"
+    return entries, version
 
 
 def _processes(

@@ -23,6 +23,9 @@ import pynvml
 
 # The rule lives beside the rollup's judgement of reports (the head has no pynvml to import).
 from agent.gpu_memory import memory_used_reliable
+from agent.sources.nvml_calls import LIBRARY_TOO_OLD as _LIBRARY_TOO_OLD
+from agent.sources.nvml_calls import newest_list
+from agent.sources.nvml_calls import text as _text
 
 __all__ = [
     "COMPUTE_MODES",
@@ -65,14 +68,6 @@ MPS_LIST_VERSIONS = (3, 2)
 drivers >= 510, ``_v2`` before)."""
 
 _ABSENT = {pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND}
-
-# The error pynvml raises (not an NVMLError) when it calls an unversioned entry point the
-# library lacks; the versioned calls used here raise NVMLError(FUNCTION_NOT_FOUND) instead.
-_LIBRARY_TOO_OLD = getattr(pynvml, "NVMLLibraryMismatchError", pynvml.NVMLError)
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _optional(errors: dict[str, str], name: str, read: Callable[[], T]) -> Optional[T]:
@@ -133,18 +128,9 @@ def mps_processes(handle: Any, errors: dict[str, str]) -> tuple[Optional[list[An
     MPS client runs (the answer on every GPU without MPS). ``(None, None)``: the driver has no
     such call or it is Not Supported (quiet), or it failed (``errors["mps_processes"]``).
     """
-    for version in MPS_LIST_VERSIONS:
-        call = getattr(pynvml, f"nvmlDeviceGetMPSComputeRunningProcesses_v{version}", None)
-        if call is None:
-            continue
-        try:
-            return list(call(handle)), version
-        except pynvml.NVMLError as err:
-            if err.value == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
-                continue  # an older driver: try the previous call version
-            if err.value != pynvml.NVML_ERROR_NOT_SUPPORTED:
-                errors["mps_processes"] = _text(err)
-            return None, None
-        except _LIBRARY_TOO_OLD:
-            continue
-    return None, None
+    try:
+        return newest_list(handle, "nvmlDeviceGetMPSComputeRunningProcesses", MPS_LIST_VERSIONS)
+    except pynvml.NVMLError as err:
+        if err.value != pynvml.NVML_ERROR_NOT_SUPPORTED:
+            errors["mps_processes"] = _text(err)
+        return None, None

@@ -13,7 +13,13 @@ from typing import Optional, cast
 
 from msgspec.structs import replace
 
-from agent.gpu_memory import MeasuredMemory, bioengine_memory, measured_memory
+from agent.gpu_memory import (
+    MeasuredMemory,
+    bioengine_memory,
+    find_shared_gpus,
+    measured_memory,
+    shared_overcount,
+)
 from agent.schema.report import NodeReport, SourceStatus
 from agent.schema.status import (
     DOCUMENT_SCHEMA,
@@ -303,10 +309,13 @@ def scheduler_sums(nodes: Iterable[NodeStatus]) -> dict[str, float]:
     return {key: ray_round(sum(map(attrgetter(key), alive))) for key in _SUMMED}
 
 
-def totals(nodes: Iterable[NodeStatus], sums: Optional[Mapping[str, float]] = None) -> ClusterTotals:
+def totals(
+    nodes: Iterable[NodeStatus], sums: Optional[Mapping[str, float]] = None, shared_gpus: int = 0
+) -> ClusterTotals:
     """Cluster sums over alive scheduler nodes (BioEngine's ``nodes``). BioEngine's GPU
     memory sums add the node values that are numbers; rayscope's cover the GPU nodes with a
-    fresh report whose total and trusted used are both known (``gpu_nodes_measured``).
+    fresh report whose total and trusted used are both known (``gpu_nodes_measured``), each
+    physical GPU once where several nodes report it (``shared_gpus``: how many do).
     ``sums``: :func:`scheduler_sums` of these nodes' scheduler view, when known."""
     in_scheduler = [n for n in nodes if n.in_scheduler]
     alive = [n for n in in_scheduler if n.alive]
@@ -325,8 +334,11 @@ def totals(nodes: Iterable[NodeStatus], sums: Optional[Mapping[str, float]] = No
     for key, value in (scheduler_sums(alive) if sums is None else sums).items():
         setattr(totals_, key, value)
     if measured:
-        totals_.total_gpu_memory_bytes = sum(n.total_gpu_memory_bytes or 0 for n in measured)
-        totals_.used_gpu_memory_bytes = sum(n.used_gpu_memory_bytes or 0 for n in measured)
+        twice_total, twice_used = shared_overcount(measured) if shared_gpus else (0, 0)
+        totals_.total_gpu_memory_bytes = sum(n.total_gpu_memory_bytes or 0 for n in measured) - twice_total
+        totals_.used_gpu_memory_bytes = sum(n.used_gpu_memory_bytes or 0 for n in measured) - twice_used
+    if shared_gpus:
+        totals_.shared_gpus = shared_gpus
     return totals_
 
 
@@ -372,6 +384,8 @@ def merge(
         unknown = unknown or known is None
         nodes[node_id] = _merged_node(known, received, node_id, now, stale_after_s, wall_offset)
     ordered = sorted(nodes.values(), key=sort_key) if unknown else list(nodes.values())
+    # Time-slicing: one physical GPU in several nodes' reports is said so, and summed once.
+    shared = find_shared_gpus(ordered) if reports else 0
     age = None if scheduler_read_at is None else round(max(0.0, now - scheduler_read_at), 1)
     return ClusterStatus(
         scheduler_age_s=age,
@@ -381,6 +395,6 @@ def merge(
         view=view,
         gcs_address=gcs_address,
         sources=list(sources),
-        cluster=totals(ordered, sums),
+        cluster=totals(ordered, sums, shared),
         nodes={n.node_id: n for n in ordered} if unknown else nodes,
     )

@@ -225,7 +225,7 @@ def _clean(value: Any, where: str, signed: bool = False) -> Any:
             raise ReportError(f"{where}: a string of {len(value)} characters (at most {MAX_STRING_CHARS})")
         cleaned = printable(value)
         return value if cleaned == value else cleaned
-    if isinstance(value, bool) or value is None:
+    if isinstance(value, (bool, msgspec.UnsetType)) or value is None:
         return value
     if isinstance(value, (int, float)):
         if not math.isfinite(value) or (value < 0 and not signed):

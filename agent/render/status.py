@@ -22,6 +22,7 @@ from agent.render.fmt import (
     shown_used_bytes,
     source_notes,
     visible_nodes,
+    vram_note,
 )
 from agent.render.gpus import device_line, fuller_devices
 from agent.rollup import SchedulerView, scheduler_view
@@ -66,7 +67,7 @@ def node_line(
     """One node, e.g. ``10.0.0.5 [worker] T4 GPU: 0.99/1 VRAM: 5.8/24.0 GB  CPU: 6/8``."""
     words = [node_label(node.node_ip, node.node_id, node.hostname), "[HEAD]" if node.head else "[worker]"]
     cpu = f"CPU: {cpus(node.used_cpu)}/{cpus(node.total_cpu)}"
-    memory = f"VRAM: {gib(shown_used_bytes(node))}/{gib(node.total_gpu_memory_bytes)} GB"
+    memory = f"VRAM: {gib(shown_used_bytes(node))}/{gib(node.total_gpu_memory_bytes)} GB{vram_note(node)}"
     if not node.in_scheduler:  # an agent's node the scheduler does not know: nothing booked to show
         words.append(memory)
     elif node.total_gpu > 0:

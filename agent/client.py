@@ -1,4 +1,4 @@
-"""The head agent's HTTP client: ``status --head`` (and ``fit --head``) read the merged
+"""The head agent's HTTP client: ``status --head`` (and ``fit``, ``usage``) read the merged
 rollup from it, decoded into Structs.
 
 No ray, no psutil, no pynvml: only the standard library's HTTP client and msgspec. The
@@ -18,6 +18,7 @@ from agent.head_request import DEFAULT_HEAD_PORT
 from agent.head_request import HEAD_ENV as HEAD_ENV  # noqa: PLC0414 - re-exported: the options name them here
 from agent.head_request import parse_head_url as parse_head_url  # noqa: PLC0414
 from agent.schema.status import DOCUMENT_SCHEMA, ClusterStatus
+from agent.schema.usage import UsageDocument
 from agent.tls import NO_TLS, TlsFiles
 
 
@@ -26,9 +27,30 @@ def head_status(
 ) -> ClusterStatus:
     """The rollup a head agent serves (``GET /v1/status?all=1``, ``&gpus=1`` for the per-GPU
     attribution); :class:`AgentError` (exit 2) when it cannot be had. No ray import on this
-    path (``http.client`` itself, not ``urllib.request``); the failures are said as
-    :mod:`agent.head_request` says them on the fast path. HTTPS when the URL says
+    path (``http.client`` itself, not ``urllib.request``). HTTPS when the URL says
     ``https://`` or any ``tls`` file is given."""
+    body = head_get(url, "/v1/status?all=1" + ("&gpus=1" if gpus else ""), token, timeout_s, tls)
+    try:
+        return msgspec.json.decode(body, type=ClusterStatus)
+    except msgspec.DecodeError as err:
+        raise _unexpected(url, body, err) from None
+
+
+def head_usage(
+    url: str, token: bytes, timeout_s: float, window_s: Optional[float], headroom_pct: float, tls: TlsFiles
+) -> UsageDocument:
+    """What the head remembers of each actor's GPU memory (``GET /v1/usage``)."""
+    query = f"/v1/usage?headroom={headroom_pct:g}" + (f"&window={window_s:g}" if window_s else "")
+    body = head_get(url, query, token, timeout_s, tls)
+    try:
+        return msgspec.json.decode(body, type=UsageDocument)
+    except msgspec.DecodeError as err:
+        raise _unexpected(url, body, err) from None
+
+
+def head_get(url: str, path: str, token: bytes, timeout_s: float, tls: TlsFiles = NO_TLS) -> bytes:
+    """The body of ``GET path`` from the head at ``url``; :class:`AgentError` (exit 2) for
+    anything but a 200, said as :mod:`agent.head_request` says it on the fast path."""
     import http.client
 
     parts = urlsplit(url)
@@ -42,27 +64,31 @@ def head_status(
     url = head_request.shown_url(url, tls)
     headers = {"Authorization": "Bearer " + token.decode()} if token else {}
     try:
-        connection.request("GET", "/v1/status?all=1" + ("&gpus=1" if gpus else ""), headers=headers)
+        connection.request("GET", path, headers=headers)
         response = connection.getresponse()
         body = response.read()
     except (TimeoutError, OSError, http.client.HTTPException) as err:
         raise head_request.unreachable(err, url, timeout_s) from None
     finally:
         connection.close()
+    if response.status == 404 and path.startswith("/v1/usage"):
+        raise AgentError(f"head agent at {url} keeps no usage history: it is an older release", EXIT_NO_DATA)
     refused = head_request.refusal(response.status, url)
     if refused is not None:
         raise refused
-    try:
-        return msgspec.json.decode(body, type=ClusterStatus)
-    except msgspec.DecodeError as err:
-        served = _document_schema(body)
-        if served is not None and served != DOCUMENT_SCHEMA:
-            raise AgentError(
-                f"head agent at {url} serves document schema {served}, this rayscope reads schema"
-                f" {DOCUMENT_SCHEMA}: run one rayscope release on the head and its clients",
-                EXIT_NO_DATA,
-            ) from None
-        raise AgentError(f"unexpected answer from head agent at {url}: {err}", EXIT_NO_DATA) from None
+    return body
+
+
+def _unexpected(url: str, body: bytes, err: msgspec.DecodeError) -> AgentError:
+    """A head's document this release cannot read: another schema (by name), or garbage."""
+    served = _document_schema(body)
+    if served is not None and served != DOCUMENT_SCHEMA:
+        return AgentError(
+            f"head agent at {url} serves document schema {served}, this rayscope reads schema"
+            f" {DOCUMENT_SCHEMA}: run one rayscope release on the head and its clients",
+            EXIT_NO_DATA,
+        )
+    return AgentError(f"unexpected answer from head agent at {url}: {err}", EXIT_NO_DATA)
 
 
 class _Versioned(msgspec.Struct):
@@ -97,3 +123,21 @@ def read_cluster(
     from agent import collect  # psutil, pynvml: off the --head fast path
 
     return collect.embedded_status(gcs, timeout_s, gpus=gpus)
+
+
+def read_usage(
+    head: Optional[str],
+    token_file: Optional[str],
+    timeout_s: float,
+    window_s: Optional[float],
+    headroom_pct: float,
+    tls: TlsFiles,
+) -> UsageDocument:
+    """``rayscope usage``: only a head agent remembers, so ``--head`` is required."""
+    if not head:
+        raise AgentError(
+            f"usage needs a head agent (--head URL or ${HEAD_ENV}): only the head remembers", EXIT_NO_DATA
+        )
+    from agent import tokens
+
+    return head_usage(head, tokens.read_token(token_file), timeout_s, window_s, headroom_pct, tls)

@@ -275,7 +275,10 @@ ListenOption = Annotated[
 HttpOption = Annotated[
     str,
     typer.Option(
-        "--http", metavar="HOST:PORT", callback=endpoint(7532), help="GET /v1/status, /metrics, /healthz."
+        "--http",
+        metavar="HOST:PORT",
+        callback=endpoint(7532),
+        help="GET /v1/status, /v1/usage, /metrics, /healthz.",
     ),
 ]
 
@@ -329,7 +332,14 @@ NodeIdOption = Annotated[
     typer.Option("--node-id", metavar="ID", help="The Ray node to report for (default: the local raylet's)."),
 ]
 
-AllNodesOption = Annotated[bool, typer.Option("--all", help="Show dead nodes too.")]
+AllNodesOption = Annotated[
+    bool,
+    typer.Option(
+        "--all",
+        help="Every node: dead ones too, and on a cluster of more than 50 nodes the ones with"
+        " nothing to flag, which the status lines otherwise count in one line.",
+    ),
+]
 
 
 def optional_watch_value(argv: Sequence[str]) -> list[str]:

@@ -27,6 +27,7 @@ import msgspec
 
 from agent import collect, tokens, wire
 from agent.addresses import split_address
+from agent.cuda_samples import CudaSamples
 from agent.errors import EXIT_NO_DATA, AgentError
 from agent.schema.report import GpuDevice, NodeReport, RayletInfo
 from agent.sources import nvml, raylet
@@ -86,6 +87,8 @@ class Pusher:
         self._known: Optional[RayletInfo] = None
         self._cycles_since_scan = RESCAN_CYCLES  # scan on the first cycle
         self.started_by = started_by()
+        self.cuda = CudaSamples.from_env(os.environ)
+        """CUDA samples of GPUs whose NVML used figure is not trusted (``RAYSCOPE_CUDA_SAMPLE_S``)."""
 
     def _raylet(self) -> Optional[RayletInfo]:
         """The raylet to report for; the process table is scanned only when it is gone
@@ -110,7 +113,8 @@ class Pusher:
         else:
             self._note_raylet("no raylet on this host: reporting the host only")
         # A hung driver call must not cost the loop its interval: half of it at most.
-        report = collect.local_report(mine, self.clock(), min(nvml.TIMEOUT_S, self.interval_s / 2))
+        timeout = min(nvml.TIMEOUT_S, self.interval_s / 2)
+        report = collect.local_report(mine, self.clock(), timeout, self.cuda)
         report.interval_s = self.interval_s
         report.started_by = self.started_by
         if mine is None and self.node_id:
@@ -256,6 +260,8 @@ class Pusher:
         for sig in (signal.SIGTERM, signal.SIGINT) if handle_signals else ():
             signal.signal(sig, lambda *_: self.stop())
         log.info("node agent: sending to %s:%d every %g s", *self.head, self.interval_s)
+        if self.cuda is not None:
+            log.info("CUDA samples of vGPU guests' GPUs at most every %g s", self.cuda.sampler.min_interval_s)
         try:
             while not self._stop.is_set():
                 sent = self.send(self.collect())

@@ -16,7 +16,7 @@ import pytest
 
 from agent import watch
 from agent.errors import AgentError
-from agent.options import optional_watch_value
+from agent.usage import optional_watch_value
 from agent.render.status import status_lines
 from agent.render.watch import HIGHLIGHT_OFF, HIGHLIGHT_ON, fit_screen, highlight_changes
 from agent.schema.status import ClusterStatus

@@ -9,12 +9,12 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from agent.addresses import DEFAULT_HTTP_PORT
 from agent.errors import EXIT_NO_DATA, AgentError
 from agent.schema.status import DOCUMENT_SCHEMA, ClusterStatus
 from agent.tls import NO_TLS, TlsFiles
 
 HEAD_ENV = "RAYSCOPE_HEAD"
-DEFAULT_HEAD_PORT = 7532
 
 
 def parse_head_url(text: str) -> str:
@@ -23,7 +23,7 @@ def parse_head_url(text: str) -> str:
     if url.scheme not in ("http", "https") or not url.hostname:
         raise ValueError(f"{text!r} is not a head agent URL (http://HOST:PORT)")
     try:
-        port = url.port or DEFAULT_HEAD_PORT
+        port = url.port or DEFAULT_HTTP_PORT
     except ValueError:
         raise ValueError(f"{text!r}: port must be a number from 1 to 65535") from None
     host = f"[{url.hostname}]" if ":" in url.hostname else url.hostname
@@ -31,16 +31,22 @@ def parse_head_url(text: str) -> str:
 
 
 def head_status(
-    url: str, token: bytes, timeout_s: float, gpus: bool = False, tls: TlsFiles = NO_TLS
+    url: str,
+    token: bytes,
+    timeout_s: float,
+    gpus: bool = False,
+    tls: TlsFiles = NO_TLS,
+    token_file: Optional[str] = None,
 ) -> ClusterStatus:
     """The rollup a head agent serves (``GET /v1/status?all=1``, ``&gpus=1`` for the per-GPU
     attribution); :class:`AgentError` (exit 2) when it cannot be had. No ray import on this
     path: it is the fast one (``http.client`` itself, not ``urllib.request``, for the same
-    reason). HTTPS when the URL says ``https://`` or any ``tls`` file is given."""
+    reason). HTTPS when the URL says ``https://`` or any ``tls`` file is given. ``token_file``:
+    where ``token`` came from, for the message when the head refuses it."""
     import http.client
 
     parts = urlsplit(url)
-    host, port = parts.hostname or "", parts.port or DEFAULT_HEAD_PORT
+    host, port = parts.hostname or "", parts.port or DEFAULT_HTTP_PORT
     connection: http.client.HTTPConnection
     if parts.scheme == "https" or tls.enabled:
         from agent.tls import client_context
@@ -59,15 +65,25 @@ def head_status(
         response = connection.getresponse()
         body = response.read()
     except (TimeoutError, OSError, http.client.HTTPException) as err:
-        if isinstance(err, TimeoutError) or "timed out" in str(err):
-            reason = f"timeout {timeout_s:g} s"
-        else:
-            reason = (getattr(err, "strerror", None) or str(err) or type(err).__name__).lower()
-        raise AgentError(f"head agent unreachable at {url} ({reason})", EXIT_NO_DATA) from None
+        raise AgentError(_unreachable(url, host, port, timeout_s, err), EXIT_NO_DATA) from None
     finally:
         connection.close()
     if response.status == 401:
-        raise AgentError(f"head agent at {url} requires its token: pass --token-file", EXIT_NO_DATA)
+        if token:
+            raise AgentError(
+                f"head agent at {url} refused the token from {token_file or 'the token file'}: it holds"
+                " another one (its --token-file or --read-token-file)",
+                EXIT_NO_DATA,
+            )
+        raise AgentError(
+            f"head agent at {url} requires a token: pass --token-file (the head's)", EXIT_NO_DATA
+        )
+    if response.status != 200 and (response.getheader("Server") or "") != "rayscope-head":
+        raise AgentError(
+            f"{url} is an HTTP server but not a rayscope head agent (HTTP {response.status}): status --head"
+            f" wants the head's --http address ({DEFAULT_HTTP_PORT} by default)",
+            EXIT_NO_DATA,
+        )
     if response.status != 200:
         raise AgentError(f"head agent at {url} answered HTTP {response.status}", EXIT_NO_DATA)
     try:
@@ -81,6 +97,27 @@ def head_status(
                 EXIT_NO_DATA,
             ) from None
         raise AgentError(f"unexpected answer from head agent at {url}: {err}", EXIT_NO_DATA) from None
+
+
+def _unreachable(url: str, host: str, port: int, timeout_s: float, err: BaseException) -> str:
+    """Why the head agent at ``url`` could not be read. A port that answered something else
+    than HTTP is probed (:mod:`agent.peer`) and named, never quoted: its bytes (a report
+    port's random challenge) are not the operator's to read."""
+    import http.client
+
+    from agent import peer
+
+    if isinstance(err, TimeoutError) or "timed out" in str(err):
+        return f"head agent unreachable at {url} (timeout {timeout_s:g} s)"
+    if isinstance(err, ConnectionRefusedError):
+        return f"head agent unreachable at {url} (connection refused)"
+    wrong = peer.wrong_http_port(url, host, port)
+    if wrong:
+        return wrong
+    if isinstance(err, http.client.HTTPException) and not isinstance(err, http.client.RemoteDisconnected):
+        return f"head agent at {url} answered something that is not HTTP"
+    reason = (getattr(err, "strerror", None) or str(err) or type(err).__name__).lower()
+    return f"head agent unreachable at {url} ({reason})"
 
 
 class _Versioned(msgspec.Struct):
@@ -111,7 +148,7 @@ def read_cluster(
         from agent import tokens
 
         files = TlsFiles.from_env() if tls is None else tls
-        return head_status(head, tokens.read_token(token_file), timeout_s, gpus=gpus, tls=files)
+        return head_status(head, tokens.read_token(token_file), timeout_s, gpus, files, token_file)
     from agent import collect  # psutil, pynvml: off the --head fast path
 
     return collect.embedded_status(gcs, timeout_s, gpus=gpus)

@@ -18,11 +18,17 @@ import click
 import typer
 
 from agent import client, limits
-from agent.addresses import DEFAULT_GCS_PORT, GCS_ADDRESS_ENV, parse_address, with_port
+from agent.addresses import (
+    DEFAULT_GCS_PORT,
+    DEFAULT_HTTP_PORT,
+    DEFAULT_REPORT_PORT,
+    GCS_ADDRESS_ENV,
+    parse_address,
+    with_port,
+)
 from agent.limits import Limit, Number
 
 WATCH_DEFAULT_S = 2.0
-DEFAULT_LISTEN_PORT = 7531
 
 
 class OptionError(click.UsageError):
@@ -64,7 +70,9 @@ def _one_source(ctx: typer.Context, given: str) -> None:
         return
     from_env = ctx.get_parameter_source("head") == click.core.ParameterSource.ENVIRONMENT
     if from_env:
-        raise OptionError(f"--gcs with ${client.HEAD_ENV} set: two sources, drop --gcs or unset {client.HEAD_ENV}")
+        raise OptionError(
+            f"--gcs with ${client.HEAD_ENV} set: two sources, drop --gcs or unset {client.HEAD_ENV}"
+        )
     raise OptionError("--head with --gcs: two sources, give one (--head reads a head agent, --gcs the GCS)")
 
 
@@ -243,7 +251,9 @@ NumCpusOption = Annotated[
 
 MemoryMbOption = Annotated[
     float,
-    typer.Option("--memory-mb", callback=within(limits.MEBIBYTES), help="Ray memory each replica books, in MB."),
+    typer.Option(
+        "--memory-mb", callback=within(limits.MEBIBYTES), help="Ray memory each replica books, in MB."
+    ),
 ]
 
 ShapeOption = Annotated[
@@ -284,13 +294,21 @@ SizingOption = Annotated[
 
 ListenOption = Annotated[
     str,
-    typer.Option("--listen", metavar="HOST:PORT", callback=endpoint(DEFAULT_LISTEN_PORT), help="Where node agents connect."),
+    typer.Option(
+        "--listen",
+        metavar="HOST:PORT",
+        callback=endpoint(DEFAULT_REPORT_PORT),
+        help="Where node agents connect.",
+    ),
 ]
 
 HttpOption = Annotated[
     str,
     typer.Option(
-        "--http", metavar="HOST:PORT", callback=endpoint(client.DEFAULT_HEAD_PORT), help="GET /v1/status, /metrics, /healthz."
+        "--http",
+        metavar="HOST:PORT",
+        callback=endpoint(DEFAULT_HTTP_PORT),
+        help="GET /v1/status, /metrics, /healthz.",
     ),
 ]
 
@@ -341,8 +359,8 @@ PushHeadOption = Annotated[
     typer.Option(
         "--head",
         metavar="HOST:PORT",
-        callback=endpoint(DEFAULT_LISTEN_PORT),
-        help=f"The head agent's report port (its --listen; {DEFAULT_LISTEN_PORT} when not given).",
+        callback=endpoint(DEFAULT_REPORT_PORT),
+        help=f"The head agent's report port (its --listen; {DEFAULT_REPORT_PORT} when not given).",
     ),
 ]
 

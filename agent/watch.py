@@ -21,7 +21,7 @@ from types import FrameType
 from typing import Callable, Optional, TextIO
 
 from agent.errors import EXIT_NO_DATA, AgentError
-from agent.render.watch import fit_screen, highlight_changes, watch_header
+from agent.render.watch import CUT_MARKER, fit_screen, highlight_changes, watch_header, wrap_to
 from agent.schema.status import ClusterStatus
 
 ENTER = "\x1b[?1049h\x1b[?25l"  # alternate screen on, cursor hidden
@@ -84,6 +84,8 @@ def run(
     """
     previous: Optional[list[str]] = None
     body: list[str] = []
+    encoding = (getattr(stream, "encoding", None) or "ascii").lower()
+    marker = CUT_MARKER if encoding.replace("-", "").startswith("utf") else ">"
     drawn = 0
     try:
         with terminal(stream, keyboard_fd):
@@ -100,10 +102,10 @@ def run(
                 columns, rows = screen_size()
                 header = [watch_header(interval_s, generated_at), ""]
                 if error is not None:
-                    header += [error, ""]
-                shown = fit_screen(body, columns, rows - len(header) - 1)
+                    header += [*wrap_to(error, columns), ""]
+                shown = fit_screen(body, columns, rows - len(header) - 1, marker)
                 marked = shown if error is not None else highlight_changes(previous, shown)
-                draw(stream, fit_screen(header, columns, rows) + marked)
+                draw(stream, fit_screen(header, columns, rows, marker) + marked)
                 if error is None:
                     previous = shown
                 drawn += 1

@@ -52,7 +52,39 @@ def test_a_new_node_lights_up_whole_and_shifts_nothing_else() -> None:
 
 
 def test_screen_cut_never_wraps() -> None:
-    assert fit_screen(["x" * 30, "y", "z"], columns=10, rows=2) == ["x" * 10, "y"]
+    assert fit_screen(["x" * 30, "y", "z"], columns=10, rows=2) == ["x" * 8 + " \u2026", "y"]
+
+
+SEED_HEAD = "  127.0.0.1 [HEAD] G GPU: 0.04/1 booked: 20480/24576 MB  VRAM: NA/NA GB  CPU: 8/8"
+
+
+def test_the_seeds_81_column_head_line_is_cut_at_a_field_with_a_marker() -> None:
+    """Before: ``line[:80]``, which ends ``CPU: 8/`` (a number cut in half, as if 8 of
+    nothing). Now the field that does not fit goes whole, and the line says it was cut."""
+    assert len(SEED_HEAD) == 81
+    assert fit_screen([SEED_HEAD], columns=80, rows=5) == [
+        "  127.0.0.1 [HEAD] G GPU: 0.04/1 booked: 20480/24576 MB  VRAM: NA/NA GB \u2026"
+    ]
+    assert fit_screen([SEED_HEAD], columns=81, rows=5) == [SEED_HEAD]
+
+
+@pytest.mark.parametrize("columns", range(20, 81))
+def test_no_width_cuts_a_number_or_a_field_in_half(columns: int) -> None:
+    """At every width: the line fits, ends with the marker after a space, and what is kept
+    is whole fields of the line (a prefix that ends where a field ends)."""
+    (cut,) = fit_screen([SEED_HEAD], columns=columns, rows=1, marker=">")
+    kept = cut[: -len(" >")]
+    assert len(cut) <= columns and cut.endswith(" >")
+    assert SEED_HEAD.startswith(kept) and SEED_HEAD[len(kept)] == " ", (columns, cut)
+    assert not kept.endswith((":", "/")), (columns, cut)
+
+
+def test_an_error_line_is_wrapped_whole_not_cut() -> None:
+    from agent.render.watch import wrap_to
+
+    error = "rayscope: GCS unreachable at 10.0.0.1:6379 (timeout 5 s) (retrying every 2 s)"
+    wrapped = wrap_to(error, 40)
+    assert all(len(line) <= 40 for line in wrapped) and " ".join(wrapped) == error
 
 
 @pytest.mark.parametrize(

@@ -469,7 +469,8 @@ def commands_to_try(state: dict[str, Any], root: str) -> str:
         "",
         f"  rayscope head --gcs {gcs} --token-file {token} --interval 2",
         *(
-            f"  rayscope push --head 127.0.0.1:7531 --token-file {token} --interval 2 --node-id {n['node_id']}"
+            f"  rayscope push --head 127.0.0.1:7531 --token-file {token} --interval 2"
+            f" --node-id {n['node_id']}"
             for n in nodes.values()
         ),
         f"  rayscope status --head http://127.0.0.1:7532 --token-file {token}",

@@ -72,12 +72,25 @@ class Node:
         _ip("-n", self.netns, "link", "set", "eth0", "up")
         _ip("-n", self.netns, "link", "set", "lo", "up")
         init = (
-            f"mount -t overlay overlay -o lowerdir=/etc,upperdir={self.upper},workdir={self.root / 'etc-work'} /etc"
+            "mount -t overlay overlay"
+            f" -o lowerdir=/etc,upperdir={self.upper},workdir={self.root / 'etc-work'} /etc"
             f" && hostname {name} && echo ready && exec sleep infinity"
         )
         self._unshare = subprocess.Popen(
-            ["ip", "netns", "exec", self.netns, "unshare", "--mount", "--propagation", "private", "--uts"]
-            + ["--pid", "--fork", "--mount-proc", "sh", "-c", init],
+            [
+                *("ip", "netns", "exec", self.netns),
+                *(
+                    "unshare",
+                    "--mount",
+                    "--propagation",
+                    "private",
+                    "--uts",
+                    "--pid",
+                    "--fork",
+                    "--mount-proc",
+                ),
+                *("sh", "-c", init),
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

@@ -107,12 +107,14 @@ USAGE = [
     (
         ["status", "--format", "text", "--output", "x.json", "--gcs", "127.0.0.1:1"],
         2,
-        "--output x.json names a .json file, but the format asked for is text: drop --format text or name another file",
+        "--output x.json names a .json file, but the format asked for is text:"
+        " drop --format text or name another file",
     ),
     (
         ["status", "--json", "--output", "x.prom", "--gcs", "127.0.0.1:1"],
         2,
-        "--output x.prom names a .prom file, but the format asked for is json: drop --json or name another file",
+        "--output x.prom names a .prom file, but the format asked for is json:"
+        " drop --json or name another file",
     ),
     # click's own errors, one line each (before: "rayscope: rayscope status: No such option: --bogus ...")
     (["status", "--bogus"], 2, "status: no such option --bogus (did you mean --gpus or --gcs?)"),
@@ -194,7 +196,8 @@ def test_a_directory_as_token_file_is_named_a_directory(tmp_path: Path) -> None:
     """Before: ``token file D is open to group or others (mode 755): chmod 600 D``."""
     done = run_rayscope("status", "--head", "127.0.0.1:1", "--token-file", str(tmp_path))
     assert (one_line(done), done.returncode) == (
-        f"token file {tmp_path} is a directory: name the file in it that holds the token (e.g. {tmp_path}/token)",
+        f"token file {tmp_path} is a directory: name the file in it that holds the token"
+        f" (e.g. {tmp_path}/token)",
         2,
     )
 
@@ -353,7 +356,8 @@ def test_push_at_the_http_port_names_it(head_daemon: Any, wire_token: Path) -> N
     head = f"127.0.0.1:{head_daemon.http_port}"
     assert push_warning(head, "--token-file", str(wire_token)) == (
         f"head {head} is a rayscope head's HTTP port (status, metrics; 7532 by default), not a head's"
-        " report port: push --head wants the head's --listen address (7531 by default) (retrying with backoff)"
+        " report port: push --head wants the head's --listen address (7531 by default)"
+        " (retrying with backoff)"
     )
 
 

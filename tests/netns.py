@@ -188,6 +188,8 @@ class Lan:
                 os.kill(node.init_pid, signal.SIGKILL)  # the kernel kills the rest of its namespace
             with contextlib.suppress(subprocess.TimeoutExpired):
                 node._unshare.wait(timeout=20)
+            if node._unshare.stdout is not None:
+                node._unshare.stdout.close()
         for name in [n.netns for n in self.nodes] + [self.netns]:
             subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=10, check=False)
 

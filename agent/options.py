@@ -241,6 +241,7 @@ NumCpusOption = Annotated[
     float,
     typer.Option(
         "--num-cpus",
+        metavar="CPUS",
         callback=within(limits.CPUS),
         help=(
             "CPUs each replica books (Ray's num_cpus). 0 = as declared;"
@@ -252,7 +253,10 @@ NumCpusOption = Annotated[
 MemoryMbOption = Annotated[
     float,
     typer.Option(
-        "--memory-mb", callback=within(limits.MEBIBYTES), help="Ray memory each replica books, in MB."
+        "--memory-mb",
+        metavar="MB",
+        callback=within(limits.MEBIBYTES),
+        help="Ray memory each replica books, in MB.",
     ),
 ]
 
@@ -336,7 +340,10 @@ MaxPendingOption = Annotated[
 ]
 
 ReplicasOption = Annotated[
-    int, typer.Option("--replicas", callback=within(limits.REPLICAS), help="How many replicas to place.")
+    int,
+    typer.Option(
+        "--replicas", metavar="N", callback=within(limits.REPLICAS), help="How many replicas to place."
+    ),
 ]
 
 AgentsOption = Annotated[

@@ -30,6 +30,7 @@ from agent.addresses import split_address
 from agent.errors import EXIT_NO_DATA, AgentError
 from agent.schema.report import GpuDevice, NodeReport, RayletInfo
 from agent.sources import nvml, raylet
+from agent.text import printable
 from agent.tls import TlsFiles, client_context
 
 log = logging.getLogger("rayscope.push")
@@ -373,8 +374,9 @@ NO_TOKEN = "the head requires a token and this agent has none: pass --token-file
 
 
 def _explain(reason: str) -> str:
-    """The head's short rejection word, said so that an operator knows what to fix."""
-    return _EXPLAINED.get(reason, reason)
+    """The head's short rejection word, said so that an operator knows what to fix; a word
+    this agent does not know is the peer's text, shown through the one printable rule."""
+    return _EXPLAINED.get(reason) or printable(reason)
 
 
 def run(

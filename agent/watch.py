@@ -23,6 +23,7 @@ from typing import Callable, Optional, TextIO
 from agent.errors import EXIT_NO_DATA, AgentError
 from agent.render.watch import CUT_MARKER, fit_screen, highlight_changes, watch_header, wrap_to
 from agent.schema.status import ClusterStatus
+from agent.text import printable
 
 ENTER = "\x1b[?1049h\x1b[?25l"  # alternate screen on, cursor hidden
 LEAVE = "\x1b[?25h\x1b[?1049l"  # cursor shown, alternate screen off
@@ -98,7 +99,7 @@ def run(
                     generated_at = status.generated_at
                     body = lines_of(status)
                 except AgentError as err:
-                    error = f"rayscope: {err} (retrying every {interval_s:g} s)"
+                    error = printable(f"rayscope: {err} (retrying every {interval_s:g} s)")
                 columns, rows = screen_size()
                 header = [watch_header(interval_s, generated_at), ""]
                 if error is not None:

@@ -377,3 +377,12 @@ def test_push_without_a_token_to_a_head_that_has_one(head_daemon: Any) -> None:
         f"head {head} rejected the report: the head requires a token and this agent has none: pass"
         " --token-file (the head's file) (retrying with backoff)"
     )
+
+
+def test_a_rejection_word_the_agent_does_not_know_is_logged_printable() -> None:
+    """The head's rejection reason is the peer's text: before, a head could put an escape
+    sequence into the agent's log (and its operator's terminal)."""
+    from agent import push, wire
+
+    assert push._explain(wire.BAD_TOKEN).startswith("token rejected (bad token)")
+    assert push._explain("\x1b[2Jcleared\x1b]0;t\x07") == "[2Jcleared]0;t"

@@ -87,6 +87,28 @@ def test_an_error_line_is_wrapped_whole_not_cut() -> None:
     assert all(len(line) <= 40 for line in wrapped) and " ".join(wrapped) == error
 
 
+def test_a_failed_reads_peer_text_reaches_the_screen_printable() -> None:
+    """An error may quote a peer (Ray's first line, a head's answer): before, it was drawn as
+    it came, escape sequences included (here one that retitles the terminal)."""
+
+    def read() -> ClusterStatus:
+        raise AgentError("GCS at x:1 failed: \x1b]0;owned\x07boom", 2)
+
+    screen = io.StringIO()
+    watch.run(
+        read,
+        status_lines,
+        2.0,
+        stream=screen,
+        frames=1,
+        sleep=lambda s: None,
+        screen_size=lambda: os.terminal_size((120, 40)),
+    )
+    out = screen.getvalue()
+    assert "\x1b]0;" not in out and "\x07" not in out
+    assert "GCS at x:1 failed: ]0;ownedboom (retrying every 2 s)" in out
+
+
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [

@@ -13,7 +13,8 @@ How each kind is known, by what it says first or to ``GET /healthz``:
 * a gRPC server (Ray's GCS, a raylet) sends an HTTP/2 SETTINGS frame at once, before any
   request (measured on Ray 2.60's GCS: ``00 00 18 04 00 00 00 00 00``);
 * an HTTP server answers ``HTTP/1.x``; rayscope's names itself ``Server: rayscope-head``;
-* a TLS server answers a plain request with a TLS record (alert or handshake);
+* a TLS server answers a plain request with a TLS record (alert or handshake), or drops it
+  and completes a TLS handshake (asyncio's);
 * anything else, or silence: unknown.
 """
 
@@ -68,8 +69,9 @@ def _enough_answer(data: bytes) -> bool:
     return b"\r\n\r\n" in data or (len(data) >= 3 and data[0] in (0x15, 0x16))
 
 
-def _read_some(sock: socket.socket, until: float, enough: Callable[[bytes], bool]) -> bytes:
-    """What the peer sends before ``until`` (monotonic), up to 512 bytes or ``enough``."""
+def _read_some(sock: socket.socket, until: float, enough: Callable[[bytes], bool]) -> tuple[bytes, bool]:
+    """What the peer sends before ``until`` (monotonic), up to 512 bytes or ``enough``, and
+    whether it closed the connection."""
     data = b""
     while len(data) < 512 and not enough(data):
         left = until - time.monotonic()
@@ -81,20 +83,21 @@ def _read_some(sock: socket.socket, until: float, enough: Callable[[bytes], bool
         except OSError:  # a timeout too
             break
         if not chunk:
-            break
+            return data, True
         data += chunk
-    return data
+    return data, False
 
 
-def probe(host: str, port: int, timeout_s: float = PROBE_S) -> Optional[str]:
+def probe(host: str, port: int, timeout_s: float = PROBE_S, first_s: float = SPEAKS_FIRST_S) -> Optional[str]:
     """Connect to ``host:port`` and tell what answers there (:func:`kind_of`); ``None`` when
-    it cannot be told (or nothing listens). At most about ``2 × timeout_s``."""
+    it cannot be told (or nothing listens). Waits ``first_s`` for the peer to speak first (0
+    when it is known not to), then ``timeout_s`` for its answer to ``GET /healthz``."""
     try:
         sock = socket.create_connection((host, port), timeout=timeout_s)
     except OSError:
         return None
     with sock:
-        first = _read_some(sock, time.monotonic() + min(timeout_s, SPEAKS_FIRST_S), _enough_first)
+        first = _read_some(sock, time.monotonic() + first_s, _enough_first)[0] if first_s > 0 else b""
         if first:
             return kind_of(first)
         try:
@@ -102,12 +105,36 @@ def probe(host: str, port: int, timeout_s: float = PROBE_S) -> Optional[str]:
             sock.sendall(f"GET /healthz HTTP/1.0\r\nHost: {host}\r\n\r\n".encode("ascii", "replace"))
         except OSError:
             return None
-        return kind_of(b"", _read_some(sock, time.monotonic() + timeout_s, _enough_answer))
+        answer, closed = _read_some(sock, time.monotonic() + timeout_s, _enough_answer)
+    if kind_of(b"", answer) is None and answer == b"" and closed and _speaks_tls(host, port, timeout_s):
+        return TLS  # dropped the plain request, took a handshake
+    return kind_of(b"", answer)
 
 
-def described(host: str, port: int, timeout_s: float = PROBE_S) -> tuple[Optional[str], str]:
+def _speaks_tls(host: str, port: int, timeout_s: float) -> bool:
+    """Whether a TLS handshake gets a TLS answer at ``host:port`` (a server that drops a
+    plain request without a word, as asyncio's does). Nothing is verified and nothing sent
+    after it: the peer's certificate, if any, is not looked at."""
+    import ssl
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as raw:  # noqa: SIM117 - 3.9
+            with context.wrap_socket(raw, server_hostname=host):
+                return True
+    except ssl.SSLError as err:
+        return "ALERT" in str(getattr(err, "reason", "") or "").upper()  # the server's TLS alert
+    except OSError:
+        return False
+
+
+def described(
+    host: str, port: int, timeout_s: float = PROBE_S, first_s: float = SPEAKS_FIRST_S
+) -> tuple[Optional[str], str]:
     """(:func:`probe`'s kind, its words: ``a rayscope head's HTTP port (...)``, or ``""``)."""
-    kind = probe(host, port, timeout_s)
+    kind = probe(host, port, timeout_s, first_s)
     return kind, WHAT.get(kind or "", "")
 
 
@@ -116,10 +143,16 @@ class WrongPort(Exception):
     is and the port meant."""
 
 
-def wrong_report_port(head: tuple[str, int], tls: bool) -> str:
+PUSH_PROBE_S = 0.5
+"""``push`` probes after its own wait for the greeting: a shorter answer wait, so that a head
+that accepts and never speaks is still reported within three intervals of one second."""
+
+
+def wrong_report_port(head: tuple[str, int], tls: bool, silent: bool = False) -> str:
     """``push --head``: why ``head`` is the wrong port (or the wrong TLS), from what answers
-    there; ``""`` when it is a report port as asked for, or nothing can be told."""
-    kind, what = described(*head)
+    there; ``""`` when it is a report port as asked for, or nothing can be told. ``silent``:
+    the peer already said nothing for the whole greeting wait (no need to wait again)."""
+    kind, what = described(*head, timeout_s=PUSH_PROBE_S, first_s=0.0 if silent else PUSH_PROBE_S)
     if kind is None or (kind == REPORT and not tls) or (kind == TLS and tls):
         return ""
     if kind == REPORT:

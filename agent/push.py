@@ -143,9 +143,10 @@ class Pusher:
                     sock = self.ssl_context.wrap_socket(sock, server_hostname=self.head[0])
                 greeting = _recv_exactly(sock, wire.GREETING_BYTES)
                 self._sealer = wire.Sealer(self.token, wire.parse_greeting(greeting))
-            except (OSError, wire.FrameError):
+            except (OSError, wire.FrameError) as err:
                 sock.close()
-                wrong = peer.wrong_report_port(self.head, self.ssl_context is not None)
+                silent = isinstance(err, (TimeoutError, socket.timeout))
+                wrong = peer.wrong_report_port(self.head, self.ssl_context is not None, silent)
                 if wrong:
                     raise peer.WrongPort(wrong) from None
                 raise

@@ -15,7 +15,7 @@ import typer
 # Deliberately not agent.collect here: it pulls psutil and pynvml, which `status --head`
 # (the fast path, benchmarked against `ray status`) does not need; the commands that need
 # collect, fit, the head or the agent import them where they are used.
-from agent import SUPPORTED_PYTHON, SUPPORTED_RAY, __version__, client, output, usage
+from agent import SUPPORTED_PYTHON, SUPPORTED_RAY, __version__, client, cmdline, output
 from agent.addresses import DEFAULT_TIMEOUT_S
 from agent.errors import one_line_errors
 from agent.options import (
@@ -287,4 +287,4 @@ for _command in app.registered_commands:
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """Console-script entry point: a usage error is one line too (exit 2)."""
-    usage.run(app, sys.argv[1:] if argv is None else argv)
+    cmdline.run(app, sys.argv[1:] if argv is None else argv)

@@ -15,11 +15,11 @@ import pexpect
 import pytest
 
 from agent import watch
+from agent.cmdline import optional_watch_value
 from agent.errors import AgentError
 from agent.render.status import status_lines
 from agent.render.watch import HIGHLIGHT_OFF, HIGHLIGHT_ON, fit_screen, highlight_changes
 from agent.schema.status import ClusterStatus
-from agent.usage import optional_watch_value
 from tests.conftest import REPO, LiveCluster
 from tests.scenarios import T4, seed_status
 

@@ -34,11 +34,12 @@ demo: setup  ## a Ray cluster on 127.0.0.1, the seed's bookings, `rayscope statu
 
 # Debian packages some tests run besides .venv (`make setup` installs none of them): prometheus
 # gives promtool and prometheus (tests/test_promtool.py, tests/test_live_prometheus.py fail
-# without them). Only the missing ones are installed: nothing to do, no apt, when all are.
-DEBIAN_PACKAGES := prometheus
+# without them); chromium drives the head's page (tests/test_live_page.py). Only the missing
+# ones are installed: nothing to do, no apt, when all are.
+DEBIAN_PACKAGES := prometheus chromium
 
 .PHONY: debian-deps
-debian-deps:  ## Debian packages the tests need beyond .venv (prometheus: promtool); as root or with sudo
+debian-deps:  ## Debian packages the tests need beyond .venv (prometheus: promtool; chromium); as root or with sudo
 	@missing=$$(for p in $(DEBIAN_PACKAGES); do \
 		dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed$$' || echo $$p; done); \
 	[ -z "$$missing" ] && exit 0; \
@@ -51,7 +52,7 @@ debian-deps:  ## Debian packages the tests need beyond .venv (prometheus: promto
 golden: setup  ## rewrite tests/golden/ from the renderers; review the diff
 	RAYSCOPE_UPDATE_GOLDEN=1 $(BIN)/python -m pytest -q -m "not live" \
 		tests/test_render.py tests/test_attribution.py tests/test_cron_output.py tests/test_fit.py tests/test_help.py \
-		tests/test_pending.py tests/test_placement.py
+		tests/test_pending.py tests/test_placement.py tests/test_page.py
 
 schema: setup  ## rewrite schema/*.schema.json from the msgspec Structs (tests/schemas.py); review the diff
 	$(BIN)/python -m tests.schemas
@@ -65,8 +66,10 @@ lock:  ## re-pin constraints.txt from requirements-dev.txt in a scratch venv
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
 
-fuzz: setup  ## 100,000 generated inputs to the head's frame and report decoders: none unhandled, every rejection counted
-	$(BIN)/python -m tests.fuzz_wire 100000 $${FUZZ_SEED:-0}
+fuzz: setup  ## 100,000 generated inputs to the head's frame and report decoders: none unhandled, every rejection counted -> RELIABILITY.md
+	mkdir -p $(RELIABILITY_DIR)
+	$(BIN)/python -m tests.fuzz_wire 100000 $${FUZZ_SEED:-0} --json $(RELIABILITY_DIR)/fuzz.json; rc=$$?; \
+	$(BIN)/python -m tests.reliability --fuzz $(RELIABILITY_DIR)/fuzz.json --out RELIABILITY.md; exit $$rc
 
 bench: setup  ## the head agent's figures against peers, written to BENCHMARKS.md
 	$(BIN)/python -m tests.bench
@@ -97,14 +100,14 @@ soak: setup  ## 2,000 simulated agents push for 60 s to one head (capped at 10 m
 	timeout $(SOAK_CAP_S) $(BIN)/python -m tests.soak run --agents $(SOAK_AGENTS) --seconds $(SOAK_SECONDS) \
 		--out $(RELIABILITY_DIR)/soak.json; rc=$$?; \
 	$(BIN)/python -m tests.reliability --faults $(RELIABILITY_DIR)/faults.jsonl \
-		--soak $(RELIABILITY_DIR)/soak.json --out RELIABILITY.md; exit $$rc
+		--fuzz $(RELIABILITY_DIR)/fuzz.json --soak $(RELIABILITY_DIR)/soak.json --out RELIABILITY.md; exit $$rc
 
 reliability: setup  ## every fault test (pytest -m fault), the 100,000-input fuzz, then the soak -> RELIABILITY.md
-	mkdir -p $(RELIABILITY_DIR) && rm -f $(RELIABILITY_DIR)/faults.jsonl $(RELIABILITY_DIR)/soak.json
+	mkdir -p $(RELIABILITY_DIR) && rm -f $(RELIABILITY_DIR)/faults.jsonl $(RELIABILITY_DIR)/fuzz.json $(RELIABILITY_DIR)/soak.json
 	RAYSCOPE_RELIABILITY_JSON=$(CURDIR)/$(RELIABILITY_DIR)/faults.jsonl $(BIN)/python -m pytest -m fault -q; \
 	rc=$$?; $(MAKE) fuzz || rc=1; $(MAKE) soak || rc=1; exit $$rc
 
-compat: pyz  ## dist/rayscope.pyz under a venv per Ray 2.33.0-2.60.0 (cached in ~/.cache/rayscope-compat), table into README.md
+compat: pyz  ## dist/rayscope.pyz under a venv per Ray 2.33.0-2.60.0 (cached in ~/.cache/rayscope-compat), table into docs/ray-releases.md
 	$(BIN)/python -m tests.compat --readme
 
 compat-ends: pyz  ## the same for the oldest and the newest Ray only (CI, every change)

@@ -57,6 +57,7 @@ from agent.rollup import STALE_INTERVALS
 from agent.schema.report import SourceStatus
 from agent.schema.status import ClusterStatus
 from agent.tls import TlsFiles
+from agent.usage_options import HeadroomOption, UsageStateOption, UsageWindowOption, WindowOption
 
 app = typer.Typer(
     name="rayscope",
@@ -227,6 +228,8 @@ def head_agent(
     max_pending: MaxPendingOption = 256,
     agents: AgentsOption = "none",
     remove: RemoveOption = False,
+    usage_window: UsageWindowOption = 3600.0,
+    usage_state: UsageStateOption = None,
 ) -> None:
     """The head agent: merges node reports with the scheduler's view.
 
@@ -251,9 +254,38 @@ def head_agent(
             max_pending=max_pending,
             agents=agents,
             remove=remove,
+            usage_window_s=usage_window,
+            usage_state=usage_state,
         )
         if said:
             typer.echo(said)
+
+
+@app.command()
+def usage(
+    head: HeadOption = None,
+    token_file: TokenFileOption = None,
+    json_out: JsonOption = False,
+    window: WindowOption = None,
+    headroom: HeadroomOption = 10.0,
+    timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
+    tls_ca: TlsCaOption = None,
+) -> None:
+    """Each app's peak GPU memory beside its booking, and what to book.
+
+    Per app (a Ray Serve or BioEngine deployment, else the actor class) and per replica:
+    the booking, the peak and p95 of the memory its processes held over the head's window,
+    and a suggested booking (peak + headroom, rounded up to 256 MiB) with what re-booking
+    frees, or the OOM risk where the peak exceeds the booking. Needs a head agent.
+    """
+    from agent.render.usage import usage_json, usage_lines
+
+    with one_line_errors(_verbose):
+        tls = TlsFiles(tls_cert, tls_key, tls_ca)
+        doc = client.read_usage(head, token_file, timeout, window, headroom, tls)
+        output.to_stdout((usage_json(doc) if json_out else "\n".join(usage_lines(doc))) + "\n")
 
 
 @app.command()

@@ -12,9 +12,11 @@ import msgspec
 from agent.addresses import DEFAULT_HTTP_PORT
 from agent.errors import EXIT_NO_DATA, AgentError
 from agent.schema.status import DOCUMENT_SCHEMA, ClusterStatus
+from agent.schema.usage import UsageDocument
 from agent.tls import NO_TLS, TlsFiles
 
 HEAD_ENV = "RAYSCOPE_HEAD"
+DEFAULT_HEAD_PORT = DEFAULT_HTTP_PORT
 
 
 def parse_head_url(text: str) -> str:
@@ -23,7 +25,7 @@ def parse_head_url(text: str) -> str:
     if url.scheme not in ("http", "https") or not url.hostname:
         raise ValueError(f"{text!r} is not a head agent URL (http://HOST:PORT)")
     try:
-        port = url.port or DEFAULT_HTTP_PORT
+        port = url.port or DEFAULT_HEAD_PORT
     except ValueError:
         raise ValueError(f"{text!r}: port must be a number from 1 to 65535") from None
     host = f"[{url.hostname}]" if ":" in url.hostname else url.hostname
@@ -43,6 +45,43 @@ def head_status(
     path: it is the fast one (``http.client`` itself, not ``urllib.request``, for the same
     reason). HTTPS when the URL says ``https://`` or any ``tls`` file is given. ``token_file``:
     where ``token`` came from, for the message when the head refuses it."""
+    path = "/v1/status?all=1" + ("&gpus=1" if gpus else "")
+    body = head_get(url, path, token, timeout_s, tls, token_file)
+    try:
+        return msgspec.json.decode(body, type=ClusterStatus)
+    except msgspec.DecodeError as err:
+        raise _unexpected(url, body, err) from None
+
+
+def head_usage(
+    url: str,
+    token: bytes,
+    timeout_s: float,
+    window_s: Optional[float],
+    headroom_pct: float,
+    tls: TlsFiles,
+    token_file: Optional[str] = None,
+) -> UsageDocument:
+    """What the head remembers of each actor's GPU memory (``GET /v1/usage``)."""
+    query = f"/v1/usage?headroom={headroom_pct:g}" + (f"&window={window_s:g}" if window_s else "")
+    body = head_get(url, query, token, timeout_s, tls, token_file)
+    try:
+        return msgspec.json.decode(body, type=UsageDocument)
+    except msgspec.DecodeError as err:
+        raise _unexpected(url, body, err) from None
+
+
+def head_get(
+    url: str,
+    path: str,
+    token: bytes,
+    timeout_s: float,
+    tls: TlsFiles = NO_TLS,
+    token_file: Optional[str] = None,
+) -> bytes:
+    """The body of ``GET path`` from the head at ``url``; :class:`AgentError` (exit 2) for
+    anything but a 200: a refused token told from a missing one, and a port that is not a
+    head agent's HTTP port named (:func:`_unreachable`)."""
     import http.client
 
     parts = urlsplit(url)
@@ -61,7 +100,7 @@ def head_status(
         connection = http.client.HTTPConnection(host, port, timeout=timeout_s)
     headers = {"Authorization": "Bearer " + token.decode()} if token else {}
     try:
-        connection.request("GET", "/v1/status?all=1" + ("&gpus=1" if gpus else ""), headers=headers)
+        connection.request("GET", path, headers=headers)
         response = connection.getresponse()
         body = response.read()
     except (TimeoutError, OSError, http.client.HTTPException) as err:
@@ -84,19 +123,11 @@ def head_status(
             f" wants the head's --http address ({DEFAULT_HTTP_PORT} by default)",
             EXIT_NO_DATA,
         )
+    if response.status == 404 and path.startswith("/v1/usage"):
+        raise AgentError(f"head agent at {url} keeps no usage history: it is an older release", EXIT_NO_DATA)
     if response.status != 200:
         raise AgentError(f"head agent at {url} answered HTTP {response.status}", EXIT_NO_DATA)
-    try:
-        return msgspec.json.decode(body, type=ClusterStatus)
-    except msgspec.DecodeError as err:
-        served = _document_schema(body)
-        if served is not None and served != DOCUMENT_SCHEMA:
-            raise AgentError(
-                f"head agent at {url} serves document schema {served}, this rayscope reads schema"
-                f" {DOCUMENT_SCHEMA}: run one rayscope release on the head and its clients",
-                EXIT_NO_DATA,
-            ) from None
-        raise AgentError(f"unexpected answer from head agent at {url}: {err}", EXIT_NO_DATA) from None
+    return body
 
 
 def _unreachable(url: str, host: str, port: int, timeout_s: float, err: BaseException) -> str:
@@ -118,6 +149,18 @@ def _unreachable(url: str, host: str, port: int, timeout_s: float, err: BaseExce
         return f"head agent at {url} answered something that is not HTTP"
     reason = (getattr(err, "strerror", None) or str(err) or type(err).__name__).lower()
     return f"head agent unreachable at {url} ({reason})"
+
+
+def _unexpected(url: str, body: bytes, err: msgspec.DecodeError) -> AgentError:
+    """A head's document this release cannot read: another schema (by name), or garbage."""
+    served = _document_schema(body)
+    if served is not None and served != DOCUMENT_SCHEMA:
+        return AgentError(
+            f"head agent at {url} serves document schema {served}, this rayscope reads schema"
+            f" {DOCUMENT_SCHEMA}: run one rayscope release on the head and its clients",
+            EXIT_NO_DATA,
+        )
+    return AgentError(f"unexpected answer from head agent at {url}: {err}", EXIT_NO_DATA)
 
 
 class _Versioned(msgspec.Struct):
@@ -152,3 +195,21 @@ def read_cluster(
     from agent import collect  # psutil, pynvml: off the --head fast path
 
     return collect.embedded_status(gcs, timeout_s, gpus=gpus)
+
+
+def read_usage(
+    head: Optional[str],
+    token_file: Optional[str],
+    timeout_s: float,
+    window_s: Optional[float],
+    headroom_pct: float,
+    tls: TlsFiles,
+) -> UsageDocument:
+    """``rayscope usage``: only a head agent remembers, so ``--head`` is required."""
+    if not head:
+        raise AgentError(
+            f"usage needs a head agent (--head URL or ${HEAD_ENV}): only the head remembers", EXIT_NO_DATA
+        )
+    from agent import tokens
+
+    return head_usage(head, tokens.read_token(token_file), timeout_s, window_s, headroom_pct, tls, token_file)

@@ -11,6 +11,7 @@ from typing import Callable, Optional
 from agent import pending
 from agent.addresses import parse_address
 from agent.attribution import attribute_cluster, attribute_node, leaf_devices
+from agent.cuda_samples import CudaSamples, settle_gpus
 from agent.errors import EXIT_NO_DATA, AgentError
 from agent.rollup import merge, scheduler_nodes
 from agent.schema.node import NodeDiagnostics
@@ -22,11 +23,17 @@ from agent.units import ray_round
 
 
 def local_report(
-    node_raylet: Optional[RayletInfo], now: float, nvml_timeout_s: float = nvml.TIMEOUT_S
+    node_raylet: Optional[RayletInfo],
+    now: float,
+    nvml_timeout_s: float = nvml.TIMEOUT_S,
+    cuda: Optional[CudaSamples] = None,
 ) -> NodeReport:
     """What this host knows about itself: its raylet, NVML and the host (never raises; a
-    hung NVML call costs at most ``nvml_timeout_s``)."""
-    driver, gpus, nvml_status = nvml.read_gpus_within(nvml_timeout_s)
+    hung NVML call costs at most ``nvml_timeout_s``). Each GPU's used figure is the one
+    rayscope trusts (:func:`agent.cuda_samples.settle_gpus`; ``cuda``: the node agent's CUDA
+    samples, where it takes them)."""
+    driver, raw_gpus, nvml_status = nvml.read_gpus_within(nvml_timeout_s)
+    gpus, cuda_sources = settle_gpus(raw_gpus, cuda)
     host_info, host_status = host.read_host()
     processes, procs_sources = gpu_processes(gpus)
     return NodeReport(
@@ -37,7 +44,7 @@ def local_report(
         host=host_info,
         driver_version=driver,
         gpus=gpus,
-        sources=[nvml_status, host_status, *procs_sources],
+        sources=[nvml_status, *cuda_sources, host_status, *procs_sources],
         processes=processes,
     )
 

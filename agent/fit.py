@@ -11,15 +11,19 @@ Ray's own placement (:mod:`agent.placement`) where the actor table was read and 
 booked ``GPU`` is an actor's; elsewhere node sums, and the answer says so. ``VRAM_MB`` is a
 per-node resource, so Ray itself books it that way.
 
-Beside the booking, the driver's view: on each node given replicas, NVML's free memory per
-GPU (fresh reports only) must hold what each replica needs, best case (each replica on the
-GPU with the most memory left). A booking that fits where the memory does not is a "no".
+Beside the booking, the driver's view: on each node given replicas, the free memory per GPU
+(fresh reports only; total − the used figure rayscope trusts, :func:`agent.gpu_memory.gpu_used`)
+must hold what each replica needs, best case (each replica on the GPU with the most memory
+left). A booking that fits where the memory does not is a "no". A GPU whose used figure is not
+trusted (a vGPU guest without a fresh CUDA sample) is not checked: a replica that finds no room
+on the checked GPUs may go there, and the node's check says "not checked", never "short".
 """
 
 from collections.abc import Mapping, Sequence
 from typing import Optional
 
 from agent.errors import AgentError
+from agent.gpu_memory import gpu_used
 from agent.placement import device_free, placement_known, replicas_on_devices
 from agent.rollup import (
     SCHEDULER_STEMS,
@@ -159,6 +163,30 @@ def _no_measurement_reason(node: NodeStatus, view: str) -> str:
     return "no agent reports this node"
 
 
+def measured_gpus(node: NodeStatus) -> tuple[list[GpuFit], dict[int, str]]:
+    """The node's GPUs with a trusted used figure, free memory each; and the GPUs whose NVML
+    figure is not trusted (index → why), left out of the check."""
+    gpus: list[GpuFit] = []
+    not_checked: dict[int, str] = {}
+    for g in node.gpus or ():
+        if g.memory_total_bytes is None:
+            continue
+        figure = gpu_used(g)
+        if figure.used_bytes is None:
+            if figure.reason and figure.nvml_used_bytes is not None:  # measured, not trusted
+                not_checked[g.index] = figure.reason
+            continue
+        fit = GpuFit(
+            index=g.index,
+            free_bytes=max(0, g.memory_total_bytes - figure.used_bytes),
+            total_bytes=g.memory_total_bytes,
+        )
+        if figure.source == "cuda":
+            fit.source, fit.age_s = "cuda", round((figure.age_s or 0.0) + (node.report_age_s or 0.0), 1)
+        gpus.append(fit)
+    return gpus, not_checked
+
+
 def check_measured(
     fit: NodeFit, node: NodeStatus, shape: Mapping[str, float], request: FitRequest, view: str
 ) -> None:
@@ -168,17 +196,15 @@ def check_measured(
     if node.stale or node.gpus is None:
         fit.measured, fit.measured_reason = "unknown", _no_measurement_reason(node, view)
         return
-    gpus = [
-        GpuFit(
-            index=g.index,
-            free_bytes=max(0, g.memory_total_bytes - g.memory_used_bytes),
-            total_bytes=g.memory_total_bytes,
-        )
-        for g in node.gpus
-        if g.memory_total_bytes is not None and g.memory_used_bytes is not None
-    ]
+    gpus, not_checked = measured_gpus(node)
+    if not_checked:
+        fit.not_checked_gpus = sorted(not_checked)
+        fit.measured_reason = " / ".join(sorted(set(not_checked.values())))
     if not gpus:
-        fit.measured, fit.measured_reason = "unknown", "NVML measured no GPU memory on this node"
+        if not_checked:
+            fit.measured = "not_checked"
+        else:
+            fit.measured, fit.measured_reason = "unknown", "NVML measured no GPU memory on this node"
         return
     needs = [need_bytes(shape, request, g.total_bytes) for g in gpus]
     if any(n is None for n in needs):
@@ -187,17 +213,20 @@ def check_measured(
     fit.need_bytes = min(n for n in needs if n is not None)
     left = {g.index: g.free_bytes for g in gpus}
     by_index = {g.index: (g, need) for g, need in zip(gpus, needs)}
-    short = False
+    short = unchecked = False
     for _ in range(fit.placed):
         index = max(left, key=lambda i: (left[i], -i))
         gpu, need = by_index[index]
-        gpu.replicas += 1
-        if need is None or left[index] < need:
-            gpu.short = short = True
-        else:
+        if need is not None and left[index] >= need:
+            gpu.replicas += 1
             left[index] -= need
+        elif not_checked:  # no room where measured: the GPUs not checked may have it
+            unchecked = True
+        else:
+            gpu.replicas += 1
+            gpu.short = short = True
     fit.gpus = gpus
-    fit.measured = "short" if short else "ok"
+    fit.measured = "short" if short else ("not_checked" if unchecked else "ok")
 
 
 def fit(status: ClusterStatus, request: FitRequest) -> FitResult:

@@ -40,6 +40,8 @@ GPU_MEBIBYTES = Limit("MB", 1.0, float(1 << 20))
 GPU_MEMORY_MB = Limit("MB", 0.0, float(1 << 20), low_included=False, special=-1, special_means="a whole GPU")
 REPLICAS = Limit("replicas", 1.0, 100_000.0)
 CONNECTIONS = Limit("connections", 1.0, 1_000_000.0)
+HEADROOM = Limit("percent", 0.0, 1000.0)
+"""``usage --headroom``: the booking suggested above a peak (``/v1/usage?headroom=`` too)."""
 
 
 def _g(value: float) -> str:

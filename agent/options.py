@@ -312,7 +312,7 @@ HttpOption = Annotated[
         "--http",
         metavar="HOST:PORT",
         callback=endpoint(DEFAULT_HTTP_PORT),
-        help="GET /v1/status, /metrics, /healthz.",
+        help="GET /v1/status, /v1/usage, /metrics, /healthz.",
     ),
 ]
 
@@ -376,7 +376,14 @@ NodeIdOption = Annotated[
     typer.Option("--node-id", metavar="ID", help="The Ray node to report for (default: the local raylet's)."),
 ]
 
-AllNodesOption = Annotated[bool, typer.Option("--all", help="Show dead nodes too.")]
+AllNodesOption = Annotated[
+    bool,
+    typer.Option(
+        "--all",
+        help="Every node: dead ones too, and on a cluster of more than 50 nodes the ones with"
+        " nothing to flag, which the status lines otherwise count in one line.",
+    ),
+]
 
 
 def reflow(doc: str, **values: object) -> str:

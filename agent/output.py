@@ -241,7 +241,7 @@ def render_status(result: "ClusterStatus", fmt: str, include_dead: bool, gpus: b
 def status_text_lines(result: "ClusterStatus", include_dead: bool, gpus: bool) -> list[str]:
     from agent.render.status import status_lines
 
-    lines = status_lines(result, include_dead=include_dead)
+    lines = status_lines(result, include_dead=include_dead, summary=not include_dead)
     if not gpus:
         return lines
     from agent.render.gpus import status_gpu_lines

@@ -27,10 +27,10 @@ import msgspec
 
 from agent import collect, peer, tokens, wire
 from agent.addresses import split_address
+from agent.cuda_samples import CudaSamples
 from agent.errors import EXIT_NO_DATA, AgentError
 from agent.schema.report import GpuDevice, NodeReport, RayletInfo
 from agent.sources import nvml, raylet
-from agent.text import printable
 from agent.tls import TlsFiles, client_context
 
 log = logging.getLogger("rayscope.push")
@@ -88,6 +88,8 @@ class Pusher:
         self._ambiguous = ""
         self._cycles_since_scan = RESCAN_CYCLES  # scan on the first cycle
         self.started_by = started_by()
+        self.cuda = CudaSamples.from_env(os.environ)
+        """CUDA samples of GPUs whose NVML used figure is not trusted (``RAYSCOPE_CUDA_SAMPLE_S``)."""
 
     def _raylet(self) -> Optional[RayletInfo]:
         """The raylet to report for; the process table is scanned only when it is gone
@@ -116,7 +118,8 @@ class Pusher:
         else:
             self._note_raylet("no raylet on this host: reporting the host only")
         # A hung driver call must not cost the loop its interval: half of it at most.
-        report = collect.local_report(mine, self.clock(), min(nvml.TIMEOUT_S, self.interval_s / 2))
+        timeout = min(nvml.TIMEOUT_S, self.interval_s / 2)
+        report = collect.local_report(mine, self.clock(), timeout, self.cuda)
         report.interval_s = self.interval_s
         report.started_by = self.started_by
         if mine is None and self.node_id:
@@ -198,7 +201,7 @@ class Pusher:
     def _refused(self, rejected: str) -> bool:
         """The head rejected a frame: drop the connection, say why once, back off. ``False``."""
         self._close()
-        why = NO_TOKEN if rejected == wire.BAD_TOKEN and not self.token else _explain(rejected)
+        why = wire.explain(rejected, has_token=bool(self.token))
         self._note_head(
             f"head {self._where} rejected the report: {why} (retrying with backoff)", warning=True
         )
@@ -273,6 +276,8 @@ class Pusher:
         for sig in (signal.SIGTERM, signal.SIGINT) if handle_signals else ():
             signal.signal(sig, lambda *_: self.stop())
         log.info("node agent: sending to %s:%d every %g s", *self.head, self.interval_s)
+        if self.cuda is not None:
+            log.info("CUDA samples of vGPU guests' GPUs at most every %g s", self.cuda.sampler.min_interval_s)
         try:
             while not self._stop.is_set():
                 sent = self.send(self.collect())
@@ -359,25 +364,6 @@ def _without_processes(gpu: GpuDevice) -> GpuDevice:
     return msgspec.structs.replace(
         gpu, processes=None, mig_devices=[_without_processes(m) for m in gpu.mig_devices]
     )
-
-
-_EXPLAINED = {
-    wire.BAD_TOKEN: "token rejected (bad token): the head holds a different token; check --token-file",
-    wire.TOO_BIG: "too big: the report exceeds the head's frame cap",
-    wire.BAD_REPORT: "bad report: the head could not take it (is it older than this agent?)",
-    wire.CLAIMED: "claimed: another agent reports this node (two agents on one node? --node-id?)",
-    wire.WRONG_PEER: "wrong peer: the scheduler has this node at another address than this agent's",
-    wire.FULL: "full: the head holds as many nodes as it will",
-}
-
-
-NO_TOKEN = "the head requires a token and this agent has none: pass --token-file (the head's file)"
-
-
-def _explain(reason: str) -> str:
-    """The head's short rejection word, said so that an operator knows what to fix; a word
-    this agent does not know is the peer's text, shown through the one printable rule."""
-    return _EXPLAINED.get(reason) or printable(reason)
 
 
 def run(

@@ -9,11 +9,17 @@ unit (1e-4), since the GCS hands back ``1 - 0.96 = 0.040000000000000036``.
 from collections.abc import Iterable, Mapping, Sequence
 from enum import Enum
 from operator import attrgetter
-from typing import Optional
+from typing import Optional, cast
 
 from msgspec.structs import replace
 
-from agent.gpu_memory import MeasuredMemory, bioengine_memory, measured_memory
+from agent.gpu_memory import (
+    MeasuredMemory,
+    bioengine_memory,
+    find_shared_gpus,
+    measured_memory,
+    shared_overcount,
+)
 from agent.schema.report import NodeReport, SourceStatus
 from agent.schema.status import (
     DOCUMENT_SCHEMA,
@@ -205,6 +211,13 @@ def _node_from_report(report: NodeReport, key: str) -> NodeStatus:
     return node
 
 
+def _memory(received: ReceivedReport) -> MeasuredMemory:
+    """The report's GPU memory sums, computed once per report (not once per query)."""
+    if received.memory is None:
+        received.memory = measured_memory(received.report.gpus)
+    return cast(MeasuredMemory, received.memory)
+
+
 def _apply_report(
     node: NodeStatus, received: ReceivedReport, now: float, stale_after_s: float, wall_offset: float
 ) -> None:
@@ -212,7 +225,7 @@ def _apply_report(
     age = round(max(0.0, now - received.received_at), 1)
     # The head's interval only: a report's own interval_s must not decide its freshness.
     stale = not received.local and age > stale_after_s
-    _apply_memory(node, measured_memory(report.gpus), 0.0 if received.local else age, stale)
+    _apply_memory(node, _memory(received), 0.0 if received.local else age, stale)
     node.collected_at = report.collected_at
     node.received_at = received.received_at + wall_offset
     node.gpus = report.gpus
@@ -223,6 +236,42 @@ def _apply_report(
     node.agent_started_by = "" if received.local else report.started_by
     node.report_age_s = None if received.local else age
     node.stale = stale
+
+
+def _merged_node(
+    known: Optional[NodeStatus],
+    received: ReceivedReport,
+    key: str,
+    now: float,
+    stale_after_s: float,
+    wall_offset: float,
+) -> NodeStatus:
+    """``known`` (the scheduler's node, or ``None``) with ``received`` applied, as of ``now``.
+
+    A fresh report merges into the same scheduler node query after query, and only its ages
+    change: that merge is kept on the report (``ReceivedReport.merged``) and copied with the
+    ages of ``now``. A stale report, or a node the scheduler does not know, is merged whole.
+    """
+    age = round(max(0.0, now - received.received_at), 1)
+    if known is None or (not received.local and age > stale_after_s):
+        node = replace(known) if known is not None else _node_from_report(received.report, key)
+        _apply_report(node, received, now, stale_after_s, wall_offset)
+        return node
+    cached = received.merged
+    if cached is None or cached[0] is not known:
+        template = replace(known)
+        _apply_report(template, received, received.received_at, stale_after_s, 0.0)
+        cached = received.merged = (known, template)  # a benign race: both threads build the same
+    template = cached[1]
+    if received.local:
+        return replace(template, received_at=received.received_at + wall_offset)
+    used_age = template.used_gpu_memory_age_s  # the figure's own age at collection
+    return replace(
+        template,
+        received_at=received.received_at + wall_offset,
+        report_age_s=age,
+        used_gpu_memory_age_s=None if used_age is None else (round(used_age + age, 1) if used_age else age),
+    )
 
 
 def _apply_memory(node: NodeStatus, memory: MeasuredMemory, report_age_s: float, stale: bool) -> None:
@@ -252,17 +301,29 @@ def sort_key(node: NodeStatus) -> tuple[int, tuple[int, ...], str, str]:
 _SUMMED = tuple(kind + stem for stem, _ in SCHEDULER_RESOURCES for kind in ("total_", "used_"))
 
 
-def totals(nodes: Iterable[NodeStatus]) -> ClusterTotals:
+def scheduler_sums(nodes: Iterable[NodeStatus]) -> dict[str, float]:
+    """The scheduler's cluster sums (``total_cpu`` ... ``used_object_store_memory``) over
+    alive scheduler nodes: a function of the scheduler's view alone (reports change no
+    booking), so the head computes them once per view."""
+    alive = [n for n in nodes if n.in_scheduler and n.alive]
+    return {key: ray_round(sum(map(attrgetter(key), alive))) for key in _SUMMED}
+
+
+def totals(
+    nodes: Iterable[NodeStatus], sums: Optional[Mapping[str, float]] = None, shared_gpus: int = 0
+) -> ClusterTotals:
     """Cluster sums over alive scheduler nodes (BioEngine's ``nodes``). BioEngine's GPU
     memory sums add the node values that are numbers; rayscope's cover the GPU nodes with a
-    fresh report whose total and trusted used are both known (``gpu_nodes_measured``)."""
+    fresh report whose total and trusted used are both known (``gpu_nodes_measured``), each
+    physical GPU once where several nodes report it (``shared_gpus``: how many do).
+    ``sums``: :func:`scheduler_sums` of these nodes' scheduler view, when known."""
     in_scheduler = [n for n in nodes if n.in_scheduler]
     alive = [n for n in in_scheduler if n.alive]
     gpu_nodes = [n for n in alive if n.total_gpu > 0]
     measured = [
         n for n in gpu_nodes if n.total_gpu_memory_bytes is not None and n.used_gpu_memory_bytes is not None
     ]
-    sums = ClusterTotals(
+    totals_ = ClusterTotals(
         nodes_alive=len(alive),
         nodes_dead=len(in_scheduler) - len(alive),
         gpu_nodes=len(gpu_nodes),
@@ -270,12 +331,15 @@ def totals(nodes: Iterable[NodeStatus]) -> ClusterTotals:
         total_gpu_memory=sum(n.total_gpu_memory for n in alive if isinstance(n.total_gpu_memory, int)),
         used_gpu_memory=sum(n.used_gpu_memory for n in alive if isinstance(n.used_gpu_memory, int)),
     )
-    for key in _SUMMED:
-        setattr(sums, key, ray_round(sum(map(attrgetter(key), alive))))
+    for key, value in (scheduler_sums(alive) if sums is None else sums).items():
+        setattr(totals_, key, value)
     if measured:
-        sums.total_gpu_memory_bytes = sum(n.total_gpu_memory_bytes or 0 for n in measured)
-        sums.used_gpu_memory_bytes = sum(n.used_gpu_memory_bytes or 0 for n in measured)
-    return sums
+        twice_total, twice_used = shared_overcount(measured) if shared_gpus else (0, 0)
+        totals_.total_gpu_memory_bytes = sum(n.total_gpu_memory_bytes or 0 for n in measured) - twice_total
+        totals_.used_gpu_memory_bytes = sum(n.used_gpu_memory_bytes or 0 for n in measured) - twice_used
+    if shared_gpus:
+        totals_.shared_gpus = shared_gpus
+    return totals_
 
 
 def scheduler_nodes(views: Sequence[RayNode]) -> dict[str, NodeStatus]:
@@ -295,6 +359,7 @@ def merge(
     sources: Sequence[SourceStatus] = (),
     scheduler_read_at: Optional[float] = None,
     wall_now: Optional[float] = None,
+    sums: Optional[Mapping[str, float]] = None,
 ) -> ClusterStatus:
     """Merge the latest report per node id into :func:`scheduler_nodes` (left untouched).
 
@@ -306,7 +371,8 @@ def merge(
     document shows (default: ``now``, when both are one clock).
 
     A report for a node the scheduler does not know becomes a node with
-    ``in_scheduler=False``; a report older than ``stale_after_s`` (by the reader's clock,
+    ``in_scheduler=False``; ``sums``: :func:`scheduler_sums` of ``base``, when the caller
+    keeps them. A report older than ``stale_after_s`` (by the reader's clock,
     ``now - received_at``; longer for an agent whose own interval is longer) is marked stale
     and its used figure is not trusted (left out of the cluster's sums).
     """
@@ -316,10 +382,10 @@ def merge(
     for node_id, received in reports.items():
         known = nodes.get(node_id)
         unknown = unknown or known is None
-        node = replace(known) if known is not None else _node_from_report(received.report, node_id)
-        _apply_report(node, received, now, stale_after_s, wall_offset)
-        nodes[node_id] = node
+        nodes[node_id] = _merged_node(known, received, node_id, now, stale_after_s, wall_offset)
     ordered = sorted(nodes.values(), key=sort_key) if unknown else list(nodes.values())
+    # Time-slicing: one physical GPU in several nodes' reports is said so, and summed once.
+    shared = find_shared_gpus(ordered) if reports else 0
     age = None if scheduler_read_at is None else round(max(0.0, now - scheduler_read_at), 1)
     return ClusterStatus(
         scheduler_age_s=age,
@@ -329,6 +395,6 @@ def merge(
         view=view,
         gcs_address=gcs_address,
         sources=list(sources),
-        cluster=totals(ordered),
-        nodes={n.node_id: n for n in ordered},
+        cluster=totals(ordered, sums, shared),
+        nodes={n.node_id: n for n in ordered} if unknown else nodes,
     )

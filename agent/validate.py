@@ -18,7 +18,7 @@ The numbers and the list lengths are types in ``agent.schema.report`` (``Count``
 ``max_length``): the head's msgspec decoder checks them in C and names the field. What types
 cannot say is checked here, by :func:`check_report`, once per report at the one place the
 head ingests it: MIG nesting, ``attribution``, and the strings. The strings of a report are
-gathered by a walker compiled per Struct type from its fields (:func:`_gatherer`), then
+gathered by a walker generated per Struct type from its fields (:func:`_gatherer`), then
 judged in one pass; only a report that fails it takes the slow path (:func:`_clean_struct`),
 which strips control characters in place or raises :class:`ReportError` naming the rule
 broken. The connection counts a rejection in ``frames_rejected`` and logs why.
@@ -30,9 +30,8 @@ How many nodes the head holds, and who may report each: :mod:`agent.head.reports
 
 import functools
 import math
-import operator
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Any
 
 import msgspec
 import msgspec.inspect as mi
@@ -130,79 +129,73 @@ def _holds_strings(kind: Any, seen: frozenset[type] = frozenset()) -> bool:
     raise TypeError(f"validate does not know where the strings are in a {kind!r}")
 
 
-def _gather_field(name: str, kind: Any) -> Optional[Gather]:
-    """A walker for a field ``name`` of type ``kind`` that is not a string; ``None`` when it
-    cannot hold one."""
+_WALKERS: dict[str, Any] = {}
+"""The generated walkers by name (their globals too: a walker calls a nested Struct's by name)."""
+
+
+def _walker_name(cls: type) -> str:
+    return f"gather_{cls.__name__}_{id(cls):x}"
+
+
+def _field_lines(name: str, kind: Any) -> list[str]:
+    """The walker's lines for a field ``name`` of type ``kind`` that is not a string itself
+    (none when it cannot hold one); field names are the schema's identifiers, never input."""
     kind = _unwrap(kind)
     if not _holds_strings(kind):
-        return None
+        return []
     if isinstance(kind, mi.StructType):
-        cls = kind.cls
-
-        def gather_struct(value: Any, out: list[Any]) -> None:
-            item = getattr(value, name)
-            if item is not None:
-                _gatherer(cls)(item, out)
-
-        return gather_struct
+        return [
+            f"    item = value.{name}",
+            "    if item is not None:",
+            f"        {_compiled(kind.cls)}(item, out)",
+        ]
     if isinstance(kind, mi.ListType):
         item_kind = _unwrap(kind.item_type)
         if isinstance(item_kind, mi.StrType):
-            return lambda value, out: out.extend(getattr(value, name) or ())
+            return [f"    out.extend(value.{name} or ())"]
         if not isinstance(item_kind, mi.StructType):
             raise TypeError(f"validate does not know where the strings are in {name}: {kind!r}")
-        item_cls = item_kind.cls
-
-        def gather_list(value: Any, out: list[Any]) -> None:
-            items = getattr(value, name)
-            if items:
-                each = _gatherer(item_cls)
-                for element in items:
-                    each(element, out)
-
-        return gather_list
+        walker = _compiled(item_kind.cls)
+        return [f"    for item in value.{name} or ():", f"        {walker}(item, out)"]
     if isinstance(kind, mi.DictType):
         keys = isinstance(_unwrap(kind.key_type), mi.StrType)
         values = isinstance(_unwrap(kind.value_type), mi.StrType)
         if _holds_strings(kind.value_type) and not values:
             raise TypeError(f"validate does not know where the strings are in {name}: {kind!r}")
-
-        def gather_dict(value: Any, out: list[Any]) -> None:
-            mapping = getattr(value, name)
-            if mapping:
-                if keys:
-                    out.extend(mapping)
-                if values:
-                    out.extend(mapping.values())
-
-        return gather_dict
+        lines = [f"    mapping = value.{name}", "    if mapping:"]
+        lines += ["        out.extend(mapping)"] if keys else []
+        lines += ["        out.extend(mapping.values())"] if values else []
+        return lines
     raise TypeError(f"validate does not know where the strings are in {name}: {kind!r}")
+
+
+def _compiled(cls: type) -> str:
+    """The name of ``cls``'s walker in :data:`_WALKERS`, generated on first use."""
+    name = _walker_name(cls)
+    if name in _WALKERS:
+        return name
+    _WALKERS[name] = None  # a Struct that holds its own type (MIG devices) refers to itself
+    fields = mi.type_info(cls).fields  # type: ignore[attr-defined]
+    own = [f.name for f in fields if isinstance(_unwrap(f.type), mi.StrType)]
+    lines = [f"def {name}(value, out):"]
+    if own:
+        lines.append(f"    out.extend(({', '.join(f'value.{n}' for n in own)},))")
+    for f in fields:
+        if not isinstance(_unwrap(f.type), mi.StrType):
+            lines += _field_lines(f.name, f.type)
+    lines.append("    return None")
+    exec("\n".join(lines), _WALKERS)  # code built from our own Struct types, never from input
+    return name
 
 
 @functools.cache
 def _gatherer(cls: type) -> Gather:
-    """The strings walker of one Struct type, built once from its fields: its own strings in
-    one ``attrgetter`` call, then a step per field that can hold more."""
-    fields = mi.type_info(cls).fields  # type: ignore[attr-defined]
-    names = [f.name for f in fields if isinstance(_unwrap(f.type), mi.StrType)]
-    steps = [
-        step
-        for f in fields
-        if not isinstance(_unwrap(f.type), mi.StrType) and (step := _gather_field(f.name, f.type)) is not None
-    ]
-    own = operator.attrgetter(*names) if names else None
-    single = len(names) == 1
-
-    def gather(value: Any, out: list[Any]) -> None:
-        if own is not None:
-            if single:
-                out.append(own(value))
-            else:
-                out.extend(own(value))
-        for step in steps:
-            step(value, out)
-
-    return gather
+    """The strings walker of one Struct type, generated once from its fields as one plain
+    function (as ``dataclasses`` generates ``__init__``): its own strings, then a loop or a
+    call per field that can hold more. A walker of closures per field cost ~5 µs of the
+    ~9 µs a report's check took; generated, the same walk costs about half."""
+    walker: Gather = _WALKERS[_compiled(cls)]
+    return walker
 
 
 def _strings_ok(values: list[Any]) -> bool:
@@ -232,7 +225,7 @@ def _clean(value: Any, where: str, signed: bool = False) -> Any:
             raise ReportError(f"{where}: a string of {len(value)} characters (at most {MAX_STRING_CHARS})")
         cleaned = printable(value)
         return value if cleaned == value else cleaned
-    if isinstance(value, bool) or value is None:
+    if isinstance(value, (bool, msgspec.UnsetType)) or value is None:
         return value
     if isinstance(value, (int, float)):
         if not math.isfinite(value) or (value < 0 and not signed):

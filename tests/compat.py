@@ -7,7 +7,7 @@ operator on a node of that Ray runs it: ``status``, ``status --gpus``, ``status 
 ``node``, ``fit``, and ``head`` + ``push`` read by ``status --head``, then the head stopped
 by SIGTERM with its agents connected (it must be gone within 5 s). Every check asserts the
 Europa and deNBI lines exactly. The results table goes to stdout and, with ``--readme``,
-between the compat markers of README.md.
+between the compat markers of docs/ray-releases.md.
 
 ``python -m tests.compat [--ends] [--readme] [--pyz dist/rayscope.pyz]``; exit 1 when any
 check fails. ``--ends``: the oldest and newest Ray only (what CI runs on every change).
@@ -417,7 +417,7 @@ def table(rows: list[Row], pyz: Path) -> str:
     return "\n".join(lines)
 
 
-def write_readme(text: str, readme: Path = REPO / "README.md") -> None:
+def write_readme(text: str, readme: Path = REPO / "docs" / "ray-releases.md") -> None:
     content = readme.read_text()
     start, end = content.index(BEGIN) + len(BEGIN), content.index(END)
     readme.write_text(content[:start] + "\n" + text + "\n" + content[end:])
@@ -426,7 +426,7 @@ def write_readme(text: str, readme: Path = REPO / "README.md") -> None:
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ends", action="store_true", help="oldest and newest Ray only (CI)")
-    parser.add_argument("--readme", action="store_true", help="write the table into README.md")
+    parser.add_argument("--readme", action="store_true", help="write the table into docs/ray-releases.md")
     parser.add_argument("--ray", action="append", help="only this Ray release (repeatable)")
     parser.add_argument("--pyz", type=Path, default=REPO / "dist" / "rayscope.pyz")
     args = parser.parse_args(argv)

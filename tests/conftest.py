@@ -25,6 +25,7 @@ import psutil
 import pytest
 
 from tests import fake_nvml
+from tests.waiting import eventually
 
 pytest_plugins = ["tests.reliability_plugin"]  # the `fault` fixture: RELIABILITY.md's rows
 
@@ -288,17 +289,14 @@ class HeadDaemon(Daemon):
             return int(err.code), bytes(err.read())
 
     def wait_ready(self, timeout_s: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def answers() -> bool:
             if self.process.poll() is not None:
                 raise RuntimeError(f"head agent exited {self.process.returncode}:\n{self.log_text()}")
-            try:
-                if self.get("/healthz")[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"head agent never answered /healthz:\n{self.log_text()}")
+            return self.get("/healthz")[0] == 200
+
+        eventually(
+            answers, timeout_s, "the head agent answers /healthz", retry=(OSError,), detail=self.log_text
+        )
 
 
 def push_agent(

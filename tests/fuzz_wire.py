@@ -1,6 +1,7 @@
-"""Fuzz target for the head's frame and report decoders: ``python -m tests.fuzz_wire [N] [SEED]``.
+"""Fuzz target for the head's frame and report decoders:
+``python -m tests.fuzz_wire [N] [SEED] [--json FILE]``.
 
-Each input is a byte stream fed, in random chunks, to a real :class:`agent.ingest.ReportProtocol`
+Each input is a byte stream fed, in random chunks, to a real :class:`agent.head.ingest.ReportProtocol`
 (over a fake transport) as a peer would send it: authentic version-2 and version-1 frames,
 then mutated (bit flips, cut, spliced, repeated, reordered, wrong token, forged lengths), and
 authentic frames around mutated or generated report payloads. Invariants, checked per input:
@@ -10,14 +11,22 @@ authentic frames around mutated or generated report payloads. Invariants, checke
   and every frame it took was acknowledged;
 * ``HeadState.ingest`` raises nothing but ``ReportError`` for any payload.
 
-Prints one line per outcome with its count; exits 1 on any unhandled input. ``make fuzz``
-runs 100,000 inputs; the test suite runs a bounded share (tests/test_wire.py).
+Prints one line per outcome with its count; exits 1 on any unhandled input. ``--json``
+also writes the figures (the counts, the run's time and interpreter) for RELIABILITY.md
+(tests/reliability.py). ``make fuzz`` runs 100,000 inputs; the test suite runs a bounded
+share (tests/test_wire.py).
 """
 
+import argparse
 import asyncio
+import json
+import logging
+import platform
 import random
 import sys
+import time
 from collections import Counter
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 import msgspec
@@ -206,14 +215,35 @@ def fuzz(inputs: int, seed: int = 0) -> tuple["Counter[str]", list[str]]:
 
 
 def cli(argv: list[str]) -> int:
-    inputs = int(argv[0]) if argv else 100_000
-    seed = int(argv[1]) if len(argv) > 1 else 0
-    counts, failures = fuzz(inputs, seed)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("inputs", nargs="?", type=int, default=100_000)
+    parser.add_argument("seed", nargs="?", type=int, default=0)
+    parser.add_argument("--json", type=Path, help="also write the figures here (for RELIABILITY.md)")
+    args = parser.parse_args(argv)
+    logging.disable(logging.WARNING)  # the head's line per rejected input: the counts say it
+    started = time.monotonic()
+    counts, failures = fuzz(args.inputs, args.seed)
+    seconds = time.monotonic() - started
     for outcome, n in sorted(counts.items()):
         print(f"{n:8d}  {outcome}")
-    print(f"{inputs} inputs (seed {seed}): {sum(counts.values())} handled, {len(failures)} unhandled")
+    handled = sum(counts.values())
+    print(f"{args.inputs} inputs (seed {args.seed}): {handled} handled, {len(failures)} unhandled")
     for failure in failures[:20]:
         print("UNHANDLED", failure)
+    if args.json is not None:
+        figures = {
+            "inputs": args.inputs,
+            "seed": args.seed,
+            "handled": handled,
+            "unhandled": len(failures),
+            "unhandled_examples": failures[:20],
+            "outcomes": dict(sorted(counts.items())),
+            "seconds": round(seconds, 1),
+            "finished_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "python": platform.python_version(),
+            "machine": platform.machine(),
+        }
+        args.json.write_text(json.dumps(figures, indent=1) + "\n")
     return 1 if failures else 0
 
 

@@ -148,9 +148,11 @@ class LiveCluster:
                 else:
                     os.environ[key] = value
 
-    def place(self, name: str, node: str, options: dict[str, Any]) -> dict[str, Any]:
+    def place(self, name: str, node: str, options: dict[str, Any], class_name: str = "") -> dict[str, Any]:
         """A real actor pinned to ``node``; returns its pid, actor id and ``ray.get_gpu_ids()``
-        (what the actor itself sees: the truth for per-device booking) once it runs."""
+        (what the actor itself sees: the truth for per-device booking) once it runs.
+        ``class_name``: the class as the actor table names it (Ray Serve names its replicas'
+        class ``ServeReplica:<app>:<deployment>`` the same way, with ``type()``)."""
         strategies: Any = importlib.import_module("ray.util.scheduling_strategies")
         ray = self.ray
 
@@ -161,7 +163,8 @@ class LiveCluster:
             def gpu_ids(self) -> list[str]:
                 return [str(i) for i in ray.get_gpu_ids()]
 
-        remote_replica: Any = self.ray.remote(Replica)
+        cls = type(class_name, (Replica,), {}) if class_name else Replica
+        remote_replica: Any = self.ray.remote(cls)
         strategy = strategies.NodeAffinitySchedulingStrategy(self.nodes[node].node_id, soft=False)
         actor = remote_replica.options(name=name, scheduling_strategy=strategy, **options).remote()
         pid = self.ray.get(actor.pid.remote(), timeout=60)
@@ -348,7 +351,12 @@ def serve(args: argparse.Namespace) -> int:
             try:
                 op = request.pop("op")
                 if op == "actor":
-                    reply = cluster.place(request["name"], request["node"], request.get("options", {}))
+                    reply = cluster.place(
+                        request["name"],
+                        request["node"],
+                        request.get("options", {}),
+                        request.get("class_name", ""),
+                    )
                 elif op == "try_actor":
                     reply = cluster.try_place(
                         request["name"],

@@ -17,7 +17,7 @@ from agent import pending
 from agent.rollup import merge, scheduler_nodes
 from agent.schema.node import NodeDiagnostics
 from agent.schema.pending import PendingRead
-from agent.schema.report import GpuDevice, HostInfo, NodeReport, RayletInfo, SourceStatus
+from agent.schema.report import GpuDevice, GpuProcess, HostInfo, NodeReport, RayletInfo, SourceStatus
 from agent.schema.status import ClusterStatus, NodeStatus, RayNode, ReceivedReport
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -312,3 +312,108 @@ def a100_worker(node_id: str, **fields: object) -> NodeStatus:
         node_id=node_id,
     )
     return msgspec.structs.replace(base, **fields)
+
+
+# --- virtual and shared GPUs (issue 20): what node agents report, settled as they settle it -----
+
+VGPU = "a4" * 28
+PASSTHROUGH = "9a" * 28
+HOST_VGPU = "40" * 28
+MPS = "35" * 28
+SLICE_A, SLICE_B = "5a" * 28, "5b" * 28
+A40_16C_BYTES = 16 * GIB
+T4_BYTES = T4_MIB * MIB
+
+
+def virtual_gpu(index: int, name: str, total: int, nvml_used: int, mode: str, **fields: object) -> GpuDevice:
+    """A GPU as ``agent.sources.nvml`` reads it on a driver that reports its mode (NVML's own
+    used figure, not yet judged)."""
+    base = GpuDevice(
+        index=index,
+        name=name,
+        uuid=f"GPU-{index:08x}-2020-2020-2020-{name.encode().hex()[-12:]:0>12}",
+        pci_bus_id=f"00000000:{0x41 + index:02X}:00.0",
+        memory_total_bytes=total,
+        memory_used_bytes=nvml_used,
+        nvml_memory_used_bytes=nvml_used,
+        memory_info_version=2,
+        utilization_gpu_pct=0,
+        virtualization_mode=mode,
+        compute_mode="default",
+        processes=[],
+        process_list_version=3,
+        mps_serving=False,
+    )
+    return msgspec.structs.replace(base, **fields)
+
+
+def virtual_status(cuda_age_s: Optional[float] = None) -> ClusterStatus:
+    """Six nodes, every agent reporting: a vGPU guest (an idle A40-16C slice whose NVML claims
+    14.5 of 16 GiB used; with ``cuda_age_s``, a CUDA sample that old says 0.8 GiB), a
+    pass-through A100, a vGPU host's A40, an MPS server in exclusive-process mode with two
+    clients, and two Ray nodes time-slicing one T4 (the same UUID in both reports)."""
+    from agent.gpu_memory import CudaFigure, settle
+
+    slice_of_a40 = virtual_gpu(0, "NVIDIA A40-16C", A40_16C_BYTES, int(14.5 * GIB), "vgpu_guest")
+    cuda = None if cuda_age_s is None else CudaFigure(int(0.8 * GIB), cuda_age_s, "")
+    mps_gpu = virtual_gpu(
+        0,
+        "NVIDIA GeForce RTX 3090",
+        RTX_3090_BYTES,
+        6 * GIB,
+        "none",
+        compute_mode="exclusive_process",
+        mps_serving=True,
+        processes=[
+            GpuProcess(pid=3001, used_memory_bytes=int(0.4 * GIB), kinds=["compute"]),
+            GpuProcess(pid=3002, used_memory_bytes=3 * GIB, kinds=["mps"]),
+            GpuProcess(pid=3003, used_memory_bytes=2 * GIB, kinds=["mps"]),
+        ],
+    )
+    sliced = virtual_gpu(0, "Tesla T4", T4_BYTES, 3 * GIB, "none")
+    gpus = {
+        VGPU: [settle(slice_of_a40, cuda, 120.0) if cuda else settle(slice_of_a40)],
+        PASSTHROUGH: [
+            settle(virtual_gpu(0, "NVIDIA A100-SXM4-40GB", A100_MIB * MIB, 6 * GIB, "passthrough"))
+        ],
+        HOST_VGPU: [settle(virtual_gpu(0, "NVIDIA A40", 48 * GIB, 32 * GIB, "host_vgpu"))],
+        MPS: [settle(mps_gpu)],
+        SLICE_A: [settle(sliced)],
+        SLICE_B: [settle(msgspec.structs.replace(sliced, nvml_memory_used_bytes=int(3.1 * GIB)))],
+    }
+    accelerators = {
+        VGPU: "A40",
+        PASSTHROUGH: "A100",
+        HOST_VGPU: "A40",
+        MPS: "G",
+        SLICE_A: "T4",
+        SLICE_B: "T4",
+    }
+    views = []
+    reports = {}
+    for i, (node_id, node_gpus) in enumerate(gpus.items()):
+        ip = f"10.0.2.{i + 1}"
+        total = {"CPU": 8, "GPU": 1, f"accelerator_type:{accelerators[node_id]}": 1, "memory": 32 * GB}
+        free = {"CPU": 8, "GPU": 1, f"accelerator_type:{accelerators[node_id]}": 1, "memory": 32 * GB}
+        if node_id == VGPU:
+            total.update({"node:__internal_head__": 1, "VRAM_MB": 16384})
+            free.update({"node:__internal_head__": 1, "VRAM_MB": 12288, "GPU": 0.99})
+        views.append(view(node_id, ip, total, free))
+        reports[node_id] = report(node_id, node_gpus, ip)
+    return head_view(views, reports, gcs="10.0.2.1:6379")
+
+
+def vgpu_node_diagnostics(cuda_age_s: Optional[float] = None) -> NodeDiagnostics:
+    """``rayscope node --gpus`` on the vGPU guest of :func:`virtual_status`."""
+    status = virtual_status(cuda_age_s)
+    node = status.nodes[VGPU]
+    return NodeDiagnostics(
+        generated_at=NOW,
+        gcs_address="10.0.2.1:6379",
+        raylets=[RayletInfo(pid=4242, node_id=VGPU, node_ip="10.0.2.1", is_head=True)],
+        host=HostInfo(hostname="denbi-vgpu-1", cpu_count=8),
+        driver_version="550.54.15",
+        gpus=node.gpus,
+        booking={VGPU: node},
+        sources=[SourceStatus(name="raylet", ok=True), SourceStatus(name="nvml", ok=True)],
+    )

@@ -23,6 +23,7 @@ import msgspec
 from agent.schema.fit import FitResult
 from agent.schema.node import NodeDiagnostics
 from agent.schema.status import DOCUMENT_SCHEMA, ClusterStatus
+from agent.schema.usage import UsageDocument
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schema"
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
@@ -31,6 +32,7 @@ DOCUMENTS: dict[str, tuple[type, str]] = {
     "status": (ClusterStatus, "rayscope status --json, the head's /v1/status, one line of --append"),
     "fit": (FitResult, "rayscope fit --json"),
     "node": (NodeDiagnostics, "rayscope node --json"),
+    "usage": (UsageDocument, "rayscope usage --json, the head's /v1/usage"),
 }
 """Document name -> (the Struct that prints it, where it is printed)."""
 

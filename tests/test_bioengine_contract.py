@@ -46,7 +46,8 @@ from tests.conftest import LiveCluster, run_rayscope
 from tests.golden import GOLDEN
 from tests.scenarios import mixed_status
 from tests.schemas import parsed
-from tests.test_live_head import Fleet, eventually
+from tests.test_live_head import Fleet
+from tests.waiting import eventually
 
 GIB = 1024**3
 CLUSTER_NUMBERS = ("total_cpu", "used_cpu", "total_gpu", "used_gpu")

@@ -74,6 +74,7 @@ USAGE = [
         "fit --gpu-memory-mb 0: give more than 0 and at most 1048576 MB, or -1 for a whole GPU",
     ),
     (["fit", "--gpu-memory-mb", "1", "--replicas", "0"], 2, "fit --replicas 0: give 1 to 100000 replicas"),
+    (["usage", "--headroom", "nan"], 2, "usage --headroom nan: not a finite number: give 0 to 1000 percent"),
     # before: accepted, refused only after the GCS was found
     (["head", "--max-pending", "0"], 2, "head --max-pending 0: give 1 to 1000000 connections"),
     # before: "give one of --gpu-memory-mb MB or --shape JSON" (meaning "not both")
@@ -121,8 +122,8 @@ USAGE = [
     (["push"], 2, "push: --head is required"),
     (["fit", "--replicas"], 2, "fit --replicas: needs a value"),
     (["status", "--format", "xml"], 2, "status --format: 'xml' is not one of 'text', 'json', 'prom'"),
-    (["bogus"], 2, "'bogus' is not a command: fit, head, node, push, status"),
-    (["--verbose"], 2, "give a command: fit, head, node, push, status (rayscope --help)"),
+    (["bogus"], 2, "'bogus' is not a command: fit, head, node, push, status, usage"),
+    (["--verbose"], 2, "give a command: fit, head, node, push, status, usage (rayscope --help)"),
 ]
 
 
@@ -382,7 +383,7 @@ def test_push_without_a_token_to_a_head_that_has_one(head_daemon: Any) -> None:
 def test_a_rejection_word_the_agent_does_not_know_is_logged_printable() -> None:
     """The head's rejection reason is the peer's text: before, a head could put an escape
     sequence into the agent's log (and its operator's terminal)."""
-    from agent import push, wire
+    from agent import wire
 
-    assert push._explain(wire.BAD_TOKEN).startswith("token rejected (bad token)")
-    assert push._explain("\x1b[2Jcleared\x1b]0;t\x07") == "[2Jcleared]0;t"
+    assert wire.explain(wire.BAD_TOKEN).startswith("token rejected (bad token)")
+    assert wire.explain("\x1b[2Jcleared\x1b]0;t\x07") == "[2Jcleared]0;t"

@@ -8,7 +8,6 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Optional
 
@@ -25,6 +24,7 @@ from agent.schema.report import GpuDevice, HostInfo, NodeReport, SourceStatus
 from agent.schema.status import ClusterStatus, RayNode, ReceivedReport
 from agent.sources import gcs, gcs_child
 from tests.scenarios import CPU, NOW, SEED_REPORTS, SEED_VIEWS, T4, UNKNOWN, gpu, mixed_status, report
+from tests.waiting import eventually
 
 GCS_DOWN = SourceStatus(name="gcs", ok=False, reason="GCS unreachable at 127.0.0.1:6379 (connection refused)")
 
@@ -184,13 +184,6 @@ class FailingReader:
         raise self.raises
 
 
-def wait_for(predicate: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
-
-
 def _guarded_poller(
     failure: BaseException,
 ) -> tuple[HeadState, "FailingReader", threading.Event, PollerGuard]:
@@ -206,7 +199,7 @@ def _guarded_poller(
 def test_a_round_that_raises_is_counted_and_the_poller_goes_on() -> None:
     state, reader, stop, _ = _guarded_poller(RuntimeError("bug in a GCS answer"))
     try:
-        wait_for(lambda: reader.calls >= 3)
+        eventually(lambda: reader.calls >= 3, what="three GCS rounds", every_s=0.02)
         poller = state.health(time.time())["gcs_poller"]
         assert poller["alive"] and poller["errors"] >= 2 and poller["restarts"] == 0
         assert poller["last_error"] == "RuntimeError: bug in a GCS answer"
@@ -219,11 +212,13 @@ def test_a_dead_poller_is_restarted_and_healthz_says_so() -> None:
     ``restarts`` 0 — the old head served its last view for good."""
     state, reader, stop, guard = _guarded_poller(SystemExit("killed from inside a library"))
     try:
-        wait_for(lambda: not state.health(time.time())["gcs_poller"]["alive"])
+        eventually(
+            lambda: not state.health(time.time())["gcs_poller"]["alive"], what="the poller dead", every_s=0.02
+        )
         dead = state.health(time.time())["gcs_poller"]
         assert not dead["ok"] and dead["last_error"].startswith("poller died: SystemExit")
         assert guard.check()
-        wait_for(lambda: reader.calls >= 2)
+        eventually(lambda: reader.calls >= 2, what="rounds after the restart", every_s=0.02)
         assert state.health(time.time())["gcs_poller"]["restarts"] == 1
     finally:
         stop.set()

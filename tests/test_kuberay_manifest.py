@@ -1,4 +1,4 @@
-"""The README's KubeRay manifest (deploy/kuberay-raycluster.yaml): it parses, every field name
+"""The KubeRay manifest of docs/deploy.md (deploy/kuberay-raycluster.yaml): it parses, every field name
 is one KubeRay's RayCluster CRD (ray.io/v1) or the Kubernetes pod spec it embeds accepts, and
 the sidecars' command lines are ones rayscope accepts.
 
@@ -7,7 +7,7 @@ a Go module and a Helm chart), so the field list below restates the parts of the
 OpenAPI schema that the manifest uses, read from KubeRay's
 ``ray-operator/config/crd/bases/ray.io_rayclusters.yaml`` and its docs; a field outside it is
 an error (a typo such as ``workerGroupSpec`` or ``minReplica`` would be silently pruned by
-the API server, and the cluster would not be what the README says).
+the API server, and the cluster would not be what docs/deploy.md says).
 """
 
 import re
@@ -161,7 +161,7 @@ def test_workers_report_to_the_head_service_on_a_port_it_exposes(manifest: dict[
         assert target == f"{manifest['metadata']['name']}-head-svc:{listen_port}"
 
 
-def test_the_readme_shows_this_manifest() -> None:
-    readme = (REPO / "README.md").read_text()
-    assert "deploy/kuberay-raycluster.yaml" in readme
+def test_the_deploy_page_shows_this_manifest() -> None:
+    page = (REPO / "docs" / "deploy.md").read_text()
+    assert "](../deploy/kuberay-raycluster.yaml)" in page
     assert Path(MANIFEST).is_file()

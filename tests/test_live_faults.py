@@ -16,9 +16,9 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Optional, TypeVar
+from typing import Any, Optional
 
 import pytest
 
@@ -36,22 +36,11 @@ from tests.conftest import (
 from tests.raynode import RayHead
 from tests.reliability_plugin import FaultRecord
 from tests.schemas import parsed
+from tests.waiting import eventually, timed
 
 pytestmark = [pytest.mark.live, pytest.mark.fault]
 
 INTERVAL_S = 1.0
-T = TypeVar("T")
-
-
-def poll(what: str, probe: Callable[[], Optional[T]], timeout_s: float = 60.0) -> tuple[T, float]:
-    """``probe()`` until it returns something; that and the seconds it took."""
-    start = time.monotonic()
-    while True:
-        found = probe()
-        if found is not None:
-            return found, time.monotonic() - start
-        assert time.monotonic() - start < timeout_s, f"{what}: not within {timeout_s:g} s"
-        time.sleep(0.2)
 
 
 def status_head(head: HeadDaemon, token_file: Path, *extra: str) -> "subprocess.CompletedProcess[str]":
@@ -94,7 +83,7 @@ def test_gcs_killed_then_restarted_on_the_same_port(
             done = status_head(h, wire_token)
             return done if done.returncode == 0 else None
 
-        poll("a first scheduler view with the node", complete, 120.0)
+        eventually(complete, 120.0, "a first scheduler view with the node")
         fault.observe("before: exit 0")
 
         ray.kill_gcs()
@@ -103,7 +92,7 @@ def test_gcs_killed_then_restarted_on_the_same_port(
             done = status_head(h, wire_token)
             return done if done.returncode == 1 else None
 
-        done, waited = poll("status exit 1 after the GCS died", partial, 60.0)
+        done, waited = timed(partial, 60.0, "status exit 1 after the GCS died")
         assert "the scheduler view is" in done.stderr and "s old" in done.stderr, done.stderr
         assert "only the agents' reports are shown" not in done.stderr
         node_lines = [line for line in done.stdout.splitlines() if line.startswith("  ")]
@@ -133,7 +122,7 @@ def test_gcs_killed_then_restarted_on_the_same_port(
             return done if parsed(done.stdout, "status")["scheduler_age_s"] < 3 * INTERVAL_S else None
 
         try:
-            done, waited = poll("the view healed after the restart", healed, 180.0)
+            done, waited = timed(healed, 180.0, "the view healed after the restart")
         except AssertionError as err:  # say what the head saw
             raise AssertionError(f"{err}\nhead log:\n{head.log_text()[-3000:]}") from None
         document = parsed(done.stdout, "status")
@@ -183,16 +172,16 @@ def test_a_sigkilled_raylet_left_a_zombie_counts_as_not_running(
     stopped = fake_raylet(tmp_path, stopped_id)
     agent = push_agent(head_daemon.listen_port, killed_id, base_env(), tmp_path / "push.log", wire_token)
     try:
-        poll("the fake raylets listed", lambda: local_raylet_ids() >= {killed_id, stopped_id} or None, 60.0)
-        poll("the agent on its raylet", lambda: "reporting for Ray node" in agent.log_text() or None, 60.0)
+        eventually(lambda: local_raylet_ids() >= {killed_id, stopped_id}, 60.0, "the fake raylets listed")
+        eventually(lambda: "reporting for Ray node" in agent.log_text(), 60.0, "the agent on its raylet")
         os.kill(raylet.pid, signal.SIGKILL)
         os.kill(stopped.pid, signal.SIGSTOP)
-        poll("a zombie", lambda: proc_state(raylet.pid) == "Z" or None, 30.0)
-        poll("a stopped raylet", lambda: proc_state(stopped.pid) in "Tt" or None, 30.0)
+        eventually(lambda: proc_state(raylet.pid) == "Z", 30.0, "a zombie")
+        eventually(lambda: proc_state(stopped.pid) in ("T", "t"), 30.0, "a stopped raylet")
         listed = local_raylet_ids()
         assert killed_id not in listed and stopped_id not in listed
         gone = f"no local raylet has node id {killed_id}"
-        _, waited = poll("the agent saw its raylet go", lambda: gone in agent.log_text() or None, 60.0)
+        _, waited = timed(lambda: gone in agent.log_text(), 60.0, "the agent saw its raylet go")
         assert proc_state(raylet.pid) == "Z"  # still a zombie: the agent judged a zombie
         fault.observe(
             f"zombie and stopped raylet not listed by `node`; agent logged the loss after {waited:.1f} s"
@@ -245,15 +234,13 @@ def test_a_hung_nvml_call_is_a_timed_out_source_and_the_loop_goes_on(
     node_id = "6a" * 28
     agent = nvml_agent(fake_nvml_lib, one_gpu() + "hang 60\n", tmp_path, head_daemon, wire_token, node_id)
     try:
-        _node, _ = poll("a first report", lambda: node_json(head_daemon, node_id), 60.0)
-        timed_out = poll(
-            "a timed-out NVML source",
-            lambda: (
-                ((n := node_json(head_daemon, node_id)) and "timed out" in nvml_source(n)["reason"] and n)
-                or None
-            ),
-            60.0,
-        )[0]
+        eventually(lambda: node_json(head_daemon, node_id), 60.0, "a first report")
+
+        def nvml_timed_out() -> Optional[dict[str, Any]]:
+            node = node_json(head_daemon, node_id)
+            return node if node and "timed out" in nvml_source(node)["reason"] else None
+
+        timed_out = eventually(nvml_timed_out, 60.0, "a timed-out NVML source")
         ages = []
         end = time.monotonic() + 10.0
         while time.monotonic() < end:  # 10 intervals: the loop is not blocked by the hung call
@@ -285,13 +272,13 @@ def test_nvml_found_after_the_driver_loads(
     scenario = one_gpu() + f"init_requires {driver}\n"
     agent = nvml_agent(fake_nvml_lib, scenario, tmp_path, head_daemon, wire_token, node_id)
     try:
-        node, _ = poll("a first report", lambda: node_json(head_daemon, node_id), 60.0)
+        node = eventually(lambda: node_json(head_daemon, node_id), 60.0, "a first report")
         assert "driver not loaded" in nvml_source(node)["reason"], node["sources"]
         driver.touch()
-        node, waited = poll(
-            "the GPU after the driver loaded",
-            lambda: ((n := node_json(head_daemon, node_id)) and n["total_gpu_memory_bytes"] and n) or None,
+        node, waited = timed(
+            lambda: (n := node_json(head_daemon, node_id)) and n["total_gpu_memory_bytes"] and n,
             90.0,
+            "the GPU after the driver loaded",
         )
         assert node["total_gpu_memory_bytes"] == 24 * fake.GIB and nvml_source(node)["ok"]
         # A host the scheduler does not know gives Ray no GPU: BioEngine's key says 0 there.
@@ -382,7 +369,7 @@ def test_two_hosts_without_a_raylet_are_two_entries_under_every_view(
         document: dict[str, Any] = parsed(done.stdout, "status") if done.stdout else {}
         return document if done.returncode == 0 and keys <= set(document.get("nodes", {})) else None
 
-    document, _ = poll("both hosts at the head, its scheduler view read", both, 90.0)
+    document = eventually(both, 90.0, "both hosts at the head, its scheduler view read")
     assert {document["nodes"][k]["hostname"] for k in keys} == set(names)
     gpus = status_head(head, wire_token, "--gpus")
     assert gpus.returncode == 0, gpus.stderr

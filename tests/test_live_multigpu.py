@@ -166,7 +166,7 @@ def test_status_shows_the_full_device_under_its_node(
     cluster, placed = multigpu
     done = run_rayscope("status", "--gpus", "--gcs", cluster.gcs_address, "--timeout", "30", env=fake_env)
     assert done.returncode == 0, done.stderr
-    print(done.stdout)  # the README's multi-GPU example (pytest -s shows it)
+    print(done.stdout)  # docs/multi-gpu.md's example (pytest -s shows it)
     lines = done.stdout.splitlines()
     quad = lines.index(
         "  127.0.0.1 [worker] A100 GPU: 2.00/4 booked: 30720/163840 MB  VRAM: NA/NA GB  CPU: 0/4"

@@ -20,15 +20,15 @@ import json
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 
 from tests.conftest import HeadDaemon, LiveCluster, base_env, run_rayscope, running_cluster
 from tests.schemas import parsed
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.live
 
@@ -61,30 +61,26 @@ class Waiting:
     def settle(self, timeout_s: float = 90.0) -> None:
         """Poll until every waiting shape shows up (raylets report their demand to the GCS
         asynchronously), then keep that document and the lines of the same state."""
-        deadline = time.monotonic() + timeout_s
-        seen: Any = None
-        while time.monotonic() < deadline:
+        wanted = {
+            ("request", shape_key(FRAGMENTED)): 2,
+            ("request", shape_key(VRAM)): 1,
+            ("request", shape_key(A100)): 1,
+            ("placement_group", shape_key(GANG)): 1,
+        }
+
+        def settled() -> Optional[dict[str, Any]]:
             done = self.status("--json")
             assert done.returncode == 0, done.stderr
-            doc = parsed(done.stdout, "status")
-            seen = doc["cluster"]["pending"]
-            counts = {(d["kind"], shape_key(d["shape"])): d["count"] for d in seen or []}
-            wanted = {
-                ("request", shape_key(FRAGMENTED)): 2,
-                ("request", shape_key(VRAM)): 1,
-                ("request", shape_key(A100)): 1,
-                ("placement_group", shape_key(GANG)): 1,
-            }
-            if all(counts.get(key) == n for key, n in wanted.items()) and any(
-                d["reason"] == "waits_placement_group" for d in seen
-            ):
-                self.doc = doc
-                text = self.status()
-                assert text.returncode == 0, text.stderr
-                self.lines = text.stdout.splitlines()
-                return
-            time.sleep(0.5)
-        raise AssertionError(f"the pending demand never settled: {seen}")
+            doc: dict[str, Any] = parsed(done.stdout, "status")
+            seen = doc["cluster"]["pending"] or []
+            counts = {(d["kind"], shape_key(d["shape"])): d["count"] for d in seen}
+            placed_last = any(d["reason"] == "waits_placement_group" for d in seen)
+            return doc if placed_last and all(counts.get(key) == n for key, n in wanted.items()) else None
+
+        self.doc = eventually(settled, timeout_s, "the pending demand settled", every_s=0.5)
+        text = self.status()
+        assert text.returncode == 0, text.stderr
+        self.lines = text.stdout.splitlines()
 
     def demand(self, kind: str, shape: dict[str, float]) -> dict[str, Any]:
         found: list[dict[str, Any]] = [
@@ -184,11 +180,8 @@ def test_counts_per_shape_agree_with_ray_status(waiting: Waiting) -> None:
             ours[key] = ours.get(key, 0) + demand["count"]
     assert len(ours) == 5  # four shapes of tasks/actors, one placement group
     ray_cli = str(Path(sys.executable).parent / "ray")
-    theirs: dict[tuple[str, str], int] = {}
-    deadline = time.monotonic() + 60
-    while theirs != ours and time.monotonic() < deadline:
-        # `ray status` reads the autoscaler's report, which lags the GCS by a few seconds:
-        # once it listed no demand at all while ours (read from the GCS) had all five.
+
+    def theirs() -> dict[tuple[str, str], int]:
         done = subprocess.run(
             [ray_cli, "status", "--address", waiting.cluster.gcs_address],
             env=waiting.env,
@@ -197,10 +190,11 @@ def test_counts_per_shape_agree_with_ray_status(waiting: Waiting) -> None:
             timeout=120,
             check=True,
         )
-        theirs = _ray_pending_demands(done.stdout)
-        if theirs != ours:
-            time.sleep(2)
-    assert theirs == ours
+        return _ray_pending_demands(done.stdout)
+
+    # `ray status` reads the autoscaler's report, which lags the GCS by a few seconds:
+    # once it listed no demand at all while ours (read from the GCS) had all five.
+    eventually(lambda: theirs() == ours, 60, f"`ray status` lists {ours}", every_s=2)
 
 
 def test_bioengine_pending_resources_shape(waiting: Waiting) -> None:
@@ -230,14 +224,13 @@ def test_metrics_and_the_head_view(waiting: Waiting, tmp_path: Path) -> None:
     extra = ["--gcs", waiting.cluster.gcs_address, "--interval", "1"]
     head = HeadDaemon(waiting.env, tmp_path / "head.log", extra, None)
     try:
-        deadline = time.monotonic() + 60
-        doc: dict[str, Any] = {}
-        while time.monotonic() < deadline:
+
+        def with_pending() -> Optional[dict[str, Any]]:
             code, body = head.get("/v1/status")
-            doc = parsed(body, "status") if code == 200 else {}
-            if doc and doc["cluster"].get("pending"):
-                break
-            time.sleep(0.5)
+            doc: dict[str, Any] = parsed(body, "status") if code == 200 else {}
+            return doc if doc and doc["cluster"].get("pending") else None
+
+        doc = eventually(with_pending, 60, "the head's document with the pending demand", every_s=0.5)
         ours = {(d["kind"], d["reason"], d["count"]) for d in doc["cluster"]["pending"]}
         embedded = {(d["kind"], d["reason"], d["count"]) for d in waiting.doc["cluster"]["pending"]}
         assert ours == embedded
@@ -258,9 +251,9 @@ def test_metrics_and_the_head_view(waiting: Waiting, tmp_path: Path) -> None:
         assert head.stop() == 0
 
 
-def test_the_readme_quotes_this_run(waiting: Waiting) -> None:
-    """README.md's fragmented example is what this test's cluster prints, line for line."""
+def test_the_docs_quote_this_run(waiting: Waiting) -> None:
+    """docs/pending.md's fragmented example is what this test's cluster prints, line for line."""
     at = waiting.lines.index("Pending:")
     block = waiting.lines[at : at + 3]
-    readme = (REPO / "README.md").read_text()
-    assert "\n".join(block) in readme, "\n".join(waiting.lines)
+    page = (REPO / "docs" / "pending.md").read_text()
+    assert "\n".join(block) in page, "\n".join(waiting.lines)

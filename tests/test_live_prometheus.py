@@ -23,7 +23,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import pytest
 
@@ -31,6 +31,7 @@ from tests import fake_nvml as fake
 from tests.conftest import Daemon, HeadDaemon, LiveCluster, base_env, free_port, push_agent
 from tests.test_grafana_dashboard import DASHBOARD
 from tests.test_promtool import RULES_DIR, lint, promtool
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.live
 
@@ -92,20 +93,17 @@ class Prometheus:
         return result
 
     def wait_ready(self, timeout_s: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def ready() -> bool:
             if self.process.poll() is not None:
                 raise RuntimeError(
                     f"prometheus exited {self.process.returncode}:\n{self.log_path.read_text()}"
                 )
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready", timeout=5) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"prometheus never got ready:\n{self.log_path.read_text()}")
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready", timeout=5) as response:
+                return bool(response.status == 200)
+
+        eventually(
+            ready, timeout_s, "prometheus ready", 0.2, retry=(OSError,), detail=self.log_path.read_text
+        )
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -179,16 +177,18 @@ def scraped(
             agents.append(push_agent(head.listen_port, live_cluster.node_id(name), env, log, wire_token))
         prometheus = Prometheus(root, scrape_config(head, wire_token))
         prometheus.wait_ready()
-        deadline = time.monotonic() + READY_S
         missing = list(READY_QUERIES)
-        while missing and time.monotonic() < deadline:
-            missing = [q for q in missing if not prometheus.query(q)]
-            time.sleep(0.5)
-        if missing:
-            targets = prometheus.get("/api/v1/targets")
-            pytest.fail(
-                f"no samples for {missing} within {READY_S} s; targets: {targets}\n{head.log_text()[-3000:]}"
+
+        def sampled() -> bool:
+            missing[:] = [q for q in missing if not prometheus.query(q)]  # one query each until it answers
+            return not missing
+
+        def targets() -> str:
+            return (
+                f"missing: {missing}; targets: {prometheus.get('/api/v1/targets')}\n{head.log_text()[-3000:]}"
             )
+
+        eventually(sampled, READY_S, "samples for every ready query", 0.5, detail=targets)
         yield Scraped(prometheus, head, live_cluster)
     finally:
         if prometheus is not None:
@@ -297,16 +297,13 @@ def test_alert_rules_load_and_judge_the_live_cluster(scraped: Scraped) -> None:
     device is over its booking (22.9 GiB measured, 20480 MB booked), none is full by booking,
     the waiting replica is pending, no agent is stale."""
     prometheus = scraped.prometheus
-    deadline = time.monotonic() + 30
-    while True:
+
+    def evaluated() -> Optional[dict[str, dict[str, Any]]]:
         groups = prometheus.get("/api/v1/rules")["data"]["groups"]
         rules = {r["name"]: r for g in groups for r in g["rules"]}
-        if (
-            all(r["lastEvaluation"] != "0001-01-01T00:00:00Z" for r in rules.values())
-            or time.monotonic() > deadline
-        ):
-            break
-        time.sleep(0.5)
+        return rules if all(r["lastEvaluation"] != "0001-01-01T00:00:00Z" for r in rules.values()) else None
+
+    rules = eventually(evaluated, 30, "every rule evaluated once", 0.5)
     assert len(rules) == 8 and all(r["health"] == "ok" for r in rules.values()), rules
 
     def fired(name: str) -> list[dict[str, str]]:

@@ -16,6 +16,7 @@ import pytest
 
 from tests.conftest import HeadDaemon, LiveCluster, base_env, free_port, run_rayscope, running_cluster
 from tests.schemas import parsed
+from tests.waiting import eventually, timed
 
 pytestmark = pytest.mark.live
 
@@ -82,19 +83,6 @@ class RayHead:
         return health
 
 
-def eventually(check: Any, timeout_s: float, what: str) -> float:
-    """Poll ``check`` until true; the seconds it took. KeyError = not yet."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout_s:
-        try:
-            if check():
-                return time.monotonic() - start
-        except KeyError:
-            pass
-        time.sleep(0.1)
-    pytest.fail(f"not within {timeout_s:.0f} s: {what}")
-
-
 def add_node(cluster: LiveCluster, name: str) -> dict[str, Any]:
     """``add_node``, tried again when Ray gives up on the raylet after its fixed 30 s (this
     machine is shared and can be that slow); a raylet that never registered holds nothing."""
@@ -144,9 +132,13 @@ def test_every_node_reports_through_a_ray_placed_agent(cluster: LiveCluster, ray
 
 
 def test_agents_book_nothing(cluster: LiveCluster, tmp_path: Path, wire_token: Path) -> None:
-    """The scheduler's per-node sums with the agents running equal those without them.
-    Control: place the agent with ``num_cpus=1`` (Ray's default for an actor's placement is
-    1 CPU) and ``used_cpu`` moves by one per node."""
+    """The scheduler's per-node sums with the agents running equal those without them, plus
+    two markers booked after the agents run. Raylets send their availability to the GCS
+    asynchronously, so sums read too early would match whatever the agents booked; the GCS
+    showing the markers (``place`` waits until it does) proves its view is no older than the
+    agents. Control: give the agent a booking (``memory=64 * 2**20`` in ``ray_actors``'s
+    options) and ``used_memory`` differs on every node (with ``num_cpus=1``, Ray's default
+    for an actor's placement, the seed's full head could not place its agent at all)."""
     env = base_env(RAY_AUTH_MODE="disabled", RAY_TMPDIR=str(cluster.root))
 
     def sums() -> dict[str, dict[str, float]]:
@@ -157,13 +149,25 @@ def test_agents_book_nothing(cluster: LiveCluster, tmp_path: Path, wire_token: P
         return {"cluster": {k: doc["cluster"][k] for k in RESOURCE_KEYS}, **nodes}
 
     without = sums()
+    markers = {  # what each node has free: the seed books all of the head's CPUs
+        "marker-head": ("head", {"num_cpus": 0, "resources": {"VRAM_MB": 1024}}, "used_vram_mb", 1024),
+        "marker-denbi": ("denbi", {"num_cpus": 1}, "used_cpu", 1),
+    }
+    expected = {key: dict(values) for key, values in without.items()}
+    placed: list[str] = []
     head = RayHead(cluster, tmp_path, wire_token)
     try:
         head.wait_all_reporting()
         assert len(rayscope_actors(cluster)) == 2
-        time.sleep(1.0)  # raylets send their availability to the GCS asynchronously
-        assert sums() == without
+        for name, (node, options, key, amount) in markers.items():
+            cluster.request(op="actor", name=name, node=node, options=options)
+            placed.append(name)
+            for where in (cluster.node_id(node), "cluster"):
+                expected[where][key] += amount
+        assert sums() == expected
     finally:
+        for name in placed:
+            cluster.request(op="kill_actor", name=name)
         assert head.daemon.stop(timeout_s=60) == 0
 
 
@@ -173,7 +177,7 @@ def test_an_added_node_reports_within_two_intervals(cluster: LiveCluster, ray_he
     added = add_node(cluster, "extra")
     t0 = time.time()
     try:
-        placed = eventually(
+        _, placed = timed(
             lambda: f"rayscope-agent:{added['node_id']}" in rayscope_actors(cluster),
             timeout_s=2 * INTERVAL + 5,
             what="an agent placed on the new node",
@@ -222,7 +226,7 @@ def test_a_killed_agent_is_replaced_within_two_intervals(cluster: LiveCluster, r
     node_id = cluster.node_id("denbi")
     cluster.request(op="kill_named", name=f"rayscope-agent:{node_id}", namespace=NAMESPACE)
     killed_at = time.time()
-    placed = eventually(
+    _, placed = timed(
         lambda: (
             f"rayscope-agent:{node_id}" in rayscope_actors(cluster)
             and "is gone (crashed or killed)" in ray_head.daemon.log_text()

@@ -30,6 +30,7 @@ from agent import wire
 from tests.conftest import REPO, Daemon, base_env, free_port, push_agent, run_rayscope
 from tests.reliability_plugin import FaultRecord
 from tests.schemas import parsed
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.live
 
@@ -65,14 +66,12 @@ class Head(Daemon):
             stdout=self._log,
             stderr=self._log,
         )
-        deadline = time.monotonic() + 30
-        while True:
+
+        def answers() -> bool:
             assert self.process.poll() is None, self.log_text()
-            with contextlib.suppress(OSError):
-                if self.get("/healthz", timeout_s=2)[0] == 200:
-                    return
-            assert time.monotonic() < deadline, f"head never answered:\n{self.log_text()}"
-            time.sleep(0.1)
+            return self.get("/healthz", timeout_s=2)[0] == 200
+
+        eventually(answers, 30, "the head answers /healthz", retry=(OSError,))
 
     def get(self, path: str, timeout_s: float = 10.0) -> tuple[int, bytes]:
         import http.client
@@ -99,13 +98,6 @@ class Head(Daemon):
         """``reporting``, ``stale``, or ``absent``."""
         nodes = json.loads(self.get("/v1/status?all=1")[1]).get("nodes", {})
         return str(nodes[node_id]["agent"]) if node_id in nodes else "absent"
-
-
-def eventually(check: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, f"not within {timeout_s} s: {what}"
-        time.sleep(0.1)
 
 
 def log_times(text: str, needle: str) -> list[float]:
@@ -198,7 +190,8 @@ def test_a_recorded_frame_replayed_after_the_node_went_stale_leaves_it_stale(
     agent = push_agent(proxy.port, NODE, ENV, tmp_path / "push.log", token, 1.0)
     try:
         eventually(lambda: head.agent_state() == "reporting", 30, "the agent reports")
-        time.sleep(1.5)  # a few frames on the recording
+        taken = head.health()["reports_received"]
+        eventually(lambda: head.health()["reports_received"] >= taken + 2, 10, "more frames on the recording")
         agent.kill()
         eventually(lambda: head.agent_state() == "stale", 15, "the node goes stale")
         recorded = bytes(proxy.recordings[0])
@@ -286,7 +279,8 @@ def test_a_stalled_head_is_noticed_within_three_intervals_and_the_agent_comes_ba
     agent = push_agent(proxy.port, NODE, ENV, tmp_path / "push.log", token, interval)
     try:
         eventually(lambda: head.agent_state() == "reporting", 30, "the agent reports")
-        time.sleep(interval)
+        taken = head.health()["reports_received"]
+        eventually(lambda: head.health()["reports_received"] > taken, 3 * interval, "one more report")
         cut_at = time.time()
         if how == "sigstop":
             head.process.send_signal(signal.SIGSTOP)
@@ -497,8 +491,14 @@ def test_http_worker_threads_are_bounded(tmp_path: Path, token: Path) -> None:
     head = Head(tmp_path / "head.log", token)
     idle: list[socket.socket] = []
     try:
-        time.sleep(2.0)  # the GCS poller and the executor settle
-        base = psutil.Process(head.process.pid).num_threads()
+        process = psutil.Process(head.process.pid)
+
+        def settled() -> Optional[int]:  # the GCS poller and the executor: the same count twice
+            first = process.num_threads()
+            time.sleep(0.5)
+            return first if process.num_threads() == first else None
+
+        base = eventually(settled, 20, "the head's thread count settles")
         idle = [socket.create_connection(("127.0.0.1", head.http_port), timeout=5) for _ in range(60)]
         time.sleep(1.0)
         threads = psutil.Process(head.process.pid).num_threads()

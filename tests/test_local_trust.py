@@ -19,13 +19,15 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
 from agent.errors import AgentError
-from agent.schema.report import RayletInfo
+from agent.schema.report import RayletInfo, SourceStatus
 from agent.sources import gcs, gcs_address, gcs_child, raylet, trust
 from tests.conftest import REPO, base_env
+from tests.waiting import eventually
 
 NOBODY = 65534
 NODE_ID = "ee" * 28
@@ -82,13 +84,13 @@ def test_a_raylet_of_root_cannot_make_root_run_another_users_python(
     ]  # fmt: skip
     proc = subprocess.Popen(argv, cwd="/", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 20
-        found: list[RayletInfo] = []
-        while time.monotonic() < deadline and not found:
+
+        def listed() -> Optional[tuple[list[RayletInfo], SourceStatus]]:
             raylets, status = raylet.find_raylets()
             found = [r for r in raylets if r.node_id == NODE_ID]
-            time.sleep(0.1)
-        assert found, "the raylet never showed up"
+            return (found, status) if found else None
+
+        found, status = eventually(listed, 20, "the raylet listed")
         monkeypatch.setattr(gcs, "ray_importable", lambda: False)
         from agent import collect
 

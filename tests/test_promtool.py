@@ -68,6 +68,9 @@ def every_family_status() -> ClusterStatus:
         power_draw_mw=245_000,
         power_limit_mw=400_000,
         health=health,
+        virtualization_mode="passthrough",
+        compute_mode="default",
+        mps_serving=False,
     )
     device = DeviceFree(
         gpu_id=0,
@@ -89,6 +92,7 @@ def every_family_status() -> ClusterStatus:
         report_age_s=1.5,
         agent="reporting",
         placement=NodePlacement(devices=[device]),
+        shared_gpus={UUID: ["another-node"]},
     )
     status = pending_status()
     return msgspec.structs.replace(status, nodes={**status.nodes, NODE: worker}, scheduler_age_s=2.0)
@@ -111,6 +115,7 @@ def test_there_are_golden_prom_files() -> None:
         "metrics_multigpu.prom",
         "status_mixed.prom",
         "status_pending.prom",
+        "status_virtual.prom",
     ]
 
 

@@ -27,6 +27,7 @@ import pytest
 from agent import __version__
 from agent.sources.raylet import find_raylets
 from tests.conftest import REPO, LiveCluster, base_env, free_port
+from tests.waiting import eventually
 
 BUILD_TIMEOUT_S = 900.0
 RUN_TIMEOUT_S = 120.0
@@ -313,17 +314,21 @@ def test_agents_from_the_zipapp_on_the_oldest_python(
     ]
     push = PyzDaemon(oldest, pyz, push_args, env, tmp_path / "push.log")
     try:
-        node: dict[str, Any] = {}
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and node.get("agent") != "reporting":
+
+        def reporting() -> Optional[dict[str, Any]]:
             done = run(
                 [oldest, "-I", str(pyz), "status", "--json", "--head", f"http://127.0.0.1:{http}"], env
             )
             assert "Traceback" not in done.stderr and "internal error" not in done.stderr, done.stderr
-            if done.returncode == 0:
-                node = json.loads(done.stdout)["nodes"].get(live_cluster.node_id("head"), {})
-            time.sleep(0.5)
-        assert node.get("agent") == "reporting", (head.log.read_text(), push.log.read_text())
+            if done.returncode != 0:
+                return None
+            node: dict[str, Any] = json.loads(done.stdout)["nodes"].get(live_cluster.node_id("head"), {})
+            return node if node.get("agent") == "reporting" else None
+
+        def logs() -> str:
+            return f"{head.log.read_text()}\n{push.log.read_text()}"
+
+        node = eventually(reporting, 30, "the head node reporting through the pyz agents", 0.5, detail=logs)
         assert (node["used_vram_mb"], node["total_vram_mb"], node["used_gpu"]) == (20480, 24576, 0.04)
     finally:
         assert (push.stop(), head.stop()) == (0, 0)
@@ -451,10 +456,12 @@ def test_head_stops_within_5_s_of_sigterm_with_agents_connected(
         for i in range(2)
     ]  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
-        while _connected_agents(head_log) < 2 and time.monotonic() < deadline and head.poll() is None:
-            time.sleep(0.2)
-        assert _connected_agents(head_log) == 2, head_log.read_text()
+
+        def connected() -> bool:
+            assert head.poll() is None, head_log.read_text()
+            return _connected_agents(head_log) == 2
+
+        eventually(connected, 60, "both agents connected", 0.2, detail=head_log.read_text)
         started = time.monotonic()
         head.send_signal(signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):

@@ -7,7 +7,6 @@ part of a token is ever printed; ``bearer`` is accepted in any case; a read-only
 """
 
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 
 from agent import tokens
 from tests.conftest import HeadDaemon, base_env, free_port, push_agent, run_rayscope
+from tests.waiting import eventually
 
 SECRET_LINES = (b"s3cr3t-first-line-AAAA", b"s3cr3t-second-line-BBBB")
 
@@ -126,9 +126,7 @@ def test_a_read_only_token_reads_but_cannot_report(tmp_path: Path) -> None:
             assert head.get(path, token="other")[0] == 401
         agent = push_agent(head.listen_port, "cd" * 28, env, tmp_path / "push.log", read)
         try:
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and _health(head)["frames_rejected"] == 0:
-                time.sleep(0.2)
+            eventually(lambda: _health(head)["frames_rejected"], 30, "the read token's frame rejected")
             health = _health(head)
             assert health["frames_rejected"] >= 1 and health["reports_received"] == 0, health
         finally:

@@ -5,7 +5,7 @@ report per node, stamped with the head's own receive time, and the latest schedu
 
 * :mod:`agent.head.ingest` — the report port: an asyncio protocol per node agent's
   connection, frames from :mod:`agent.wire` decoded by one reused typed decoder, with
-  :mod:`agent.head.admission` bounding what strangers hold and :mod:`agent.head.throttle`
+  :mod:`agent.head.admission` bounding what strangers hold and :class:`agent.logs.LogThrottle`
   keeping a flood out of the log;
 * :mod:`agent.head.poller` — one GCS read per interval in a thread (never one per report),
   restarted if it dies;

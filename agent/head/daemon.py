@@ -6,6 +6,7 @@ import logging
 import resource
 import signal
 import threading
+import time
 import weakref
 from typing import Optional
 
@@ -17,6 +18,7 @@ from agent.head.http import HTTP_WORKERS, REQUEST_DEADLINE_S, HttpPort
 from agent.head.poller import PollerGuard
 from agent.head.routes import Routes
 from agent.head.state import HeadState
+from agent.head.usage_store import DEFAULT_WINDOW_S, UsageStore, open_store
 from agent.logs import THROTTLE_S, LogThrottle
 from agent.ray_agents import RayAgents
 from agent.sources import gcs
@@ -70,6 +72,7 @@ class Head:
         tls: TlsFiles = NO_TLS,
         max_pending_per_address: int = admission.MAX_UNAUTH_PER_HOST,
         agents: Optional[RayAgents] = None,
+        usage: Optional[UsageStore] = None,
     ) -> None:
         for host, _ in (listen, http):
             if not token and not is_loopback(host):
@@ -84,7 +87,7 @@ class Head:
             raise ValueError(f"--max-pending must be at least 1, not {max_pending_per_address}")
         self.ssl_context = server_context(tls)
         self.max_pending_per_address = max_pending_per_address
-        self.state = HeadState(interval_s, gcs_address)
+        self.state = HeadState(interval_s, gcs_address, usage)
         self._reader = gcs.GcsReader(gcs_address, gcs_timeout_s) if gcs_address else None
         self._stop = threading.Event()
         self.http_port: Optional[HttpPort] = None
@@ -97,7 +100,8 @@ class Head:
     async def _start_http(self) -> asyncio.AbstractServer:
         """The HTTP port in this event loop: requests read here, answered by its workers."""
         read_tokens = tuple(t for t in (self.token, self.read_token) if t)
-        port = HttpPort(Routes(self.state, read_tokens, self.throttle), self.throttle)
+        routes = Routes(self.state, read_tokens, self.throttle, tls=self.ssl_context is not None)
+        port = HttpPort(routes, self.throttle)
         self.http_port = port
         self.state.more_health.append(port.counters.as_dict)
         return await asyncio.get_running_loop().create_server(
@@ -175,6 +179,10 @@ class Head:
             await loop.run_in_executor(None, remove_agents, self.agents)
         if self.http_port is not None:
             self.http_port.close()
+        try:
+            self.state.usage.save(time.monotonic())
+        except AgentError as err:
+            log.warning("usage history not saved: %s", err)
         log.info("head agent stopped")
 
     def stop(self) -> None:
@@ -194,6 +202,8 @@ def run(
     max_pending: int,
     agents: str,
     remove: bool,
+    usage_window_s: float = DEFAULT_WINDOW_S,
+    usage_state: Optional[str] = None,
 ) -> Optional[str]:
     """``rayscope head``: serve until a signal, or with ``remove`` remove the agents placed
     through Ray and return what to print. :class:`AgentError` for what an operator fixes
@@ -207,6 +217,7 @@ def run(
         if keeper is None:
             raise AgentError("--remove goes with --agents ray", EXIT_NO_DATA)
         return f"removed {remove_agents(keeper, strict=True)} agent(s) placed through Ray"
+    usage = open_store(usage_window_s, interval_s, usage_state, time.monotonic(), time.time())
     try:
         server = Head(
             split_address(listen),
@@ -219,6 +230,7 @@ def run(
             tls,
             max_pending,
             agents=keeper,
+            usage=usage,
         )
         asyncio.run(server.serve())
     except ValueError as err:

@@ -95,6 +95,7 @@ def response_bytes(response: Response, head_only: bool = False) -> bytes:
         f"Content-Length: {len(response.body)}",
         "Connection: close",
         "Server: rayscope-head",
+        *(f"{name}: {value}" for name, value in response.headers),
     ]
     head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
     return head if head_only else head + response.body

@@ -37,6 +37,7 @@ def poll_once(
         )
     if status.ok:
         log.debug("GCS %s: %d nodes", status.detail, len(views))
+    state.fold_usage(time.monotonic())  # last: a failure here costs the round nothing else
     return status
 
 

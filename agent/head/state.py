@@ -19,7 +19,8 @@ from agent.addresses import DEFAULT_TIMEOUT_S
 from agent.attribution import attribute_cluster
 from agent.head.admission import IngestCounters
 from agent.head.reports import ReportTable
-from agent.rollup import STALE_INTERVALS, merge, scheduler_nodes
+from agent.head.usage_store import DEFAULT_WINDOW_S, UsageStore
+from agent.rollup import STALE_INTERVALS, merge, scheduler_nodes, scheduler_sums
 from agent.schema.pending import PendingRead
 from agent.schema.report import REPORT_SCHEMA, NodeReport, SourceStatus
 from agent.schema.status import ActorBooking, ClusterStatus, NodeStatus, RayNode, ReceivedReport
@@ -74,12 +75,17 @@ class PollerHealth:
 class HeadState:
     """The latest report per node and the latest scheduler view; safe across threads."""
 
-    def __init__(self, interval_s: float, gcs_address: Optional[str]) -> None:
+    def __init__(
+        self, interval_s: float, gcs_address: Optional[str], usage: Optional[UsageStore] = None
+    ) -> None:
         self.interval_s = interval_s
+        self.usage = usage or UsageStore(DEFAULT_WINDOW_S, interval_s, time.monotonic(), time.time())
+        """Each actor's measured GPU memory over a window (``rayscope usage``)."""
         self.gcs_address = gcs_address
         self._lock = threading.Lock()
         self._table = ReportTable()
         self._base: dict[str, NodeStatus] = {}  # rollup.scheduler_nodes of the latest view
+        self._sums: dict[str, float] = scheduler_sums(())  # and its bookings summed
         self._gcs_status = SourceStatus(name="gcs", ok=False, reason="not read yet", detail=gcs_address or "")
         self._actors: Optional[list[ActorBooking]] = None
         self._actors_status = SourceStatus(name="gcs_actors", ok=False, reason="not read yet")
@@ -96,6 +102,9 @@ class HeadState:
         """Counters of parts beside ingest (agents placed through Ray) for ``/healthz``."""
         self.more_sources: list[Callable[[], SourceStatus]] = []
         """Statuses of parts beside the GCS (agents placed through Ray), in every status."""
+        self.version = 0
+        """Counts the changes of what :meth:`status` merges (reports, views, actors, demand):
+        :mod:`agent.head.answers` renders again only when it moved (or time did)."""
 
     def ingest(
         self,
@@ -126,7 +135,9 @@ class HeadState:
                 known.node_ip if known is not None else None,
                 STALE_INTERVALS * self.interval_s,
             )
+            self.usage.seen(key, report)
             self.reports_received += 1
+            self.version += 1
         return report
 
     def disconnected(self, conn: Hashable) -> None:
@@ -138,6 +149,7 @@ class HeadState:
     def goodbye(self, conn: Hashable) -> list[str]:
         """``conn``'s agent stopped cleanly: its nodes show ``no agent`` at once."""
         with self._lock:
+            self.version += 1
             return self._table.goodbye(conn)
 
     def count_rejected(self) -> None:
@@ -174,12 +186,14 @@ class HeadState:
         """A new scheduler view (a failed read keeps the last good one, flagged by status
         and by its age). ``read_at``: the head's monotonic clock at the read (default: now)."""
         base = scheduler_nodes(views) if status.ok else None
+        sums = scheduler_sums(base.values()) if base is not None else None
         with self._lock:
-            if base is not None:
-                self._base = base
+            if base is not None and sums is not None:
+                self._base, self._sums = base, sums
                 self._table.set_known(base)
                 self._view_read_at = time.monotonic() if read_at is None else read_at
             self._gcs_status = status
+            self.version += 1
 
     def forget_gone(self, now: float) -> list[str]:
         """Drop reports that have long stopped (``now``: the monotonic clock): of nodes the
@@ -188,7 +202,19 @@ class HeadState:
         would otherwise stay for good)."""
         with self._lock:
             view_ok = self._view_read_at is not None
-            return self._table.forget(now, FORGET_INTERVALS * self.interval_s, view_ok)
+            gone = self._table.forget(now, FORGET_INTERVALS * self.interval_s, view_ok)
+            self.version += len(gone)
+            return gone
+
+    def fold_usage(self, now: float) -> None:
+        """Once per interval (the poller): attribute the reports since the last fold to the
+        actors of the latest actor table and record them in the usage window."""
+        with self._lock:
+            pending = self.usage.take()
+            actors = self._actors
+            reports = {key: r.report for key, r in self._table.reports.items()}
+        self.usage.fold(pending, actors, co_hosted(reports), now)
+        self.usage.maybe_save(now)
 
     def set_actors(self, actors: Optional[list[ActorBooking]], status: SourceStatus) -> None:
         """The actor table's bookings (``--gpus``); a failed read keeps the last good one."""
@@ -196,12 +222,14 @@ class HeadState:
             if actors is not None:
                 self._actors = actors
             self._actors_status = status
+            self.version += 1
 
     def set_pending(self, read: Optional[PendingRead], status: SourceStatus) -> None:
         """What waits to be placed, read with the scheduler view; a failed read drops it
         (an old demand would name actors long placed), and the status says why."""
         with self._lock:
             self._pending, self._pending_status = read, status
+            self.version += 1
 
     def status(self, now: float, gpus: bool = False, wall_now: Optional[float] = None) -> ClusterStatus:
         """The rollup as of ``now`` (the monotonic clock): reports older than
@@ -210,6 +238,7 @@ class HeadState:
         ``gpus``: also attribute each fresh report's GPU memory to the actors on it."""
         with self._lock:
             base, reports, gcs_status = self._base, dict(self._table.reports), self._gcs_status
+            sums = self._sums
             actors, actors_status = self._actors, self._actors_status
             read_at = self._view_read_at
             waiting, pending_status = self._pending, self._pending_status
@@ -226,6 +255,7 @@ class HeadState:
             sources=sources,
             scheduler_read_at=read_at,
             wall_now=wall_now,
+            sums=sums,
         )
         if pending_status is not None:
             status.sources.append(pending_status)

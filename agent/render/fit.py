@@ -60,17 +60,35 @@ def fit_node_line(fit: NodeFit, shape: dict[str, float]) -> str:
 
 
 def gpu_free_text(fit: NodeFit) -> str:
-    """``GPU0 has 1.2 GB free`` for every GPU the check used (or could have used)."""
-    return ", ".join(f"GPU{g.index} has {gib(g.free_bytes)} GB free" for g in fit.gpus)
+    """``GPU0 has 1.2 GB free`` for every GPU the check used (or could have used); a CUDA
+    sample's figure says so: ``GPU0 has 15.2 GB free (CUDA, 3s old)``."""
+    return ", ".join(
+        f"GPU{g.index} has {gib(g.free_bytes)} GB free"
+        + (f" (CUDA, {g.age_s:.0f}s old)" if g.source == "cuda" and isinstance(g.age_s, float) else "")
+        for g in fit.gpus
+    )
+
+
+def not_checked_text(fit: NodeFit) -> str:
+    """``not checked on GPU0 (GPU0: vGPU guest: NVML used not trusted; ...)``, or ``""``."""
+    if not isinstance(fit.not_checked_gpus, list) or not fit.not_checked_gpus:
+        return ""
+    gpus = ", ".join(f"GPU{i}" for i in fit.not_checked_gpus)
+    return f"not checked on {gpus} ({fit.measured_reason})"
 
 
 def fit_measured_line(fit: NodeFit) -> Optional[str]:
     """The driver's view under a node given replicas; ``None`` where it has nothing to say."""
     need = f" (needs {size(fit.need_bytes)} per replica)" if fit.need_bytes is not None else ""
+    unchecked = not_checked_text(fit)
+    also = f"; {unchecked}" if unchecked else ""
     if fit.measured == "short":
-        return f"fits by booking, not by measured memory: {gpu_free_text(fit)}{need}"
+        return f"fits by booking, not by measured memory: {gpu_free_text(fit)}{need}{also}"
     if fit.measured == "ok":
-        return f"measured: {gpu_free_text(fit)}{need}"
+        return f"measured: {gpu_free_text(fit)}{need}{also}"
+    if fit.measured == "not_checked" and unchecked:
+        checked = f"{gpu_free_text(fit)}{need}; " if fit.gpus else ""
+        return f"measured memory: {checked}{unchecked}"
     return None
 
 

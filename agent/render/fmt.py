@@ -8,8 +8,8 @@ from typing import Optional
 
 import msgspec
 
-from agent.gpu_memory import measured_memory
-from agent.schema.report import SourceStatus
+from agent.gpu_memory import NOT_TRUSTED, gpu_used, measured_memory, untrusted_gpus, untrusted_label
+from agent.schema.report import SourceStatus, known
 from agent.schema.status import ClusterStatus, NodeStatus
 from agent.units import GIB, MIB
 
@@ -24,6 +24,27 @@ def shown_used_bytes(node: NodeStatus) -> Optional[int]:
     report the trusted figure it last had (the line says ``stale Ns``); ``None``: unknown.
     Never BioEngine's ``used_gpu_memory``, whose ``"NA"`` is no number."""
     return measured_memory(node.gpus).used_bytes if node.stale else node.used_gpu_memory_bytes
+
+
+def vram_note(node: NodeStatus) -> str:
+    """What a node's ``VRAM:`` figure says about itself where a GPU's NVML used figure is not
+    trusted (a vGPU guest): `` (vGPU: NVML used not trusted)``, or `` (vGPU: CUDA 12s old)``
+    while fresh CUDA samples stand in (their age by the reader's clock); ``""`` elsewhere, so
+    bare metal and pass-through read as they always did."""
+    plain = node.used_gpu_memory_source == "nvml" or (
+        node.used_gpu_memory_source is None and NOT_TRUSTED not in node.used_gpu_memory_reason
+    )
+    if plain and not node.stale and not node.gpus_unmeasured:  # the rollup's verdict: no GPU to say it of
+        return ""
+    untrusted = untrusted_gpus(node.gpus)
+    if not untrusted:
+        return ""
+    label = untrusted_label(known(untrusted[0].virtualization_mode))
+    figures = [gpu_used(g) for g in untrusted]
+    if any(f.used_bytes is None for f in figures):
+        return f" ({label}: {NOT_TRUSTED})"
+    age = max(f.age_s or 0.0 for f in figures) + (node.report_age_s or 0.0)
+    return f" ({label}: CUDA {age:.0f}s old)"
 
 
 def size(value: float) -> str:

@@ -1,11 +1,12 @@
 """GPUs: bookings beside measured memory (``status --gpus``, ``node --gpus``)."""
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Optional
 
+from agent.gpu_memory import gpu_used, nvml_trusted
 from agent.health import health_flags
 from agent.render.fmt import gib, has_gpus, visible_nodes
-from agent.schema.report import GpuDevice, GpuUser
+from agent.schema.report import GpuDevice, GpuUser, known
 from agent.schema.status import ClusterStatus, DeviceFree, NodeAttribution, NodeStatus
 from agent.text import printable_lines
 from agent.units import MIB
@@ -22,6 +23,55 @@ FLAG_WORDS = {
     "not_mapped": "not mapped",
     "full": "full",
 }
+
+
+VIRTUALIZATION_WORDS = {
+    "passthrough": "pass-through",
+    "vgpu_guest": "vGPU guest",
+    "host_vgpu": "vGPU host",
+    "host_vsga": "vSGA host",
+}
+"""NVML's virtualization modes as a GPU's line names them; bare metal (``none``) says nothing,
+any other value ``virtualization unknown`` (a report's own word is never printed)."""
+COMPUTE_WORDS = {
+    "exclusive_process": "exclusive process",
+    "exclusive_thread": "exclusive thread",
+    "prohibited": "compute prohibited",
+}
+"""Compute modes other than ``default`` as a GPU's line names them (else ``compute mode unknown``)."""
+
+
+def mode_text(gpu: GpuDevice) -> str:
+    """``  vGPU guest``, ``  exclusive process, MPS``: what kind of device this is, where it is
+    not a plain GPU in the default compute mode (those lines read as they always did)."""
+    words = []
+    virtualization, compute = known(gpu.virtualization_mode), known(gpu.compute_mode)
+    if virtualization not in (None, "none"):
+        words.append(VIRTUALIZATION_WORDS.get(virtualization, "virtualization unknown"))
+    if compute not in (None, "default"):
+        words.append(COMPUTE_WORDS.get(compute, "compute mode unknown"))
+    if known(gpu.mps_serving):
+        words.append("MPS")
+    return "  " + ", ".join(words) if words else ""
+
+
+def used_text(gpu: GpuDevice) -> tuple[str, str]:
+    """(the used figure rayscope trusts, in GiB or ``NA``; what to say after it): ``""`` for
+    NVML's where trusted, `` (CUDA, 3s old)`` for a CUDA sample's, `` (NVML's 14.5 GB not
+    trusted)`` where NVML's figure is not the device's."""
+    figure = gpu_used(gpu)
+    if figure.source == "cuda":
+        return gib(figure.used_bytes), f" (CUDA, {figure.age_s or 0.0:.0f}s old)"
+    if nvml_trusted(gpu):
+        return gib(figure.used_bytes), ""
+    raw = figure.nvml_used_bytes
+    return gib(None), " (NVML not trusted)" if raw is None else f" (NVML's {gib(raw)} GB not trusted)"
+
+
+def shared_text(gpu: GpuDevice, shared: Mapping[str, Sequence[str]]) -> str:
+    """``  shared with 2 other nodes``: another node reports this GPU too (time-slicing)."""
+    others = shared.get(gpu.uuid or "")
+    return f"  shared with {_count(len(others), 'other node')}" if others else ""
 
 
 def _flags_text(flags: Sequence[str]) -> str:
@@ -67,15 +117,21 @@ def _booked_words(vram_mb: Optional[float], users: Sequence[GpuUser], actors: in
     return f"booked {' + '.join(parts)} by {_count(actors, 'actor')}"
 
 
-def gpu_booking_line(gpu: GpuDevice) -> str:
-    """``GPU0 NVIDIA GeForce RTX 3090  booked 20480 MB by 4 actors  used 21.3 GB  util 87%``."""
+def gpu_booking_line(gpu: GpuDevice, shared: Mapping[str, Sequence[str]] = {}) -> str:
+    """``GPU0 NVIDIA GeForce RTX 3090  booked 20480 MB by 4 actors  used 21.3 GB  util 87%``;
+    the device's kind after its name where it is not a plain GPU (``vGPU guest``)."""
     util = "NA" if gpu.utilization_gpu_pct is None else f"{gpu.utilization_gpu_pct}%"
     name = gpu.name or "NA"
     mig = "  MIG on" if gpu.mig_enabled else ""
     flags = _flags_text(gpu.attribution.flags) if gpu.attribution else ""
     flags += "  unhealthy" if health_flags(gpu) else ""  # one flag; `node --gpus` says why
-    used = f"used {gib(gpu.memory_used_bytes)} GB"
-    return f"{gpu_label(gpu)} {name}{mig}  {booked_text(gpu)}  {used}  util {util}{flags}{_errors_text(gpu)}"
+    flags += shared_text(gpu, shared)
+    figure, note = used_text(gpu)
+    used = f"used {figure} GB{note}"
+    return (
+        f"{gpu_label(gpu)} {name}{mig}{mode_text(gpu)}  {booked_text(gpu)}  {used}  util {util}"
+        f"{flags}{_errors_text(gpu)}"
+    )
 
 
 def _watts(milliwatts: Optional[int]) -> str:
@@ -84,7 +140,8 @@ def _watts(milliwatts: Optional[int]) -> str:
 
 def gpu_details_line(gpu: GpuDevice) -> str:
     """``bus 00000000:01:00.0  temp 61 C  power 245/350 W  memory 21.3/24.0 GB, 0.3 GB reserved (v2)``."""
-    memory = f"memory {gib(gpu.memory_used_bytes)}/{gib(gpu.memory_total_bytes)} GB"
+    figure, note = used_text(gpu)
+    memory = f"memory {figure}/{gib(gpu.memory_total_bytes)} GB{note}"
     if gpu.memory_reserved_bytes is not None:
         memory += f", {gib(gpu.memory_reserved_bytes)} GB reserved"
     if gpu.memory_info_version is not None:
@@ -119,9 +176,10 @@ def _booking(user: GpuUser) -> str:
     return "nothing"
 
 
-def user_line(user: GpuUser) -> str:
-    """``federated-unet#a1b2 booked 5120 MB used 5.4 GB  over booking``."""
-    used = f"{gib(user.used_memory_bytes)} GB"
+def user_line(user: GpuUser, trusted: bool = True) -> str:
+    """``federated-unet#a1b2 booked 5120 MB used 5.4 GB  over booking``; ``trusted=False``:
+    the GPU's NVML figures are not the device's (a vGPU guest), and the line says so."""
+    used = f"{gib(user.used_memory_bytes)} GB" + ("" if trusted else " (NVML, not trusted)")
     return f"{user_label(user)} booked {_booking(user)} used {used}{_flags_text(user.flags)}"
 
 
@@ -157,12 +215,17 @@ def node_attribution_lines(attribution: Optional[NodeAttribution], gpus: Sequenc
 
 
 def gpu_block_lines(
-    gpus: Sequence[GpuDevice], attribution: Optional[NodeAttribution], details: bool = False
+    gpus: Sequence[GpuDevice],
+    attribution: Optional[NodeAttribution],
+    details: bool = False,
+    shared: Mapping[str, Sequence[str]] = {},
 ) -> list[str]:
-    """Per GPU its booking line, (details,) then one line per actor or process on it."""
+    """Per GPU its booking line, (details,) then one line per actor or process on it.
+    ``shared``: UUID → the other nodes that report the same GPU."""
     lines: list[str] = []
     for gpu in gpus:
-        lines.append(gpu_booking_line(gpu))
+        trusted = nvml_trusted(gpu)
+        lines.append(gpu_booking_line(gpu, shared))
         if details and "device" not in gpu.errors:
             lines.append("  " + gpu_details_line(gpu))
         if details and health_flags(gpu):
@@ -172,9 +235,9 @@ def gpu_block_lines(
             if details:
                 lines.append("    " + gpu_details_line(mig))
             users = mig.attribution.users if mig.attribution else []
-            lines += ["    " + user_line(u) for u in users]
+            lines += ["    " + user_line(u, trusted) for u in users]
         users = gpu.attribution.users if gpu.attribution else []
-        lines += ["  " + user_line(u) for u in users]
+        lines += ["  " + user_line(u, trusted) for u in users]
     return lines + node_attribution_lines(attribution, gpus)
 
 
@@ -253,6 +316,7 @@ def status_gpu_lines(status: ClusterStatus, include_dead: bool = False) -> list[
         elif not node.gpus:
             lines.append("  none: NVML found no GPU")
         else:
-            lines += ["  " + line for line in gpu_block_lines(node.gpus, node.attribution)]
+            shared = node.shared_gpus if isinstance(node.shared_gpus, dict) else {}
+            lines += ["  " + line for line in gpu_block_lines(node.gpus, node.attribution, shared=shared)]
         lines += ["  " + line for line in placement_lines(node)]
     return printable_lines(lines)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import Optional
 
 from agent.pending import shape_text
-from agent.schema.report import GpuDevice
+from agent.schema.report import COMPUTE_MODE_NAMES, VIRTUALIZATION_MODE_NAMES, GpuDevice, known
 from agent.schema.status import ClusterStatus, DeviceFree, NodeStatus
 from agent.text import printable
 from agent.units import MIB
@@ -152,6 +152,32 @@ _GPU_METRICS: tuple[tuple[str, str, Callable[[GpuDevice], Optional[float]]], ...
         "1 when the GPU has fallen off the bus (NVML GPU is lost; DCGM reports it as XID 79).",
         lambda g: None if g.health is None else float(g.health.lost),
     ),
+    (
+        "rayscope_gpu_mps_serving",
+        "1 when NVML lists MPS clients on the GPU (nvmlDeviceGetMPSComputeRunningProcesses).",
+        lambda g: None if known(g.mps_serving) is None else float(bool(g.mps_serving)),
+    ),
+)
+
+
+# name, help, the GpuDevice field, its bounded values: 1 per GPU, the mode as a label
+_MODE_METRICS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
+    (
+        "rayscope_gpu_virtualization_mode",
+        "1, labelled with the GPU's NVML virtualization mode (vgpu_guest: NVML used memory not trusted).",
+        "virtualization_mode",
+        VIRTUALIZATION_MODE_NAMES,
+    ),
+    (
+        "rayscope_gpu_compute_mode",
+        "1, labelled with the GPU's NVML compute mode.",
+        "compute_mode",
+        COMPUTE_MODE_NAMES,
+    ),
+)
+_SHARED_GPU = (
+    "rayscope_gpu_shared_nodes",
+    "Nodes that report this GPU (UUID) where more than one does (time-slicing): divide sums by it.",
 )
 
 
@@ -178,8 +204,9 @@ _CLUSTER_FAMILIES = (
 def family_names() -> list[str]:
     """Every family ``/metrics`` may carry under its current name (a family without a known
     value is left out): what dashboards and alert rules may query (deploy/, checked by tests)."""
-    tables = (_NODE_METRICS, _GPU_METRICS, _DEVICE_METRICS)
-    return [name for table in tables for name, _, _ in table] + list(_CLUSTER_FAMILIES)
+    gpu = [name for name, _, _ in _GPU_METRICS] + [name for name, *_ in _MODE_METRICS] + [_SHARED_GPU[0]]
+    nodes, devices = ([name for name, _, _ in table] for table in (_NODE_METRICS, _DEVICE_METRICS))
+    return nodes + gpu + devices + list(_CLUSTER_FAMILIES)
 
 
 def _type(name: str) -> str:
@@ -211,7 +238,25 @@ def _gpu_samples(nodes: list[NodeStatus]) -> list[str]:
     lines: list[str] = []
     for name, help_text, value_of in _GPU_METRICS:
         lines += _family(name, help_text, ((labels, value_of(gpu)) for labels, gpu in gpus))
-    return lines
+    for name, help_text, field, values in _MODE_METRICS:
+        modes = ((labels, known(getattr(gpu, field))) for labels, gpu in gpus)
+        samples = ((f'{labels},mode="{_bounded(mode, values)}"', 1.0) for labels, mode in modes if mode)
+        lines += _family(name, help_text, samples)
+    shared = (
+        (f'{_node_label(node)},gpu="{gpu.index}",uuid="{_label(gpu.uuid or "")}"', float(len(others) + 1))
+        for node in nodes
+        if not node.stale and isinstance(node.shared_gpus, dict)
+        for gpu in node.gpus or ()
+        for others in (node.shared_gpus.get(gpu.uuid or ""),)
+        if others
+    )
+    return lines + _family(*_SHARED_GPU, shared)
+
+
+def _bounded(value: str, values: tuple[str, ...]) -> str:
+    """A report's mode as a label value: one of ``values``, else ``unknown`` (a label takes no
+    word a report chose)."""
+    return value if value in values else "unknown"
 
 
 def _device_samples(nodes: list[NodeStatus]) -> list[str]:

@@ -3,7 +3,7 @@
 from typing import Optional
 
 from agent.render.fmt import booking, cpus, encode, gib, number, size, source_notes
-from agent.render.gpus import gpu_block_lines
+from agent.render.gpus import gpu_block_lines, mode_text, used_text
 from agent.schema.node import AgentProcess, NodeDiagnostics
 from agent.schema.report import GpuDevice, HostInfo, RayletInfo
 from agent.schema.status import NodeStatus
@@ -47,10 +47,12 @@ def raylet_lines(raylet: RayletInfo, node: Optional[NodeStatus]) -> list[str]:
 
 
 def gpu_line(gpu: GpuDevice) -> str:
-    """``GPU0 NVIDIA GeForce RTX 3090  used 5.8/24.0 GB  util 87%``."""
+    """``GPU0 NVIDIA GeForce RTX 3090  used 5.8/24.0 GB  util 87%``; on a vGPU guest
+    ``GPU0 NVIDIA A40-16C  vGPU guest  used NA/16.0 GB (NVML's 14.5 GB not trusted)  util 0%``."""
     util = "NA" if gpu.utilization_gpu_pct is None else f"{gpu.utilization_gpu_pct}%"
-    memory = f"{gib(gpu.memory_used_bytes)}/{gib(gpu.memory_total_bytes)} GB"
-    line = f"GPU{gpu.index} {gpu.name or 'NA'}  used {memory}  util {util}"
+    figure, note = used_text(gpu)
+    memory = f"{figure}/{gib(gpu.memory_total_bytes)} GB{note}"
+    line = f"GPU{gpu.index} {gpu.name or 'NA'}{mode_text(gpu)}  used {memory}  util {util}"
     if gpu.errors:
         line += "  (" + "; ".join(f"{k}: {v}" for k, v in sorted(gpu.errors.items())) + ")"
     return line

@@ -1,9 +1,10 @@
 """``rayscope fit``: the request and its answer (``fit --json``)."""
 
-from typing import Optional
+from typing import Optional, Union
 
 import msgspec
 
+from agent.schema.report import UNSET, Unset
 from agent.schema.status import DOCUMENT_SCHEMA
 
 
@@ -33,6 +34,10 @@ class GpuFit(msgspec.Struct, kw_only=True):
     replicas: int = 0
     short: bool = False
     """``True``: at least one replica put here did not find its memory free."""
+    source: Union[str, Unset] = UNSET
+    """``cuda``: ``free_bytes`` is from a CUDA sample (a vGPU guest), ``age_s`` old; absent:
+    NVML's."""
+    age_s: Union[float, Unset] = UNSET
 
 
 class NodeFit(msgspec.Struct, kw_only=True):
@@ -56,6 +61,10 @@ class NodeFit(msgspec.Struct, kw_only=True):
     """``ok``, ``short`` (booking fits, NVML memory does not), ``unknown`` or
     ``not_checked`` (nothing placed here, or the request names no memory size)."""
     measured_reason: str = ""
+    not_checked_gpus: Union[list[int], Unset] = UNSET
+    """GPUs whose used memory rayscope does not trust (a vGPU guest without a fresh CUDA
+    sample): left out of the check, never a refusal; ``measured_reason`` says why. Absent when
+    every GPU was checked."""
     need_bytes: Optional[int] = None
     """GPU memory one replica needs free, for the NVML check (``None``: not judged)."""
     gpus: list[GpuFit] = []

@@ -21,9 +21,11 @@ Units are in the names (``_bytes``, ``_mb``, ``_s``, ``_pct``).
 """
 
 import sys
-from typing import Annotated, Optional
+from typing import Annotated, Optional, TypeVar, Union
 
 import msgspec
+
+T = TypeVar("T")
 
 REPORT_SCHEMA = 1
 """Version of :class:`NodeReport`; a head rejects newer ones."""
@@ -55,6 +57,24 @@ Amount = Annotated[float, msgspec.Meta(ge=0.0, le=sys.float_info.max)]
 """A finite, non-negative float: NaN fails ``ge``, infinity fails ``le``."""
 ITEMS = msgspec.Meta(max_length=MAX_ITEMS)
 
+Unset = msgspec.UnsetType
+UNSET = msgspec.UNSET
+"""A field added after the document's goldens were cut (issue 20's) defaults to ``UNSET``:
+absent from the report and the JSON until an agent sets it, so an older agent's report (and
+every bare-metal document before) reads exactly as before; :func:`known` reads it."""
+
+
+def known(value: Union[T, Unset]) -> Optional[T]:
+    """An ``UNSET``-default field's value, ``None`` when absent."""
+    return None if isinstance(value, msgspec.UnsetType) else value
+
+
+VIRTUALIZATION_MODE_NAMES = ("none", "passthrough", "vgpu_guest", "host_vgpu", "host_vsga", "unknown")
+"""Every ``GpuDevice.virtualization_mode`` an agent sends (``agent.sources.nvml_modes``);
+anything else reads as ``unknown``."""
+COMPUTE_MODE_NAMES = ("default", "exclusive_thread", "prohibited", "exclusive_process", "unknown")
+"""Every ``GpuDevice.compute_mode`` an agent sends; anything else reads as ``unknown``."""
+
 STARTED_BY_RAY = "ray"
 """``NodeReport.started_by`` of an agent placed by ``head --agents ray``."""
 AGENT_STARTERS = (STARTED_BY_RAY, "systemd", "manual")
@@ -85,7 +105,8 @@ class GpuProcess(msgspec.Struct, kw_only=True, gc=False):
     used_memory_bytes: Optional[Count] = None
     """``None`` when the driver does not say (WDDM, some MIG set-ups, no permission)."""
     kinds: Annotated[list[str], msgspec.Meta(max_length=4)] = []
-    """``compute`` and/or ``graphics``: the NVML process lists the pid appeared in."""
+    """``compute``, ``graphics`` and/or ``mps`` (an MPS client): the NVML process lists the pid
+    appeared in."""
     gpu_instance_id: Optional[Count] = None
     compute_instance_id: Optional[Count] = None
 
@@ -181,6 +202,9 @@ class GpuDevice(msgspec.Struct, kw_only=True, gc=False):
     uuid: Optional[str] = None
     memory_total_bytes: Optional[Count] = None
     memory_used_bytes: Optional[Count] = None
+    """The used figure the agent trusts (:func:`agent.gpu_memory.gpu_used` reads it): NVML's on
+    bare metal and pass-through; on a vGPU guest a fresh CUDA sample's, else ``None``
+    (``memory_used_reason`` says why, ``nvml_memory_used_bytes`` keeps NVML's)."""
     memory_info_version: Optional[Count] = None
     """2 when ``nvmlDeviceGetMemoryInfo_v2`` answered, 1 for the v1 fallback."""
     utilization_gpu_pct: Optional[Count] = None
@@ -214,6 +238,30 @@ class GpuDevice(msgspec.Struct, kw_only=True, gc=False):
     process_list_version: Optional[Count] = None
     """The NVML process-list call version that answered: 3 (``_v3``, drivers >= 510.39) or
     2 (``_v2``, R450/R470)."""
+    # Issue 20: what kind of device NVML talks to, and which used figure to trust. Each is
+    # absent (UNSET) where the driver does not say, and in reports of agents before it.
+    virtualization_mode: Union[str, Unset] = UNSET
+    """``nvmlDeviceGetVirtualizationMode``: ``none`` (bare metal), ``passthrough``,
+    ``vgpu_guest`` (a VM on an NVIDIA vGPU: NVML's used memory is not the device's),
+    ``host_vgpu``, ``host_vsga`` (the hypervisor host), ``unknown`` (a newer driver's code)."""
+    compute_mode: Union[str, Unset] = UNSET
+    """``nvmlDeviceGetComputeMode``: ``default``, ``exclusive_process``, ``exclusive_thread``,
+    ``prohibited``, ``unknown``."""
+    mps_serving: Union[bool, Unset] = UNSET
+    """``True``: NVML lists MPS clients on this GPU (``nvmlDeviceGetMPSComputeRunningProcesses``;
+    they are in ``processes`` with kind ``mps``); ``False``: that list is empty (NVML lists
+    clients only: a server without a client reads ``False``)."""
+    nvml_memory_used_bytes: Union[Count, Unset] = UNSET
+    """NVML's own used figure, trusted or not (``memory_used_bytes`` is the trusted one)."""
+    memory_used_source: Union[str, Unset] = UNSET
+    """Where ``memory_used_bytes`` comes from: ``nvml``, or ``cuda`` (a fresh
+    ``cuMemGetInfo`` sample, total − free, on a GPU whose NVML figure is not trusted);
+    absent when it is ``None``. An agent before issue 20 sent NVML's figure (read as ``nvml``)."""
+    memory_used_age_s: Union[Amount, Unset] = UNSET
+    """Age of ``memory_used_bytes`` when the report was collected (0 for NVML's)."""
+    memory_used_reason: Union[str, Unset] = UNSET
+    """Why ``memory_used_bytes`` is ``None`` although NVML answered (``vGPU guest: NVML used not
+    trusted; ...``)."""
 
 
 class HostInfo(msgspec.Struct, kw_only=True, gc=False):

@@ -22,7 +22,7 @@ from typing import Literal, Optional, Union
 import msgspec
 
 from agent.schema.pending import PendingDemand, PendingResources
-from agent.schema.report import Count, GpuDevice, GpuUser, NodeReport, SourceStatus
+from agent.schema.report import UNSET, Count, GpuDevice, GpuUser, NodeReport, SourceStatus, Unset
 
 DOCUMENT_SCHEMA = 2
 """Version of the documents rayscope prints and serves (status, node, fit). 2: BioEngine's
@@ -99,7 +99,8 @@ class DeviceFree(msgspec.Struct, kw_only=True, gc=False):
     actors: dict[str, float] = {}
     """Actor id → the ``GPU`` quantity it holds here."""
     memory_used_bytes: Optional[int] = None
-    """NVML, when the device was matched and measured."""
+    """The used figure rayscope trusts (``agent.gpu_memory.gpu_used``: NVML's, or a CUDA sample's on
+    a vGPU guest), when the device was matched and measured."""
     memory_total_bytes: Optional[int] = None
 
 
@@ -149,6 +150,11 @@ class ReceivedReport(msgspec.Struct, kw_only=True, gc=False):
     received_at: float
     local: bool = False
     """``True``: read on this host by this command, not sent by an agent."""
+    memory: Optional[object] = None
+    """The rollup's cache (never encoded): its ``MeasuredMemory`` of the report's GPUs."""
+    merged: "Optional[tuple[NodeStatus, NodeStatus]]" = None
+    """The rollup's cache: (scheduler node, that node merged with this fresh report, ages
+    left out): a report is merged into the same scheduler node query after query."""
 
 
 class NodeStatus(msgspec.Struct, kw_only=True, gc=False):
@@ -232,6 +238,10 @@ class NodeStatus(msgspec.Struct, kw_only=True, gc=False):
     nvml_memory_used_bytes: Optional[int] = None
     """NVML's raw used, summed over the node's GPUs, as of the latest report (its age is
     ``report_age_s``), also where rayscope does not trust it; ``None``: not measured."""
+    shared_gpus: Union[dict[str, list[str]], Unset] = UNSET
+    """GPU UUID → the other nodes whose reports list the same GPU (time-slicing: several Ray
+    nodes or containers on one physical GPU); absent when none is shared. The cluster's
+    ``_bytes`` sums count such a GPU once (agent.gpu_memory.find_shared_gpus)."""
 
 
 class ClusterTotals(msgspec.Struct, kw_only=True):
@@ -263,6 +273,9 @@ class ClusterTotals(msgspec.Struct, kw_only=True):
     gpu_nodes: int = 0
     gpu_nodes_measured: int = 0
     """How many of ``gpu_nodes`` ``total_gpu_memory_bytes``/``used_gpu_memory_bytes`` cover."""
+    shared_gpus: Union[Count, Unset] = UNSET
+    """Physical GPUs more than one node reports (``nodes.*.shared_gpus``), counted once in the
+    ``_bytes`` sums (BioEngine's sums add every node's, as BioEngine does); absent when none."""
     pending_resources: Union[PendingResources, msgspec.UnsetType] = msgspec.UNSET
     """BioEngine's shape of what waits; absent (``UNSET``) when the pending demand was not
     read, as BioEngine leaves it out outside SLURM mode (never ``null``)."""

@@ -163,35 +163,30 @@ class GcsReader:
         """Every live actor (the head agent's attribution input); never raises."""
         if self._client is None:
             self.read()  # connects, or says why not
-        client = self._client
-        if client is None:
-            return None, SourceStatus(name="gcs_actors", ok=False, reason="GCS not connected")
-        try:
-            raw = _with_deadline(
-                lambda: gcs_read.read_actors(client, self.address, self.timeout_s),
-                self.timeout_s,
-                self._busy,
-            )
-        except Exception as err:
-            reason = explain(err, self.address, self.timeout_s, self.token_source)
-            return None, SourceStatus(name="gcs_actors", ok=False, reason=reason)
-        return to_actors(raw, self.address)
+        return self._read_more("gcs_actors", gcs_read.read_actors, to_actors)
 
     def read_pending(self) -> tuple[Optional[PendingRead], SourceStatus]:
         """What waits to be placed (the head agent reads it once per interval); never raises."""
+        return self._read_more("gcs_pending", gcs_read.read_pending, to_pending)
+
+    def _read_more(
+        self,
+        source: str,
+        read: Callable[[Any, str, float], object],
+        convert: Callable[[object, str], tuple[Optional[T], SourceStatus]],
+    ) -> tuple[Optional[T], SourceStatus]:
+        """One read beyond the nodes on the connected client, under the deadline, as the
+        ``source``'s answer; never raises."""
         client = self._client
         if client is None:
-            return None, SourceStatus(name="gcs_pending", ok=False, reason="GCS not connected")
+            return None, SourceStatus(name=source, ok=False, reason="GCS not connected")
         try:
-            raw = _with_deadline(
-                lambda: gcs_read.read_pending(client, self.address, self.timeout_s),
-                self.timeout_s,
-                self._busy,
-            )
+            timeout_s = self.timeout_s
+            raw = _with_deadline(lambda: read(client, self.address, timeout_s), timeout_s, self._busy)
         except Exception as err:
             reason = explain(err, self.address, self.timeout_s, self.token_source)
-            return None, SourceStatus(name="gcs_pending", ok=False, reason=reason)
-        return to_pending(raw, self.address)
+            return None, SourceStatus(name=source, ok=False, reason=reason)
+        return convert(raw, self.address)
 
     def read(self) -> tuple[list[RayNode], SourceStatus]:
         """Every node the GCS knows, and the source's status; never raises."""

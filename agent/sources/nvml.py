@@ -13,7 +13,8 @@ Command line equivalent: ``nvidia-smi --query-gpu=index,name,uuid,pci.bus_id,mem
 memory.used,memory.reserved,utilization.gpu,temperature.gpu,power.draw,enforced.power.limit,
 mig.mode.current,driver_version --format=csv`` and ``nvidia-smi --query-compute-apps=pid,
 used_memory`` (graphics processes too). MIG instances are read as devices of their own. A
-GPU's health (XID, ECC, remapping, throttling) is :mod:`agent.sources.nvml_health`.
+GPU's health (XID, ECC, remapping, throttling) is :mod:`agent.sources.nvml_health`; what kind
+of device it is (virtualization and compute mode, MPS clients) :mod:`agent.sources.nvml_modes`.
 """
 
 import atexit
@@ -24,8 +25,11 @@ from typing import Any, Callable, Optional, TypeVar
 
 import pynvml
 
-from agent.schema.report import GpuDevice, GpuHealth, GpuProcess, SourceStatus
-from agent.sources.nvml_health import LIBRARY_TOO_OLD, read_health
+from agent.schema.report import UNSET, GpuDevice, GpuHealth, GpuProcess, SourceStatus
+from agent.sources import nvml_modes
+from agent.sources.nvml_calls import LIBRARY_TOO_OLD, newest_list
+from agent.sources.nvml_calls import text as _text
+from agent.sources.nvml_health import read_health
 
 T = TypeVar("T")
 
@@ -56,10 +60,6 @@ _LIBRARY_TOO_OLD = LIBRARY_TOO_OLD
 def reason_for(err: "pynvml.NVMLError") -> str:
     """The operator's reading of an NVML error."""
     return _REASONS.get(err.value, f"NVML error: {err}")
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _shutdown() -> None:
@@ -153,14 +153,17 @@ def _used_memory(value: Any) -> Optional[int]:
     return None if value is None else int(value)
 
 
-def merge_processes(compute: list[Any], graphics: list[Any]) -> list[GpuProcess]:
-    """One entry per pid from NVML's compute and graphics lists, by pid.
+def merge_processes(
+    compute: list[Any], graphics: list[Any], mps: Optional[list[Any]] = None
+) -> list[GpuProcess]:
+    """One entry per pid from NVML's compute, graphics and MPS client lists, by pid.
 
-    A pid in both lists (nvidia-smi's ``C+G``) holds one memory context: the larger figure is
-    kept, not the sum.
+    A pid in several lists (nvidia-smi's ``C+G``) holds one memory context: the larger figure
+    is kept, not the sum. Under MPS the compute list shows the server and the MPS list the
+    clients (the Ray actors), so attribution finds them there.
     """
     merged: dict[int, GpuProcess] = {}
-    for kind, entries in (("compute", compute), ("graphics", graphics)):
+    for kind, entries in (("compute", compute), ("graphics", graphics), ("mps", mps or [])):
         for entry in entries:
             pid = int(entry.pid)
             used = _used_memory(getattr(entry, "usedGpuMemory", None))
@@ -199,37 +202,35 @@ def _process_list(
     """One NVML process list (``Compute`` or ``Graphics``) through the newest call version
     this driver exports: (entries, version that answered); ``(None, None)`` on failure."""
     field = f"{kind.lower()}_processes"
-    for version in PROCESS_LIST_VERSIONS:
-        call = getattr(pynvml, f"nvmlDeviceGet{kind}RunningProcesses_v{version}", None)
-        if call is None:  # this pynvml predates the version
-            continue
-        try:
-            return list(call(handle)), version
-        except pynvml.NVMLError as err:
-            if err.value == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
-                continue  # an older driver: try the previous call version
-            errors[field] = _text(err)
-            return None, None
-        except _LIBRARY_TOO_OLD:
-            continue
-    errors[field] = "Function Not Found (no process-list call version this driver exports)"
-    return None, None
+    try:
+        entries, version = newest_list(handle, f"nvmlDeviceGet{kind}RunningProcesses", PROCESS_LIST_VERSIONS)
+    except pynvml.NVMLError as err:
+        errors[field] = _text(err)
+        return None, None
+    if entries is None:
+        errors[field] = "Function Not Found (no process-list call version this driver exports)"
+    return entries, version
 
 
-def _processes(handle: Any, errors: dict[str, str]) -> tuple[Optional[list[GpuProcess]], Optional[int]]:
-    """Compute and graphics processes, and the call version that answered; ``None`` only
-    when neither list could be read.
+def _processes(
+    handle: Any, errors: dict[str, str]
+) -> tuple[Optional[list[GpuProcess]], Optional[int], Optional[bool]]:
+    """Compute, graphics and MPS client processes, the call version that answered (``None``
+    only when neither compute nor graphics list could be read), and whether MPS clients are
+    listed (``None``: the driver has no MPS list).
 
     Graphics lists are Not Supported on many datacenter GPUs: that is quiet, not an error.
     """
+    mps, _ = nvml_modes.mps_processes(handle, errors)
     compute, version = _process_list(handle, "Compute", errors)
     graphics_errors: dict[str, str] = {}
     graphics, graphics_version = _process_list(handle, "Graphics", graphics_errors)
     if graphics is None and graphics_errors["graphics_processes"] != "Not Supported":
         errors.update(graphics_errors)
+    serving = None if mps is None else bool(mps)
     if compute is None and graphics is None:
-        return None, None
-    return merge_processes(compute or [], graphics or []), version or graphics_version
+        return None, None, serving
+    return merge_processes(compute or [], graphics or [], mps), version or graphics_version, serving
 
 
 def _shared_fields(handle: Any, errors: dict[str, str]) -> dict[str, Any]:
@@ -241,7 +242,8 @@ def _shared_fields(handle: Any, errors: dict[str, str]) -> dict[str, Any]:
         "name": _field(errors, "name", lambda: _text(pynvml.nvmlDeviceGetName(handle))),
         "uuid": _field(errors, "uuid", lambda: _text(pynvml.nvmlDeviceGetUUID(handle))),
         "memory_total_bytes": total,
-        "memory_used_bytes": used,
+        "memory_used_bytes": used,  # the trusted figure only once agent.gpu_memory.settle judged it
+        "nvml_memory_used_bytes": UNSET if used is None else used,
         "memory_reserved_bytes": reserved,
         "memory_info_version": version,
         "utilization_gpu_pct": None if util is None else int(util),
@@ -252,7 +254,7 @@ def _read_mig_device(parent_index: int, mig_index: int, handle: Any) -> GpuDevic
     """One MIG instance as a device of its own (memory, utilization and processes are its own;
     temperature and power are the physical GPU's and are read there)."""
     errors: dict[str, str] = {}
-    processes, version = _processes(handle, errors)
+    processes, version, mps = _processes(handle, errors)
     return GpuDevice(
         index=mig_index,
         parent_index=parent_index,
@@ -265,6 +267,7 @@ def _read_mig_device(parent_index: int, mig_index: int, handle: Any) -> GpuDevic
         ),
         processes=processes,
         process_list_version=version,
+        mps_serving=UNSET if mps is None else mps,
         errors=errors,
     )
 
@@ -294,7 +297,9 @@ def read_device(index: int) -> GpuDevice:
         return GpuDevice(index=index, errors={"device": _text(err)}, health=lost)
     mig = _mig_mode(handle, errors)
     # On a MIG GPU the processes are listed on its instances, not twice.
-    processes, version = (None, None) if mig else _processes(handle, errors)
+    processes, version, mps = (None, None, None) if mig else _processes(handle, errors)
+    virtualization = nvml_modes.virtualization_mode(handle, errors)
+    compute = nvml_modes.compute_mode(handle, errors)
     return GpuDevice(
         index=index,
         **_shared_fields(handle, errors),
@@ -313,6 +318,9 @@ def read_device(index: int) -> GpuDevice:
         processes=processes,
         process_list_version=version,
         health=read_health(index, handle),
+        virtualization_mode=UNSET if virtualization is None else virtualization,
+        compute_mode=UNSET if compute is None else compute,
+        mps_serving=UNSET if mps is None else mps,
         errors=errors,
     )
 

@@ -8,11 +8,9 @@ from typing import Any, Callable, Optional, TypeVar
 import pynvml
 
 from agent.schema.report import GpuHealth
+from agent.sources.nvml_calls import LIBRARY_TOO_OLD
 
 T = TypeVar("T")
-
-# The error pynvml raises (not an NVMLError) when this driver's NVML lacks an entry point.
-LIBRARY_TOO_OLD = getattr(pynvml, "NVMLLibraryMismatchError", pynvml.NVMLError)
 
 
 _QUIET = {

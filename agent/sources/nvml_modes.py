@@ -9,8 +9,9 @@ guess. Values are bounded strings, never NVML's raw codes.
 Why it matters (issue 20): on an NVIDIA vGPU guest, NVML's ``memory used`` is what the vGPU
 manager hands the guest, not a measurement. BioEngine found an idle A40-16C time-sliced slice
 reporting about 14.5 GiB used of 16 GiB (a fixed phantom offset; the total stays right).
-:func:`memory_used_reliable` says, per virtualization mode, whether NVML's used figure may be
-shown as measured.
+:func:`memory_used_reliable` (defined in :mod:`agent.gpu_memory`, where the head judges
+reports by it too) says, per virtualization mode, whether NVML's used figure may be shown as
+measured.
 
 Command line equivalent: ``nvidia-smi -q`` (``GPU Virtualization Mode``, ``Compute Mode``)
 and ``nvidia-smi --query-compute-apps`` on an MPS server (the clients appear in the MPS list).
@@ -19,6 +20,22 @@ and ``nvidia-smi --query-compute-apps`` on an MPS server (the clients appear in 
 from typing import Any, Callable, Optional, TypeVar
 
 import pynvml
+
+# The rule lives beside the rollup's judgement of reports (the head has no pynvml to import).
+from agent.gpu_memory import memory_used_reliable
+from agent.sources.nvml_calls import LIBRARY_TOO_OLD as _LIBRARY_TOO_OLD
+from agent.sources.nvml_calls import newest_list
+from agent.sources.nvml_calls import text as _text
+
+__all__ = [
+    "COMPUTE_MODES",
+    "UNKNOWN",
+    "VIRTUALIZATION_MODES",
+    "compute_mode",
+    "memory_used_reliable",
+    "mps_processes",
+    "virtualization_mode",
+]
 
 T = TypeVar("T")
 
@@ -51,14 +68,6 @@ MPS_LIST_VERSIONS = (3, 2)
 drivers >= 510, ``_v2`` before)."""
 
 _ABSENT = {pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND}
-
-# The error pynvml raises (not an NVMLError) when it calls an unversioned entry point the
-# library lacks; the versioned calls used here raise NVMLError(FUNCTION_NOT_FOUND) instead.
-_LIBRARY_TOO_OLD = getattr(pynvml, "NVMLLibraryMismatchError", pynvml.NVMLError)
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _optional(errors: dict[str, str], name: str, read: Callable[[], T]) -> Optional[T]:
@@ -119,64 +128,9 @@ def mps_processes(handle: Any, errors: dict[str, str]) -> tuple[Optional[list[An
     MPS client runs (the answer on every GPU without MPS). ``(None, None)``: the driver has no
     such call or it is Not Supported (quiet), or it failed (``errors["mps_processes"]``).
     """
-    for version in MPS_LIST_VERSIONS:
-        call = getattr(pynvml, f"nvmlDeviceGetMPSComputeRunningProcesses_v{version}", None)
-        if call is None:
-            continue
-        try:
-            return list(call(handle)), version
-        except pynvml.NVMLError as err:
-            if err.value == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
-                continue  # an older driver: try the previous call version
-            if err.value != pynvml.NVML_ERROR_NOT_SUPPORTED:
-                errors["mps_processes"] = _text(err)
-            return None, None
-        except _LIBRARY_TOO_OLD:
-            continue
-    return None, None
-
-
-_RELIABILITY: dict[Optional[str], tuple[bool, str]] = {
-    "none": (True, "bare metal: NVML's used memory is the device's own"),
-    "passthrough": (
-        True,
-        "pass-through: the VM owns the whole GPU and its driver reads the device as on bare metal",
-    ),
-    "vgpu_guest": (
-        False,
-        "vGPU guest: NVML's used memory comes from the vGPU manager, not the device, and can be"
-        " stale or phantom (an idle A40-16C slice reads ~14.5 GiB used); only CUDA's cuMemGetInfo"
-        " measures it",
-    ),
-    "host_vgpu": (
-        True,
-        "vGPU host: the physical GPU's figure; each running guest's whole vGPU framebuffer counts"
-        " as used, and the guests' processes are not listed",
-    ),
-    "host_vsga": (
-        True,
-        "vSGA host: the physical GPU's figure; memory the guests' shared graphics use counts as"
-        " used, and their processes are not listed",
-    ),
-    None: (True, "virtualization mode not reported by this driver: read as bare metal"),
-}
-
-
-def memory_used_reliable(virtualization_mode: Optional[str]) -> tuple[bool, str]:
-    """Whether NVML's used memory for a GPU of this virtualization mode may be shown as
-    measured, and the reason an operator reads.
-
-    Reliable on bare metal and pass-through (the guest's driver owns the device). Not on a
-    vGPU guest: there NVML asks the vGPU manager through the hypervisor instead of the
-    device's allocator, and on time-sliced C-series profiles it latches stale or phantom
-    values (BioEngine 0.16.1). Reliable on the hypervisor hosts (``host_vgpu``,
-    ``host_vsga``): that driver reads its own allocator for the physical GPU; the figure is
-    real but includes memory carved out for the guests, which the reason says. A driver that
-    does not report the mode (``None``) predates vGPU's reporting and is read as before.
-    A mode this rayscope has no name for (:data:`UNKNOWN`, or any other string) is not
-    reliable: nothing is guessed about it.
-    """
-    return _RELIABILITY.get(
-        virtualization_mode,
-        (False, "virtualization mode unknown to this rayscope (a newer driver): not trusted as measured"),
-    )
+    try:
+        return newest_list(handle, "nvmlDeviceGetMPSComputeRunningProcesses", MPS_LIST_VERSIONS)
+    except pynvml.NVMLError as err:
+        if err.value != pynvml.NVML_ERROR_NOT_SUPPORTED:
+            errors["mps_processes"] = _text(err)
+        return None, None

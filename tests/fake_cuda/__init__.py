@@ -2,7 +2,8 @@
 
 ``fake_cuda.c`` is built with the machine's ``cc``; the sampler's child finds it through
 ``LD_LIBRARY_PATH`` (it does ``CDLL("libcuda.so.1")``) and answers from the scenario file
-named by ``RAYSCOPE_FAKE_CUDA_SCENARIO`` (format: the comment at the top of ``fake_cuda.c``).
+named by ``RAYSCOPE_FAKE_CUDA_SCENARIO``, else from ``scenario.txt`` beside the library
+(:meth:`FakeCuda.beside`; format: the comment at the top of ``fake_cuda.c``).
 Every ``cuInit``, context retain, memory read and release is logged to the file named by
 ``RAYSCOPE_FAKE_CUDA_LOG``, so a test can assert that a GPU was never sampled.
 
@@ -31,6 +32,13 @@ class FakeCuda:
         """The fake's own variables (scenario and log): the sampler's ``extra_env``."""
         return {SCENARIO_ENV: str(scenario), LOG_ENV: str(log)}
 
+    def beside(self, scenario: str) -> Path:
+        """Make ``scenario`` the library's own (``scenario.txt`` beside it, read when no
+        variable names one: a node agent's sampler passes none to its child); the log path,
+        ``cuda.log`` beside it."""
+        (self.lib_dir / "scenario.txt").write_text(scenario)
+        return self.lib_dir / "cuda.log"
+
 
 def build(lib_dir: Path) -> FakeCuda:
     """Compile ``fake_cuda.c`` into ``lib_dir/libcuda.so.1`` (warnings are errors)."""
@@ -50,6 +58,7 @@ def build(lib_dir: Path) -> FakeCuda:
             "-o",
             str(lib_dir / LIBRARY),
             str(SOURCE),
+            "-ldl",  # dladdr: in libc itself only from glibc 2.34
         ],
         check=True,
         timeout=120,

@@ -3,6 +3,10 @@
  * entry points below, which answer from a scenario file named by $RAYSCOPE_FAKE_CUDA_SCENARIO.
  * Built by tests/fake_cuda/__init__.py with `cc` (warnings are errors).
  *
+ * Without $RAYSCOPE_FAKE_CUDA_SCENARIO (and $RAYSCOPE_FAKE_CUDA_LOG) the scenario is the file
+ * `scenario.txt` (and the log `cuda.log`) beside this library: a child whose environment was
+ * cut (the node agent's sampler passes no test variable) still finds its scenario.
+ *
  * Every call that matters is appended to the file named by $RAYSCOPE_FAKE_CUDA_LOG, one line
  * each, `EVENT PID [DEVICE]`: `init`, `retain` (a primary context now exists: the process is a
  * GPU user and holds device memory), `meminfo`, `release`. A test that must show a GPU was
@@ -21,6 +25,8 @@
  * CUDA's device order is its own (fastest first by default), not NVML's: a scenario lists its
  * devices in any order to show that the sampler maps them by UUID, never by index.
  */
+#define _GNU_SOURCE
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -56,10 +62,23 @@ static struct CUctx_st contexts[MAX_DEVICES];
 static int retained[MAX_DEVICES];
 static CUcontext current;
 
+/* $NAME, else the file `beside` in this library's own directory (into `buffer`). */
+static const char *named(const char *name, const char *beside, char *buffer, size_t size) {
+    const char *path = getenv(name);
+    if (path) return path;
+    Dl_info info;
+    if (!dladdr((void *)named, &info) || !info.dli_fname) return NULL;
+    const char *slash = strrchr(info.dli_fname, '/');
+    if (!slash) return NULL;
+    int n = snprintf(buffer, size, "%.*s/%s", (int)(slash - info.dli_fname), info.dli_fname, beside);
+    return n > 0 && (size_t)n < size ? buffer : NULL;
+}
+
 static void load(void) {
     if (loaded) return;
     loaded = 1;
-    const char *path = getenv("RAYSCOPE_FAKE_CUDA_SCENARIO");
+    char buffer[4096];
+    const char *path = named("RAYSCOPE_FAKE_CUDA_SCENARIO", "scenario.txt", buffer, sizeof buffer);
     FILE *f = path ? fopen(path, "r") : NULL;
     if (!f) return;
     char line[512];
@@ -103,7 +122,8 @@ static CUresult device_error(CUdevice d, const char *field) {
 /* One line per event, written with one write(2) on an O_APPEND file: lines of concurrent
  * processes never interleave. */
 static void note(const char *event, int device) {
-    const char *path = getenv("RAYSCOPE_FAKE_CUDA_LOG");
+    char buffer[4096];
+    const char *path = named("RAYSCOPE_FAKE_CUDA_LOG", "cuda.log", buffer, sizeof buffer);
     if (!path) return;
     int fd = open(path, O_WRONLY | O_CREAT | O_APPEND, 0600);
     if (fd < 0) return;

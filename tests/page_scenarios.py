@@ -1,0 +1,90 @@
+"""Clusters for the head's page: the seed with its actors, and a big one (N nodes × 8 GPUs)
+with actors placed per device, processes and the odd problem, for size and readability."""
+
+from msgspec.structs import replace
+
+from agent.attribution import attribute_cluster
+from agent.rollup import merge, scheduler_nodes
+from agent.schema.report import GpuHealth, GpuProcess, NodeReport, ProcessInfo, RayletInfo, SourceStatus
+from agent.schema.status import ActorBooking, ClusterStatus, RayNode, ReceivedReport
+from tests.bench import synthetic_reports, synthetic_views
+from tests.scenarios import NOW
+
+GPUS = 8
+VRAM_MB = 81920.0
+
+
+def _actor(node: int, gpu: int, replica: int, node_id: str, vram_mb: float) -> ActorBooking:
+    return ActorBooking(
+        actor_id=f"{node:08x}{gpu:04x}{replica:04x}" + "0" * 16,
+        node_id=node_id,
+        pid=100_000 + node * 100 + gpu * 10 + replica,
+        name=f"app-{(node + gpu) % 7}-replica-{replica}",
+        required={"GPU": 0.01, "VRAM_MB": vram_mb},
+        gpu_ids=[gpu],
+        gpu_shares=[(gpu, 0.01)],
+    )
+
+
+def big_status(nodes: int) -> ClusterStatus:
+    """``nodes`` nodes of 8 × A100 80 GB, booked by ``VRAM_MB``, 1-3 replicas per GPU; every
+    17th node stale, GPU 3 of every 10th unhealthy (XID 79), GPU 0 of every 13th booked full
+    while its node's sum shows room."""
+    reports, actors = [], []
+    for i, base in enumerate(synthetic_reports(nodes)):
+        assert base.raylet is not None and base.gpus is not None
+        raylet = RayletInfo(
+            pid=base.raylet.pid,
+            node_id=base.node_id,
+            node_ip=base.raylet.node_ip,
+            cuda_visible_devices=",".join(str(g) for g in range(GPUS)),
+            cuda_device_order="PCI_BUS_ID",
+            environ_read=True,
+        )
+        gpus, processes = [], []
+        for gpu in base.gpus:
+            replicas = 1 + (i + gpu.index) % 3
+            vram = VRAM_MB / 4 if i % 13 or gpu.index else VRAM_MB / replicas
+            mine = [_actor(i, gpu.index, r, base.node_id, vram) for r in range(replicas)]
+            actors += mine
+            procs = [GpuProcess(pid=a.pid or 0, used_memory_bytes=int(vram * 0.9) << 20) for a in mine]
+            processes += [
+                ProcessInfo(pid=a.pid or 0, title="ray::Replica", worker_pid=a.pid, node_id=base.node_id)
+                for a in mine
+            ]
+            health = GpuHealth(xid_errors=1, last_xid=79) if i % 10 == 0 and gpu.index == 3 else None
+            bus = f"00000000:{gpu.index + 1:02x}:00.0"
+            used = sum(p.used_memory_bytes or 0 for p in procs) + (1 << 29)  # + a CUDA context's worth
+            gpus.append(replace(gpu, processes=procs, health=health, pci_bus_id=bus, memory_used_bytes=used))
+        report = NodeReport(
+            node_id=base.node_id,
+            collected_at=base.collected_at,
+            raylet=raylet,
+            host=base.host,
+            gpus=gpus,
+            sources=base.sources,
+            processes=processes,
+        )
+        reports.append(report)
+    views: list[RayNode] = []
+    for view in synthetic_views(reports):
+        mine = [a for a in actors if a.node_id == view.node_id]
+        booked = {k: sum(a.required[k] for a in mine) for k in ("GPU", "VRAM_MB")}
+        available = {**(view.available or {}), **{k: view.total[k] - booked[k] for k in booked}}
+        views.append(replace(view, available=available, hostname=f"gpu-{len(views):05d}"))
+    received = {
+        r.node_id: ReceivedReport(report=r, received_at=NOW - (60.0 if n % 17 == 5 else 2.0))
+        for n, r in enumerate(reports)
+    }
+    status = merge(
+        scheduler_nodes(views),
+        received,
+        now=NOW,
+        stale_after_s=15.0,
+        view="head",
+        gcs_address="10.0.0.1:6379",
+        sources=[SourceStatus(name="gcs", ok=True), SourceStatus(name="gcs_actors", ok=True)],
+        scheduler_read_at=NOW - 1.0,
+    )
+    fresh = {k: r.report for k, r in received.items() if not status.nodes[k].stale}
+    return attribute_cluster(status, fresh, actors)

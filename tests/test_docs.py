@@ -1,0 +1,49 @@
+"""The documentation keeps up with the code: docs/architecture.md's module table names every
+module of ``agent/`` and no other, the README stays an operator's page (under 300 lines),
+and every link in the README and docs/ resolves inside the repository.
+
+Positive controls: add ``agent/new_part.py`` (or delete a row of the table) and
+:func:`test_the_module_table_lists_every_module` names it; link ``https://example.org`` or
+``docs/gone.md`` from a page and :func:`test_links_stay_inside_the_repository` names it.
+"""
+
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+ARCHITECTURE = REPO / "docs" / "architecture.md"
+ROW = re.compile(r"^\| `(agent/[\w/]+\.py)` \|", re.MULTILINE)
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+MAX_README_LINES = 300
+
+
+def pages() -> list[Path]:
+    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def test_the_module_table_lists_every_module() -> None:
+    listed = ROW.findall(ARCHITECTURE.read_text())
+    assert len(listed) == len(set(listed)), "a module listed twice"
+    present = {p.relative_to(REPO).as_posix() for p in (REPO / "agent").rglob("*.py")}
+    assert sorted(present - set(listed)) == [], "modules missing from docs/architecture.md"
+    assert sorted(set(listed) - present) == [], "rows of docs/architecture.md for no module"
+
+
+def test_the_readme_is_an_operators_page() -> None:
+    lines = (REPO / "README.md").read_text().splitlines()
+    assert len(lines) < MAX_README_LINES
+    headings = [line for line in lines if line.startswith("## ")]
+    assert headings[0] == "## Install", headings  # what it is and its output come first
+    assert headings[-1].startswith("## Contributing"), headings  # contributors second
+
+
+def test_links_stay_inside_the_repository() -> None:
+    wrong = []
+    for page in pages():
+        for target in LINK.findall(page.read_text()):
+            path = target.split("#", 1)[0]
+            if "://" in target or target.startswith(("mailto:", "/")):
+                wrong.append(f"{page.name}: {target} leaves the repository")
+            elif path and not (page.parent / path).resolve().exists():
+                wrong.append(f"{page.name}: {target} does not exist")
+    assert wrong == []

@@ -1,0 +1,282 @@
+"""The head's page (``GET /``, agent/render/page.py): the seed cluster's golden, the three
+numbers per GPU, every mark, the honest banners, and 1,000 nodes paginated.
+
+The DOM is read with the standard library's HTML parser (the live browser test,
+tests/test_live_page.py, reads the same page through Chromium)."""
+
+import base64
+import hashlib
+import re
+from html.parser import HTMLParser
+from typing import Optional
+
+import msgspec
+
+from agent.placement import place_devices
+from agent.render.page import PAGE_NODES, PageQuery, page_html, page_query, view_html
+from agent.render.page_assets import CSP
+from agent.schema.report import GpuHealth, SourceStatus
+from agent.schema.status import ClusterStatus
+from tests.golden import check_golden
+from tests.page_scenarios import big_status
+from tests.scenarios import EUROPA, T4, mixed_status
+from tests.test_attribution import seed_with_gpus
+from tests.test_placement import fragmented_status
+
+
+def head_seed() -> ClusterStatus:
+    """The seed cluster as a head serves it with ``?gpus=1``: actors attributed, the
+    scheduler view read 1 s ago."""
+    status, _ = seed_with_gpus()
+    return msgspec.structs.replace(status, gcs_address="172.17.0.3:6379", scheduler_age_s=1.0)
+
+
+class Cells(HTMLParser):
+    """Per GPU cell (``data-gpu``): the text of its ``booked``, ``fraction``, ``measured``
+    spans, its marks, and every hover title inside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cells: dict[str, dict[str, list[str]]] = {}
+        self._cell: Optional[str] = None
+        self._depth = 0
+        self._field: Optional[str] = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, Optional[str]]]) -> None:
+        a = dict(attrs)
+        if tag == "div" and a.get("data-gpu"):
+            self._cell, self._depth = a["data-gpu"], 0
+            self.cells[str(self._cell)] = {
+                "booked": [],
+                "fraction": [],
+                "measured": [],
+                "mark": [],
+                "title": [],
+            }
+        if self._cell is None:
+            return
+        self._depth += tag == "div"
+        classes = (a.get("class") or "").split()
+        self._field = next((c for c in ("booked", "fraction", "measured", "mark") if c in classes), None)
+        if tag == "title":
+            self._field = "title"
+
+    def handle_endtag(self, tag: str) -> None:
+        if self._cell is not None and tag == "div":
+            self._depth -= 1
+            if self._depth == 0:
+                self._cell = None
+        self._field = None
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None and self._field is not None:
+            self.cells[self._cell][self._field].append(data)
+
+
+def cells(html: str) -> dict[str, dict[str, list[str]]]:
+    parser = Cells()
+    parser.feed(html)
+    return parser.cells
+
+
+def test_the_seed_page_golden_shows_the_three_numbers_per_gpu() -> None:
+    """The README's seed cluster: Europa booked 20480 of 24576 MB by four actors through
+    0.04 GPU while NVML measures 22.5 GB; the deNBI T4 booked 0.99 GPU, 5.8 GB measured.
+    Positive control: drawing Europa's booking from the node's ``used_gpu`` (the fraction)
+    shows 0.04 where 20480 MB should be."""
+    html = page_html(head_seed(), PageQuery(), 5.0)
+    check_golden("page_seed.html", html)
+    found = cells(html)
+    europa, t4 = found[f"{EUROPA}:0"], found[f"{T4}:0"]
+    assert (europa["booked"], europa["fraction"], europa["measured"]) == (
+        ["20480/24576 MB"],
+        ["0.04"],
+        ["22.5/24.0 GB"],
+    )
+    assert (t4["booked"], t4["fraction"], t4["measured"]) == (["0.99 GPU"], ["0.99"], ["5.8/24.0 GB"])
+    hover = "\n".join(europa["title"])
+    for actor in ("federated-unet#a1b2", "federated-unet#c3d4", "federated-unet#e5f6", "federated-unet#0789"):
+        assert f"{actor}: booked 5120 MB VRAM_MB + GPU 0.01" in hover  # the actor's name on hover
+    assert europa["mark"] == ["over booking"] and t4["mark"] == []
+    assert "Cluster: 16/32 CPUs, 1.03/2 GPUs, booked: 20480/24576 MB" in html  # the status line
+    assert "172.17.0.3 [HEAD] G GPU: 0.04/1 booked: 20480/24576 MB  VRAM: 22.5/24.0 GB  CPU: 8/8" in html
+    assert "(4096 MB free)" in html and "(1.5 GB free)" in html  # free space, by booking and measured
+    assert "scheduler view 1s old" in html
+
+
+def test_the_page_loads_nothing_but_itself_and_the_csp_allows_exactly_its_code() -> None:
+    """No URL to anywhere in the page (no ``src``, no ``href`` but its own query links and
+    the login form's ``/login``); the CSP's hashes are those of its one style and one script.
+    Positive control: a changed script without a new hash would be blocked by the browser
+    (and this test fails)."""
+    html = page_html(head_seed(), PageQuery(), 5.0)
+    assert not re.search(r"\bsrc=", html)
+    assert set(re.findall(r'href="([^"]*)"', html)) <= {"?marked=1", "?page=1"}
+    assert "http://" not in html and "https://" not in html and "//" not in html.replace("://", "")
+    for tag in ("style", "script"):
+        (body,) = re.findall(f"<{tag}>(.*?)</{tag}>", html, re.S)
+        digest = base64.b64encode(hashlib.sha256(body.encode()).digest()).decode()
+        assert f"{tag}-src 'sha256-{digest}'" in CSP
+    assert "default-src 'none'" in CSP and "connect-src 'self'" in CSP
+
+
+def test_the_refresh_fragment_is_the_main_element_only() -> None:
+    status = head_seed()
+    fragment = page_html(status, PageQuery(fragment=True), 5.0)
+    assert fragment == view_html(status, PageQuery())
+    assert "<html" not in fragment and "<script" not in fragment
+    assert f'data-gpu="{EUROPA}:0"' in fragment
+
+
+def test_stale_unmeasured_and_no_agent_nodes_are_marked() -> None:
+    """The mixed cluster: the T4's report 42 s old, a lost GPU on Europa, a node no agent
+    reports. Each shows its mark; the stale T4 keeps its last figure, drawn as old."""
+    html = page_html(mixed_status(), PageQuery(), 5.0)
+    found = cells(html)
+    assert found[f"{T4}:0"]["mark"] == ["stale 42s"]
+    assert 'class="old"' in html  # the stale figure in grey, not as a fresh measurement
+    assert "not measured" in found[f"{EUROPA}:1"]["mark"]
+    assert "10.0.0.11 [worker] A100 GPU: 0.50/2 VRAM: NA/NA GB  CPU: 0/4  no agent" in html
+    no_agent = [key for key in found if key.startswith("0a")]
+    assert len(no_agent) == 2  # two GPUs the scheduler counts, drawn though no agent reports them
+    assert all(found[key]["booked"] == ["NA"] for key in no_agent)
+
+
+def test_an_unhealthy_gpu_and_an_unreliable_measurement_are_marked() -> None:
+    """Europa's GPU with an XID 79; the T4 on a vGPU guest (NVML answered, rayscope does not
+    trust its used memory: the node's reason). The untrusted figure is hatched, never a
+    number in the measured text. Positive control: read ``memory_used_bytes`` as measured."""
+    status = head_seed()
+    europa, t4 = status.nodes[EUROPA], status.nodes[T4]
+    assert europa.gpus is not None
+    sick = msgspec.structs.replace(europa.gpus[0], health=GpuHealth(xid_errors=2, last_xid=79))
+    reason = "vGPU guest: NVML's used memory is the vGPU manager's, not a measurement"
+    nodes = {
+        **status.nodes,
+        EUROPA: msgspec.structs.replace(europa, gpus=[sick]),
+        T4: msgspec.structs.replace(t4, used_gpu_memory_bytes=None, used_gpu_memory_reason=reason),
+    }
+    html = page_html(msgspec.structs.replace(status, nodes=nodes), PageQuery(), 5.0)
+    found = cells(html)
+    assert found[f"{EUROPA}:0"]["mark"] == ["unhealthy", "over booking"]
+    assert 'title="XID 79 (2 since start)"' in html
+    assert found[f"{T4}:0"]["mark"] == ["unreliable measurement"]
+    assert found[f"{T4}:0"]["measured"] == ["NA (NVML says 5.8)/24.0 GB"]
+    assert 'class="untrusted"' in html and reason.replace("'", "&#x27;") in html
+
+
+def test_a_device_fuller_than_the_node_sum_is_marked() -> None:
+    """Two 0.6 replicas on a 2-GPU node: 1.2/2 by the sum, 0.6 on each device: not fuller.
+    One whole-GPU actor on a 4-GPU node booked 1.5: GPU1 is full, the node reads 0.38."""
+    from tests.test_placement import FOUR, booking, node, raylet
+
+    status = node(4, 1.5, total_vram=4 * 40960, used_vram=20480)
+    actors = [booking("b" * 32, [(1, 1.0)]), booking("a" * 32, [(0, 0.5)], vram_mb=20480)]
+    status.placement = place_devices(status, actors, raylet(None, "PCI_BUS_ID"), FOUR)
+    cluster = ClusterStatus(
+        generated_at=0.0, view="gcs", cluster=fragmented_status().cluster, nodes={"n": status}
+    )
+    found = cells(page_html(cluster, PageQuery(), 5.0))
+    marks = {key.rsplit(":", 1)[1]: cell["mark"] for key, cell in found.items()}
+    assert marks["ray1"] == ["fuller than the node sum"]
+    assert marks["ray0"] == [] and marks["ray2"] == []
+    assert [found[k]["fraction"] for k in sorted(found)] == [["0.50"], ["1.00"], ["0.00"], ["0.00"]]
+    fragmented = cells(page_html(fragmented_status(), PageQuery(), 5.0))
+    assert [cell["mark"] for cell in fragmented.values()] == [[], []]  # 0.6 on each of two: not fuller
+
+
+def test_no_scheduler_view_and_an_old_one_say_so() -> None:
+    """Honest without the GCS: a banner saying bookings are not known; an old view its age."""
+    status = head_seed()
+    none = msgspec.structs.replace(
+        status,
+        scheduler_age_s=None,
+        sources=[SourceStatus(name="gcs", ok=False, reason="GCS unreachable at 10.0.0.1:6379")],
+    )
+    html = page_html(none, PageQuery(), 5.0)
+    assert "No scheduler view: the head has not read the GCS (GCS unreachable at 10.0.0.1:6379)" in html
+    assert "no scheduler view" in html
+    old = msgspec.structs.replace(status, scheduler_age_s=42.0, scheduler_stale=True)
+    html = page_html(old, PageQuery(), 5.0)
+    assert "Scheduler view 42s old (the GCS stopped answering)" in html
+    assert "scheduler view 42s old" in html
+
+
+def test_pending_demands_and_their_reasons_are_listed() -> None:
+    from tests.scenarios import pending_status
+
+    status = pending_status()
+    html = page_html(status, PageQuery(), 5.0)
+    assert status.cluster.pending
+    for demand in status.cluster.pending:
+        assert demand.reason_text.replace("'", "&#x27;") in html
+    assert "nothing waits" in page_html(
+        msgspec.structs.replace(status, cluster=msgspec.structs.replace(status.cluster, pending=[])),
+        PageQuery(),
+        5.0,
+    )
+
+
+def test_strings_from_reports_and_the_gcs_are_escaped() -> None:
+    """An actor named ``<script>`` is text, not markup."""
+    status = head_seed()
+    europa = status.nodes[EUROPA]
+    assert europa.gpus is not None and europa.gpus[0].attribution is not None
+    att = europa.gpus[0].attribution
+    evil = msgspec.structs.replace(att.users[0], name='<script>alert("x")</script>\x1b[2J')
+    gpu = msgspec.structs.replace(europa.gpus[0], attribution=msgspec.structs.replace(att, users=[evil]))
+    nodes = {**status.nodes, EUROPA: msgspec.structs.replace(europa, gpus=[gpu])}
+    html = page_html(msgspec.structs.replace(status, nodes=nodes), PageQuery(), 5.0)
+    assert html.count("<script>") == 1  # the page's own
+    assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in html and "\x1b" not in html
+
+
+def test_a_thousand_nodes_of_eight_gpus_come_a_hundred_to_a_page() -> None:
+    """1,000 × 8 GPUs: ten pages of 100 nodes, each bounded in size; the navigation says how
+    many marked nodes each page holds, and ``?marked=1`` lists only those."""
+    status = big_status(1000)
+    html = page_html(status, PageQuery(), 5.0)
+    found = cells(html)
+    assert len(found) == PAGE_NODES * 8
+    assert len(html) < 1_500_000
+    assert html.count('<a href="?page=') + html.count('<a class="here" href="?page=') == 10
+    assert "100 of 1000 nodes shown" in html
+    last = page_html(status, PageQuery(page=10), 5.0)
+    assert next(iter(cells(last))).startswith(f"{999 - 99:056x}")
+    marked = page_html(status, PageQuery(marked=True), 5.0)
+    marked_nodes = {key.rsplit(":", 1)[0] for key in cells(marked)}
+    expected = {f"{i:056x}" for i in range(1000) if i % 17 == 5 or i % 10 == 0 or i % 13 == 0}
+    assert marked_nodes <= expected and len(marked_nodes) == min(PAGE_NODES, len(expected))
+    assert f"only the {len(expected)} marked node(s)" in html
+    assert page_query({"page": ["3"], "marked": ["1"]}) == PageQuery(3, True, False)
+    assert page_query({"page": ["-1"]}) == page_query({"page": ["x" * 100]}) == PageQuery()
+    assert "100 of 1000 nodes shown" in page_html(status, PageQuery(page=99), 5.0)  # clamped to the last
+
+
+def test_each_app_has_its_bar_with_the_booking_to_ask_for() -> None:
+    """With the head's usage history the page shows each app's booking per replica beside
+    its peak and the suggestion (``usage``'s app line); without one, nothing."""
+    from agent.render.page_usage import apps_html
+    from agent.schema.usage import AppUsage, UsageDocument
+
+    unet = AppUsage(
+        app="federated-unet",
+        replicas=4,
+        actors=4,
+        booked_mb=5120.0,
+        booked_vram_mb=5120.0,
+        peak_used_bytes=2662 * 1024**2,
+        p95_used_bytes=2600 * 1024**2,
+        samples=56,
+        suggested_vram_mb=3072,
+        frees_mb=8192.0,
+    )
+    doc = UsageDocument(
+        generated_at=0.0, window_s=3600, head_window_s=3600, slot_s=5, headroom_pct=10,
+        known_since=0.0, covered_s=3600, apps=[unet],
+    )  # fmt: skip
+    html = apps_html(doc)
+    assert 'data-app="federated-unet"' in html and "4 replicas" in html
+    assert "booked 5120 MB  peak 2662 MB" in html and "suggest 3072 MB (frees 8192 MB)" in html
+    assert 'width="100.00"' in html and 'width="60.00"' in html  # booked is the scale; suggestion 3072/5120
+    assert apps_html(None) == "" and apps_html(msgspec.structs.replace(doc, apps=[])) == ""

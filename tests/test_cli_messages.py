@@ -387,3 +387,36 @@ def test_a_rejection_word_the_agent_does_not_know_is_logged_printable() -> None:
 
     assert wire.explain(wire.BAD_TOKEN).startswith("token rejected (bad token)")
     assert wire.explain("\x1b[2Jcleared\x1b]0;t\x07") == "[2Jcleared]0;t"
+
+
+def test_push_refuses_a_host_with_two_clusters_raylets_as_status_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before: ``push`` reported for the first raylet found, of whichever cluster (seen here:
+    a different cluster's raylet on each start), where ``status`` refuses to guess."""
+    from agent import push
+    from agent.errors import AgentError
+    from agent.schema.report import RayletInfo, SourceStatus
+    from agent.sources import raylet
+    from agent.tls import NO_TLS
+
+    two = [
+        RayletInfo(pid=10, node_id="a" * 56, node_ip="10.0.0.1", gcs_address="10.0.0.1:6379"),
+        RayletInfo(pid=11, node_id="b" * 56, node_ip="10.0.0.1", gcs_address="10.0.0.9:6379"),
+    ]
+    monkeypatch.setattr(raylet, "find_raylets", lambda: (two, SourceStatus(name="raylet", ok=True)))
+    with pytest.raises(AgentError) as refused:
+        push.run("127.0.0.1:7531", None, 5.0, None, NO_TLS)
+    assert (str(refused.value), refused.value.exit_code) == (
+        "raylets of 2 clusters run on this host (10.0.0.1:6379, 10.0.0.9:6379): pass --node-id of the node"
+        " to report for (`rayscope node` lists them)",
+        2,
+    )
+    same_cluster = [two[0], msgspec_replace(two[1], gcs_address="10.0.0.1:6379")]
+    assert raylet.clusters_here(same_cluster) == ""  # several raylets of one cluster: not ambiguous
+
+
+def msgspec_replace(info: Any, **changes: Any) -> Any:
+    import msgspec
+
+    return msgspec.structs.replace(info, **changes)

@@ -29,8 +29,8 @@ lint: setup  ## ruff + mypy (strict)
 	$(BIN)/ruff format --check agent tests build
 	$(BIN)/mypy
 
-demo: setup  ## a Ray cluster on 127.0.0.1, the seed's bookings, `rayscope status`, then stop
-	$(BIN)/python tests/livecluster.py demo
+demo: setup  ## a Ray cluster on 127.0.0.1, the seed's bookings, `rayscope status`, then stop (KEEP=1: up until Ctrl-C, with commands to try)
+	$(BIN)/python tests/livecluster.py demo $(if $(KEEP),--keep)
 
 # Debian packages some tests run besides .venv (`make setup` installs none of them): prometheus
 # gives promtool and prometheus (tests/test_promtool.py, tests/test_live_prometheus.py fail

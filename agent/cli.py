@@ -10,15 +10,14 @@ import sys
 from collections.abc import Sequence
 from typing import Annotated, Optional
 
-import click
 import typer
 
 # Deliberately not agent.collect here: it pulls psutil and pynvml, which `status --head`
 # (the fast path, benchmarked against `ray status`) does not need; the commands that need
 # collect, fit, the head or the agent import them where they are used.
-from agent import SUPPORTED_PYTHON, SUPPORTED_RAY, __version__, client, output
+from agent import SUPPORTED_PYTHON, SUPPORTED_RAY, __version__, client, cmdline, output
 from agent.addresses import DEFAULT_TIMEOUT_S
-from agent.errors import EXIT_NO_DATA, one_line_errors, say
+from agent.errors import one_line_errors
 from agent.options import (
     AgentsOption,
     AllNodesOption,
@@ -41,6 +40,7 @@ from agent.options import (
     PushHeadOption,
     ReadTokenFileOption,
     RemoveOption,
+    ReplicasOption,
     ShapeOption,
     Sizing,
     SizingOption,
@@ -50,7 +50,6 @@ from agent.options import (
     TlsKeyOption,
     TokenFileOption,
     WatchOption,
-    optional_watch_value,
     reflow,
 )
 from agent.render.status import source_details
@@ -137,7 +136,7 @@ def status(
     """
     tls = TlsFiles(tls_cert, tls_key, tls_ca)
     with one_line_errors(_verbose):
-        fmt = output.status_format(json_out, format_.value if format_ else None)
+        fmt = output.status_format(json_out, format_.value if format_ else None, output_file)
 
         def read() -> ClusterStatus:
             return client.read_cluster(head, token_file, gcs, timeout, gpus, tls)
@@ -157,7 +156,7 @@ def status(
 @app.command()
 def fit(
     gpu_memory_mb: GpuMemoryOption = None,
-    replicas: Annotated[int, typer.Option("--replicas", min=1, help="How many replicas to place.")] = 1,
+    replicas: ReplicasOption = 1,
     num_cpus: NumCpusOption = 0.0,
     memory_mb: MemoryMbOption = 0.0,
     shape: ShapeOption = None,
@@ -320,13 +319,4 @@ for _command in app.registered_commands:
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """Console-script entry point: a usage error is one line too (exit 2)."""
-    args = optional_watch_value(sys.argv[1:] if argv is None else argv)
-    try:
-        code = app(args=args, prog_name="rayscope", standalone_mode=False)
-    except click.UsageError as err:
-        where = f"{err.ctx.command_path}: " if err.ctx is not None else ""
-        say(f"{where}{err.format_message()}")
-        raise SystemExit(EXIT_NO_DATA) from None
-    except click.Abort:
-        raise SystemExit(130) from None
-    raise SystemExit(code if isinstance(code, int) else 0)
+    cmdline.run(app, sys.argv[1:] if argv is None else argv)

@@ -1,10 +1,7 @@
-"""The head agent's HTTP client: ``status --head`` (and ``fit``, ``usage``) read the merged
-rollup from it, decoded into Structs.
+"""The head agent's HTTP client: ``status --head`` reads the merged rollup from it.
 
-No ray, no psutil, no pynvml: only the standard library's HTTP client and msgspec. The
-fastest path, ``status --head`` printing what the head rendered, is
-:mod:`agent.fast_status`; it hands here what it does not take, and both say a failure in
-the words of :mod:`agent.head_request`.
+The fast path of the CLI: no ray, no psutil, no pynvml — only the standard library's HTTP
+client and msgspec, so a status query costs little more than the interpreter's start.
 """
 
 from typing import Optional
@@ -12,9 +9,8 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from agent import head_request
+from agent.addresses import DEFAULT_HTTP_PORT
 from agent.errors import EXIT_NO_DATA, AgentError
-from agent.head_request import DEFAULT_HEAD_PORT
 from agent.head_request import HEAD_ENV as HEAD_ENV  # noqa: PLC0414 - re-exported: the options name them here
 from agent.head_request import parse_head_url as parse_head_url  # noqa: PLC0414
 from agent.schema.status import DOCUMENT_SCHEMA, ClusterStatus
@@ -23,13 +19,20 @@ from agent.tls import NO_TLS, TlsFiles
 
 
 def head_status(
-    url: str, token: bytes, timeout_s: float, gpus: bool = False, tls: TlsFiles = NO_TLS
+    url: str,
+    token: bytes,
+    timeout_s: float,
+    gpus: bool = False,
+    tls: TlsFiles = NO_TLS,
+    token_file: Optional[str] = None,
 ) -> ClusterStatus:
     """The rollup a head agent serves (``GET /v1/status?all=1``, ``&gpus=1`` for the per-GPU
     attribution); :class:`AgentError` (exit 2) when it cannot be had. No ray import on this
-    path (``http.client`` itself, not ``urllib.request``). HTTPS when the URL says
-    ``https://`` or any ``tls`` file is given."""
-    body = head_get(url, "/v1/status?all=1" + ("&gpus=1" if gpus else ""), token, timeout_s, tls)
+    path: it is the fast one (``http.client`` itself, not ``urllib.request``, for the same
+    reason). HTTPS when the URL says ``https://`` or any ``tls`` file is given. ``token_file``:
+    where ``token`` came from, for the message when the head refuses it."""
+    path = "/v1/status?all=1" + ("&gpus=1" if gpus else "")
+    body = head_get(url, path, token, timeout_s, tls, token_file)
     try:
         return msgspec.json.decode(body, type=ClusterStatus)
     except msgspec.DecodeError as err:
@@ -37,46 +40,101 @@ def head_status(
 
 
 def head_usage(
-    url: str, token: bytes, timeout_s: float, window_s: Optional[float], headroom_pct: float, tls: TlsFiles
+    url: str,
+    token: bytes,
+    timeout_s: float,
+    window_s: Optional[float],
+    headroom_pct: float,
+    tls: TlsFiles,
+    token_file: Optional[str] = None,
 ) -> UsageDocument:
     """What the head remembers of each actor's GPU memory (``GET /v1/usage``)."""
     query = f"/v1/usage?headroom={headroom_pct:g}" + (f"&window={window_s:g}" if window_s else "")
-    body = head_get(url, query, token, timeout_s, tls)
+    body = head_get(url, query, token, timeout_s, tls, token_file)
     try:
         return msgspec.json.decode(body, type=UsageDocument)
     except msgspec.DecodeError as err:
         raise _unexpected(url, body, err) from None
 
 
-def head_get(url: str, path: str, token: bytes, timeout_s: float, tls: TlsFiles = NO_TLS) -> bytes:
+def head_get(
+    url: str,
+    path: str,
+    token: bytes,
+    timeout_s: float,
+    tls: TlsFiles = NO_TLS,
+    token_file: Optional[str] = None,
+) -> bytes:
     """The body of ``GET path`` from the head at ``url``; :class:`AgentError` (exit 2) for
-    anything but a 200, said as :mod:`agent.head_request` says it on the fast path."""
+    anything but a 200: a refused token told from a missing one, and a port that is not a
+    head agent's HTTP port named (:func:`_unreachable`)."""
     import http.client
 
     parts = urlsplit(url)
-    host, port = parts.hostname or "", parts.port or DEFAULT_HEAD_PORT
+    host, port = parts.hostname or "", parts.port or DEFAULT_HTTP_PORT
     connection: http.client.HTTPConnection
     if parts.scheme == "https" or tls.enabled:
-        context = head_request.tls_context(tls)
+        from agent.tls import client_context
+
+        try:
+            context = client_context(tls)
+        except ValueError as err:
+            raise AgentError(str(err), EXIT_NO_DATA) from None
         connection = http.client.HTTPSConnection(host, port, timeout=timeout_s, context=context)
+        url = f"https://{parts.netloc}"
     else:
         connection = http.client.HTTPConnection(host, port, timeout=timeout_s)
-    url = head_request.shown_url(url, tls)
     headers = {"Authorization": "Bearer " + token.decode()} if token else {}
     try:
         connection.request("GET", path, headers=headers)
         response = connection.getresponse()
         body = response.read()
     except (TimeoutError, OSError, http.client.HTTPException) as err:
-        raise head_request.unreachable(err, url, timeout_s) from None
+        raise AgentError(_unreachable(url, host, port, timeout_s, err), EXIT_NO_DATA) from None
     finally:
         connection.close()
+    if response.status == 401:
+        if token:
+            raise AgentError(
+                f"head agent at {url} refused the token from {token_file or 'the token file'}: it holds"
+                " another one (its --token-file or --read-token-file)",
+                EXIT_NO_DATA,
+            )
+        raise AgentError(
+            f"head agent at {url} requires a token: pass --token-file (the head's)", EXIT_NO_DATA
+        )
+    if response.status != 200 and (response.getheader("Server") or "") != "rayscope-head":
+        raise AgentError(
+            f"{url} is an HTTP server but not a rayscope head agent (HTTP {response.status}): status --head"
+            f" wants the head's --http address ({DEFAULT_HTTP_PORT} by default)",
+            EXIT_NO_DATA,
+        )
     if response.status == 404 and path.startswith("/v1/usage"):
         raise AgentError(f"head agent at {url} keeps no usage history: it is an older release", EXIT_NO_DATA)
-    refused = head_request.refusal(response.status, url)
-    if refused is not None:
-        raise refused
+    if response.status != 200:
+        raise AgentError(f"head agent at {url} answered HTTP {response.status}", EXIT_NO_DATA)
     return body
+
+
+def _unreachable(url: str, host: str, port: int, timeout_s: float, err: BaseException) -> str:
+    """Why the head agent at ``url`` could not be read. A port that answered something else
+    than HTTP is probed (:mod:`agent.peer`) and named, never quoted: its bytes (a report
+    port's random challenge) are not the operator's to read."""
+    import http.client
+
+    from agent import peer
+
+    if isinstance(err, TimeoutError) or "timed out" in str(err):
+        return f"head agent unreachable at {url} (timeout {timeout_s:g} s)"
+    if isinstance(err, ConnectionRefusedError):
+        return f"head agent unreachable at {url} (connection refused)"
+    wrong = peer.wrong_http_port(url, host, port)
+    if wrong:
+        return wrong
+    if isinstance(err, http.client.HTTPException) and not isinstance(err, http.client.RemoteDisconnected):
+        return f"head agent at {url} answered something that is not HTTP"
+    reason = (getattr(err, "strerror", None) or str(err) or type(err).__name__).lower()
+    return f"head agent unreachable at {url} ({reason})"
 
 
 def _unexpected(url: str, body: bytes, err: msgspec.DecodeError) -> AgentError:
@@ -119,7 +177,7 @@ def read_cluster(
         from agent import tokens
 
         files = TlsFiles.from_env() if tls is None else tls
-        return head_status(head, tokens.read_token(token_file), timeout_s, gpus=gpus, tls=files)
+        return head_status(head, tokens.read_token(token_file), timeout_s, gpus, files, token_file)
     from agent import collect  # psutil, pynvml: off the --head fast path
 
     return collect.embedded_status(gcs, timeout_s, gpus=gpus)
@@ -140,4 +198,4 @@ def read_usage(
         )
     from agent import tokens
 
-    return head_usage(head, tokens.read_token(token_file), timeout_s, window_s, headroom_pct, tls)
+    return head_usage(head, tokens.read_token(token_file), timeout_s, window_s, headroom_pct, tls, token_file)

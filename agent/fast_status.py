@@ -233,9 +233,8 @@ def answer_from_head(request: Request) -> Optional[int]:
         got = head_request.get(request.head, target, token, request.timeout_s, tls)
     except head_request.Unusual:
         return None
-    refused = head_request.refusal(got.status, head_request.shown_url(request.head, tls))
-    if refused is not None:
-        raise refused
+    if got.status != 200:  # the CLI's path asks again and says what the refusal means
+        return None
     kind = "application/json" if json_out else "text/plain"
     said = status_headers(got.headers, request.verbose)
     if said is None or not got.headers.get("content-type", "").startswith(kind):

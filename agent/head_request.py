@@ -54,22 +54,22 @@ def parse_head_url(text: str) -> str:
     return f"{url.scheme}://{host}:{port}"
 
 
-def unreachable(err: BaseException, url: str, timeout_s: float) -> AgentError:
-    """The head could not be asked (connect, TLS, send or receive failed), in one line."""
+def unreachable(err: BaseException, url: str, timeout_s: float, host: str = "", port: int = 0) -> AgentError:
+    """The head could not be asked (connect, TLS, send or receive failed), in one line. A
+    port that answered something else than HTTP is probed (:mod:`agent.peer`) and named,
+    never quoted: its bytes (a report port's random challenge) are not the operator's."""
     if isinstance(err, TimeoutError) or "timed out" in str(err):
-        reason = f"timeout {timeout_s:g} s"
-    else:
-        reason = (getattr(err, "strerror", None) or str(err) or type(err).__name__).lower()
+        return AgentError(f"head agent unreachable at {url} (timeout {timeout_s:g} s)", EXIT_NO_DATA)
+    if isinstance(err, ConnectionRefusedError):
+        return AgentError(f"head agent unreachable at {url} (connection refused)", EXIT_NO_DATA)
+    if host:
+        from agent import peer
+
+        wrong = peer.wrong_http_port(url, host, port)
+        if wrong:
+            return AgentError(wrong, EXIT_NO_DATA)
+    reason = (getattr(err, "strerror", None) or str(err) or type(err).__name__).lower()
     return AgentError(f"head agent unreachable at {url} ({reason})", EXIT_NO_DATA)
-
-
-def refusal(status: int, url: str) -> Optional[AgentError]:
-    """What an answer other than 200 means, in one line; ``None`` for 200."""
-    if status == 401:
-        return AgentError(f"head agent at {url} requires its token: pass --token-file", EXIT_NO_DATA)
-    if status != 200:
-        return AgentError(f"head agent at {url} answered HTTP {status}", EXIT_NO_DATA)
-    return None
 
 
 def tls_context(tls: TlsFiles) -> "Optional[ssl.SSLContext]":
@@ -117,7 +117,7 @@ def get(url: str, target: str, token: bytes, timeout_s: float, tls: TlsFiles) ->
                     return _exchange(wrapped, request)
             return _exchange(plain, request)
     except (TimeoutError, OSError) as err:
-        raise unreachable(err, named, timeout_s) from None
+        raise unreachable(err, named, timeout_s, host, port) from None
 
 
 def _exchange(sock: socket.socket, request: bytes) -> Answer:

@@ -3,79 +3,95 @@
 Every command's options that more than one command takes are declared here once (typer's
 ``Annotated`` types), with the callback that checks the value before any work starts: a bad
 value is a usage error (exit 2) naming the option, never a traceback or a late failure.
-:func:`seconds` is the one check of every duration (finite, in range, in seconds).
+:func:`within` is the one check of every number (finite, in range, its unit in the message:
+the ranges are :mod:`agent.limits`); ``--head`` and ``--gcs`` together are refused here too.
 
 Light on purpose: ``status --head``, the fast path, pays for every import made here.
 """
 
 import inspect
-import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from enum import Enum
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import click
 import typer
 
-from agent import client
-from agent.addresses import GCS_ADDRESS_ENV, parse_address
+from agent import client, limits
+from agent.addresses import (
+    DEFAULT_GCS_PORT,
+    DEFAULT_HTTP_PORT,
+    DEFAULT_REPORT_PORT,
+    GCS_ADDRESS_ENV,
+    parse_address,
+    with_port,
+)
+from agent.limits import Limit, Number
 
 WATCH_DEFAULT_S = 2.0
-MAX_SECONDS = 86_400.0
-"""The longest duration an option takes (a day): larger is a typo, and ``inf`` would
-overflow the timers it feeds."""
 
 
-def checked_seconds(value: float, name: str = "a duration") -> float:
-    """``value`` seconds if finite and in (0, a day]; ``ValueError`` naming what is wrong."""
-    if not math.isfinite(value):
-        raise ValueError(f"{value} is not a number of seconds")
-    if not 0 < value <= MAX_SECONDS:
-        raise ValueError(f"must be more than 0 and at most {MAX_SECONDS:g} seconds, not {value:g}")
-    return value
+class OptionError(click.UsageError):
+    """A usage error whose message is the whole line (the option, the value, what to do)."""
 
 
-def seconds(value: float) -> float:
-    """A typer callback: :func:`checked_seconds` as a usage error."""
-    try:
-        return checked_seconds(value)
-    except ValueError as err:
-        raise typer.BadParameter(str(err)) from None
+def within(limit: Limit) -> Callable[..., Any]:
+    """The callback of a numeric option: :func:`agent.limits.check` as a usage error."""
+
+    def check(param: typer.CallbackParam, value: Optional[Number]) -> Optional[Number]:
+        if value is None:
+            return None
+        try:
+            return limits.check(param.opts[0], value, limit)
+        except ValueError as err:
+            raise OptionError(str(err)) from None
+
+    return check
 
 
-def seconds_or_none(value: Optional[float]) -> Optional[float]:
-    return None if value is None else seconds(value)
-
-
-def _gcs_option(value: Optional[str]) -> Optional[str]:
-    if value is None:
-        return None
-    try:
-        return parse_address(value)
-    except ValueError as err:
-        raise typer.BadParameter(str(err)) from None
-
-
-def endpoint(default_port: int) -> Callable[[str], str]:
+def endpoint(default_port: int) -> Callable[[Optional[str]], Optional[str]]:
     """A callback for ``HOST[:PORT]``: the port defaults to ``default_port``."""
 
-    def check(value: str) -> str:
-        text = value if ":" in value else f"{value}:{default_port}"
+    def check(value: Optional[str]) -> Optional[str]:
+        if value is None:
+            return None
         try:
-            return parse_address(text)
+            return parse_address(with_port(value, default_port))
         except ValueError as err:
             raise typer.BadParameter(str(err)) from None
 
     return check
 
 
-def _head_url(value: Optional[str]) -> Optional[str]:
+def _one_source(ctx: typer.Context, given: str) -> None:
+    """``--head`` and ``--gcs`` name two sources: refused, whichever is checked second."""
+    other = "gcs" if given == "head" else "head"
+    if ctx.params.get(other) is None:
+        return
+    from_env = ctx.get_parameter_source("head") == click.core.ParameterSource.ENVIRONMENT
+    if from_env:
+        raise OptionError(
+            f"--gcs with ${client.HEAD_ENV} set: two sources, drop --gcs or unset {client.HEAD_ENV}"
+        )
+    raise OptionError("--head with --gcs: two sources, give one (--head reads a head agent, --gcs the GCS)")
+
+
+def _gcs_option(ctx: typer.Context, value: Optional[str]) -> Optional[str]:
+    address = endpoint(DEFAULT_GCS_PORT)(value)
+    if address is not None:
+        _one_source(ctx, "gcs")
+    return address
+
+
+def _head_url(ctx: typer.Context, value: Optional[str]) -> Optional[str]:
     if value is None:
         return None
     try:
-        return client.parse_head_url(value)
+        url = client.parse_head_url(value)
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
+    _one_source(ctx, "head")
+    return url
 
 
 GcsOption = Annotated[
@@ -92,7 +108,9 @@ GcsOption = Annotated[
 ]
 TimeoutOption = Annotated[
     float,
-    typer.Option("--timeout", metavar="SECONDS", callback=seconds, help="Deadline for the GCS read."),
+    typer.Option(
+        "--timeout", metavar="SECONDS", callback=within(limits.SECONDS), help="Deadline for the GCS read."
+    ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="One JSON document instead of lines.")]
 TokenFileOption = Annotated[
@@ -127,7 +145,10 @@ TlsCaOption = Annotated[
     ),
 ]
 IntervalOption = Annotated[
-    float, typer.Option("--interval", metavar="SECONDS", callback=seconds, help="Seconds between reports.")
+    float,
+    typer.Option(
+        "--interval", metavar="SECONDS", callback=within(limits.SECONDS), help="Seconds between reports."
+    ),
 ]
 GpusOption = Annotated[
     bool,
@@ -198,7 +219,7 @@ WatchOption = Annotated[
     typer.Option(
         "--watch",
         metavar="[SECONDS]",
-        callback=seconds_or_none,
+        callback=within(limits.SECONDS),
         help=(
             f"Redraw in place every SECONDS (default {WATCH_DEFAULT_S:g}), values that"
             " changed since the last frame highlighted; Ctrl-C ends it."
@@ -211,6 +232,7 @@ GpuMemoryOption = Annotated[
     typer.Option(
         "--gpu-memory-mb",
         metavar="MB",
+        callback=within(limits.GPU_MEMORY_MB),
         help="GPU memory per replica, as a BioEngine app declares it; -1 = a whole GPU.",
     ),
 ]
@@ -219,7 +241,8 @@ NumCpusOption = Annotated[
     float,
     typer.Option(
         "--num-cpus",
-        min=0,
+        metavar="CPUS",
+        callback=within(limits.CPUS),
         help=(
             "CPUs each replica books (Ray's num_cpus). 0 = as declared;"
             " a Ray Serve replica books 1 by default."
@@ -228,7 +251,13 @@ NumCpusOption = Annotated[
 ]
 
 MemoryMbOption = Annotated[
-    float, typer.Option("--memory-mb", min=0, help="Ray memory each replica books, in MB.")
+    float,
+    typer.Option(
+        "--memory-mb",
+        metavar="MB",
+        callback=within(limits.MEBIBYTES),
+        help="Ray memory each replica books, in MB.",
+    ),
 ]
 
 ShapeOption = Annotated[
@@ -248,7 +277,7 @@ GpuTotalOption = Annotated[
     typer.Option(
         "--gpu-total-mb",
         metavar="MB",
-        min=1,
+        callback=within(limits.GPU_MEBIBYTES),
         help=(
             "Size of the smallest GPU for the fraction path. Default: NVML's measurement,"
             " else a node's VRAM_MB total per GPU; without either the answer is 'could not tell'."
@@ -269,7 +298,12 @@ SizingOption = Annotated[
 
 ListenOption = Annotated[
     str,
-    typer.Option("--listen", metavar="HOST:PORT", callback=endpoint(7531), help="Where node agents connect."),
+    typer.Option(
+        "--listen",
+        metavar="HOST:PORT",
+        callback=endpoint(DEFAULT_REPORT_PORT),
+        help="Where node agents connect.",
+    ),
 ]
 
 HttpOption = Annotated[
@@ -277,7 +311,7 @@ HttpOption = Annotated[
     typer.Option(
         "--http",
         metavar="HOST:PORT",
-        callback=endpoint(7532),
+        callback=endpoint(DEFAULT_HTTP_PORT),
         help="GET /v1/status, /v1/usage, /metrics, /healthz.",
     ),
 ]
@@ -298,7 +332,17 @@ ReadTokenFileOption = Annotated[
 MaxPendingOption = Annotated[
     int,
     typer.Option(
-        "--max-pending", metavar="N", help="Connections per source address before their first good frame."
+        "--max-pending",
+        metavar="N",
+        callback=within(limits.CONNECTIONS),
+        help="Connections per source address before their first good frame.",
+    ),
+]
+
+ReplicasOption = Annotated[
+    int,
+    typer.Option(
+        "--replicas", metavar="N", callback=within(limits.REPLICAS), help="How many replicas to place."
     ),
 ]
 
@@ -322,8 +366,8 @@ PushHeadOption = Annotated[
     typer.Option(
         "--head",
         metavar="HOST:PORT",
-        callback=endpoint(7531),
-        help="The head agent's report port (7531).",
+        callback=endpoint(DEFAULT_REPORT_PORT),
+        help=f"The head agent's report port (its --listen; {DEFAULT_REPORT_PORT} when not given).",
     ),
 ]
 
@@ -340,24 +384,6 @@ AllNodesOption = Annotated[
         " nothing to flag, which the status lines otherwise count in one line.",
     ),
 ]
-
-
-def optional_watch_value(argv: Sequence[str]) -> list[str]:
-    """``--watch`` alone means every 2 s. Click options take a value or none, not either
-    (and typer drops click's ``flag_value``), so a bare ``--watch`` gets the default here."""
-    args = list(argv)
-    out: list[str] = []
-    for i, arg in enumerate(args):
-        out.append(arg)
-        if arg == "--":
-            return out + args[i + 1 :]
-        if arg == "--watch":
-            following = args[i + 1] if i + 1 < len(args) else ""
-            try:
-                float(following)
-            except ValueError:
-                out.append(f"{WATCH_DEFAULT_S:g}")
-    return out
 
 
 def reflow(doc: str, **values: object) -> str:

@@ -204,11 +204,26 @@ def append_line(path: str, line: str, lock_wait_s: float = LOCK_WAIT_S) -> None:
 FORMATS = ("text", "json", "prom")
 
 
-def status_format(json_out: bool, format_: Optional[str]) -> str:
-    """``--json`` and ``--format`` as one choice; a conflict is a usage error (exit 2)."""
+FORMAT_OF_SUFFIX = {".json": "json", ".prom": "prom"}
+"""What ``--output FILE`` holds when no format is asked for: a ``.json`` file JSON, a ``.prom``
+file node_exporter's text format (which its textfile collector reads), anything else lines."""
+
+
+def status_format(json_out: bool, format_: Optional[str], output_file: Optional[str] = None) -> str:
+    """``--json``, ``--format`` and ``--output FILE``'s suffix as one choice: a conflict is a
+    usage error (exit 2), so no text ever lands in a ``.json`` or JSON in a ``.prom``."""
     if json_out and format_ not in (None, "json"):
         raise AgentError(f"--json and --format {format_} ask for different outputs", EXIT_NO_DATA)
-    return "json" if json_out else (format_ or "text")
+    asked = "json" if json_out else format_
+    suffix = os.path.splitext(output_file or "")[1].lower()
+    implied = FORMAT_OF_SUFFIX.get(suffix)
+    if asked and implied and asked != implied:
+        raise AgentError(
+            f"--output {output_file} names a {suffix} file, but the format asked for is {asked}:"
+            f" drop {'--json' if json_out else '--format ' + asked} or name another file",
+            EXIT_NO_DATA,
+        )
+    return asked or implied or "text"
 
 
 def render_status(result: "ClusterStatus", fmt: str, include_dead: bool, gpus: bool) -> str:

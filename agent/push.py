@@ -25,7 +25,7 @@ from typing import Optional
 
 import msgspec
 
-from agent import collect, tokens, wire
+from agent import collect, peer, tokens, wire
 from agent.addresses import split_address
 from agent.cuda_samples import CudaSamples
 from agent.errors import EXIT_NO_DATA, AgentError
@@ -85,6 +85,7 @@ class Pusher:
         self._head_state = ""
         self._raylet_state = ""
         self._known: Optional[RayletInfo] = None
+        self._ambiguous = ""
         self._cycles_since_scan = RESCAN_CYCLES  # scan on the first cycle
         self.started_by = started_by()
         self.cuda = CudaSamples.from_env(os.environ)
@@ -92,14 +93,16 @@ class Pusher:
 
     def _raylet(self) -> Optional[RayletInfo]:
         """The raylet to report for; the process table is scanned only when it is gone
-        (and, while none is found, every ``RESCAN_CYCLES`` cycles)."""
+        (and, while none is found, every ``RESCAN_CYCLES`` cycles). Raylets of two clusters
+        and no ``--node-id``: none (the host only), as ``status`` refuses to guess."""
         if self._known is not None and raylet.still_running(self._known):
             return self._known
         if self._known is None and self._cycles_since_scan < RESCAN_CYCLES:
             self._cycles_since_scan += 1
             return None
         raylets, _ = raylet.find_raylets()
-        self._known = raylet.pick_raylet(raylets, self.node_id)
+        self._ambiguous = "" if self.node_id else raylet.clusters_here(raylets)
+        self._known = None if self._ambiguous else raylet.pick_raylet(raylets, self.node_id)
         self._cycles_since_scan = 0
         return self._known
 
@@ -110,6 +113,8 @@ class Pusher:
             self._note_raylet(f"reporting for Ray node {mine.node_id} (raylet pid {mine.pid})")
         elif self.node_id:
             self._note_raylet(f"no local raylet has node id {self.node_id}: reporting it without one")
+        elif self._ambiguous:
+            self._note_raylet(f"{self._ambiguous}: pass --node-id; reporting the host only")
         else:
             self._note_raylet("no raylet on this host: reporting the host only")
         # A hung driver call must not cost the loop its interval: half of it at most.
@@ -141,6 +146,13 @@ class Pusher:
                     sock = self.ssl_context.wrap_socket(sock, server_hostname=self.head[0])
                 greeting = _recv_exactly(sock, wire.GREETING_BYTES)
                 self._sealer = wire.Sealer(self.token, wire.parse_greeting(greeting))
+            except (OSError, wire.FrameError) as err:
+                sock.close()
+                silent = isinstance(err, (TimeoutError, socket.timeout))
+                wrong = peer.wrong_report_port(self.head, self.ssl_context is not None, silent)
+                if wrong:
+                    raise peer.WrongPort(wrong) from None
+                raise
             except BaseException:
                 sock.close()
                 raise
@@ -189,9 +201,9 @@ class Pusher:
     def _refused(self, rejected: str) -> bool:
         """The head rejected a frame: drop the connection, say why once, back off. ``False``."""
         self._close()
+        why = wire.explain(rejected, has_token=bool(self.token))
         self._note_head(
-            f"head {self._where} rejected the report: {_explain(rejected)} (retrying with backoff)",
-            warning=True,
+            f"head {self._where} rejected the report: {why} (retrying with backoff)", warning=True
         )
         return False
 
@@ -210,6 +222,10 @@ class Pusher:
                 if self._unacked_since is None:
                     self._unacked_since = time.monotonic()
                 rejected = self._read_acks(min(ACK_WAIT_S, self.interval_s / 2))
+        except peer.WrongPort as err:
+            self._close()
+            self._note_head(f"head {self._where} {err} (retrying with backoff)", warning=True)
+            return False
         except (OSError, wire.FrameError) as err:
             return self._lost(err)
         if rejected is not None:
@@ -350,21 +366,6 @@ def _without_processes(gpu: GpuDevice) -> GpuDevice:
     )
 
 
-_EXPLAINED = {
-    wire.BAD_TOKEN: "token rejected (bad token): the head holds a different token; check --token-file",
-    wire.TOO_BIG: "too big: the report exceeds the head's frame cap",
-    wire.BAD_REPORT: "bad report: the head could not take it (is it older than this agent?)",
-    wire.CLAIMED: "claimed: another agent reports this node (two agents on one node? --node-id?)",
-    wire.WRONG_PEER: "wrong peer: the scheduler has this node at another address than this agent's",
-    wire.FULL: "full: the head holds as many nodes as it will",
-}
-
-
-def _explain(reason: str) -> str:
-    """The head's short rejection word, said so that an operator knows what to fix."""
-    return _EXPLAINED.get(reason, reason)
-
-
 def run(
     head: str, token_file: Optional[str], interval_s: float, node_id: Optional[str], tls: TlsFiles
 ) -> None:
@@ -373,4 +374,11 @@ def run(
         context = client_context(tls)
     except ValueError as err:
         raise AgentError(str(err), EXIT_NO_DATA) from None
-    Pusher(split_address(head), tokens.read_token(token_file), interval_s, node_id, ssl_context=context).run()
+    token = tokens.read_token(token_file)
+    ambiguous = "" if node_id else raylet.clusters_here(raylet.find_raylets()[0])
+    if ambiguous:
+        raise AgentError(
+            f"{ambiguous}: pass --node-id of the node to report for (`rayscope node` lists them)",
+            EXIT_NO_DATA,
+        )
+    Pusher(split_address(head), token, interval_s, node_id, ssl_context=context).run()

@@ -6,6 +6,7 @@ else is refused in one line that names the file and the fix, never the token or 
 """
 
 import os
+import stat
 from typing import Optional
 
 from agent.errors import EXIT_NO_DATA, AgentError
@@ -19,12 +20,19 @@ def read_token_file(path: Optional[str]) -> bytes:
     the file is unreadable, open to group or others, empty, or not one printable line."""
     if path is None:
         return b""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:  # O_NONBLOCK: a FIFO at the path is refused below, never waited on
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as err:
         raise ValueError(f"cannot read token file {path}: {err.strerror}") from None
     try:
         mode = os.fstat(fd).st_mode  # of the file read, not of whatever the path names later
+        if stat.S_ISDIR(mode):
+            raise ValueError(
+                f"token file {path} is a directory: name the file in it that holds the token"
+                f" (e.g. {os.path.join(path, 'token')})"
+            )
+        if not stat.S_ISREG(mode):
+            raise ValueError(f"token file {path} is not a regular file: name the file that holds the token")
         if mode & 0o066:
             raise ValueError(
                 f"token file {path} is open to group or others (mode {mode & 0o777:03o}): `chmod 600 {path}`"

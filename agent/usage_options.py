@@ -1,11 +1,15 @@
 """The options of ``rayscope usage`` and the head's usage history (``--usage-window``,
 ``--usage-state``), checked at parse time like :mod:`agent.options`' (a usage error names
-the option). The checks themselves are :mod:`agent.usage_summary`'s, imported when used:
+the option): the headroom by :mod:`agent.limits`, as every number; a window (``30m``) by
+:mod:`agent.usage_summary`'s parser, imported when used:
 ``status --head`` pays for every import of the CLI."""
 
 from typing import Annotated, Optional
 
 import typer
+
+from agent import limits
+from agent.options import within
 
 
 def _window(text: "str | float") -> float:
@@ -15,15 +19,6 @@ def _window(text: "str | float") -> float:
         return text
     try:
         return parse_window(text)
-    except ValueError as err:
-        raise typer.BadParameter(str(err)) from None
-
-
-def _headroom(value: float) -> float:
-    from agent.usage_summary import checked_headroom
-
-    try:
-        return checked_headroom(value)
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
 
@@ -63,7 +58,7 @@ HeadroomOption = Annotated[
     typer.Option(
         "--headroom",
         metavar="PCT",
-        callback=_headroom,
+        callback=within(limits.HEADROOM),
         help="Suggested booking = peak + PCT %, rounded up to 256 MiB.",
     ),
 ]

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Optional
 
 from agent.actors import app_name, short_class_name
+from agent.limits import HEADROOM
 from agent.schema.usage import ActorUsage, AppUsage, UsageDocument
 from agent.units import MIB
 from agent.usage import EMPTY, ActorSeries, UsageWindow, slot_count
@@ -32,7 +33,7 @@ STEP_MB = 256
 DEFAULT_HEADROOM_PCT = 10.0
 PERCENTILE = 95
 NOT_HELD = "held no GPU memory in the window: nothing to size it by"
-MAX_HEADROOM_PCT = 1000.0
+MAX_HEADROOM_PCT = HEADROOM.high
 MAX_WINDOW_S = 31 * 86_400.0
 """The longest window a head keeps (a month): longer is a typo."""
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 7 * 86_400}

@@ -21,8 +21,9 @@ from types import FrameType
 from typing import Callable, Optional, TextIO
 
 from agent.errors import EXIT_NO_DATA, AgentError
-from agent.render.watch import fit_screen, highlight_changes, watch_header
+from agent.render.watch import CUT_MARKER, fit_screen, highlight_changes, watch_header, wrap_to
 from agent.schema.status import ClusterStatus
+from agent.text import printable
 
 ENTER = "\x1b[?1049h\x1b[?25l"  # alternate screen on, cursor hidden
 LEAVE = "\x1b[?25h\x1b[?1049l"  # cursor shown, alternate screen off
@@ -84,6 +85,8 @@ def run(
     """
     previous: Optional[list[str]] = None
     body: list[str] = []
+    encoding = (getattr(stream, "encoding", None) or "ascii").lower()
+    marker = CUT_MARKER if encoding.replace("-", "").startswith("utf") else ">"
     drawn = 0
     try:
         with terminal(stream, keyboard_fd):
@@ -96,14 +99,14 @@ def run(
                     generated_at = status.generated_at
                     body = lines_of(status)
                 except AgentError as err:
-                    error = f"rayscope: {err} (retrying every {interval_s:g} s)"
+                    error = printable(f"rayscope: {err} (retrying every {interval_s:g} s)")
                 columns, rows = screen_size()
                 header = [watch_header(interval_s, generated_at), ""]
                 if error is not None:
-                    header += [error, ""]
-                shown = fit_screen(body, columns, rows - len(header) - 1)
+                    header += [*wrap_to(error, columns), ""]
+                shown = fit_screen(body, columns, rows - len(header) - 1, marker)
                 marked = shown if error is not None else highlight_changes(previous, shown)
-                draw(stream, fit_screen(header, columns, rows) + marked)
+                draw(stream, fit_screen(header, columns, rows, marker) + marked)
                 if error is None:
                     previous = shown
                 drawn += 1

@@ -238,3 +238,25 @@ class AckReader:
             else:
                 raise FrameError(f"unexpected byte 0x{kind:02x} from the head")
         return out
+
+
+_EXPLAINED = {
+    BAD_TOKEN: "token rejected (bad token): the head holds a different token; check --token-file",
+    TOO_BIG: "too big: the report exceeds the head's frame cap",
+    BAD_REPORT: "bad report: the head could not take it (is it older than this agent?)",
+    CLAIMED: "claimed: another agent reports this node (two agents on one node? --node-id?)",
+    WRONG_PEER: "wrong peer: the scheduler has this node at another address than this agent's",
+    FULL: "full: the head holds as many nodes as it will",
+}
+NO_TOKEN = "the head requires a token and this agent has none: pass --token-file (the head's file)"
+
+
+def explain(reason: str, has_token: bool = True) -> str:
+    """The head's short rejection word, said so that an operator knows what to fix (an agent
+    with no token told so apart from one with another); a word this agent does not know is
+    the peer's text, shown through the one printable rule."""
+    from agent.text import printable
+
+    if reason == BAD_TOKEN and not has_token:
+        return NO_TOKEN
+    return _EXPLAINED.get(reason) or printable(reason)

@@ -18,6 +18,7 @@ import argparse
 import importlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -386,8 +387,10 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def demo() -> int:
-    """``make demo``: a two-node cluster, the seed's bookings, rayscope's answer, then stop."""
+def demo(keep: bool = False) -> int:
+    """``make demo``: a two-node cluster, the seed's bookings, rayscope's answer, then stop;
+    ``keep`` (``make demo KEEP=1``): the cluster stays up until Ctrl-C, and the commands to try
+    against it are printed (a token file for the agents included)."""
     root = tempfile.mkdtemp(prefix="rs-demo-", dir="/tmp")
     env = {**os.environ, "RAY_TMPDIR": root, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")}
     state_file = os.path.join(root, "state.json")
@@ -401,6 +404,7 @@ def demo() -> int:
         stdout=subprocess.PIPE,
         env=env,
         text=True,
+        start_new_session=True,  # Ctrl-C reaches the demo, which stops the cluster in order
     )
     try:
         assert launcher.stdout is not None
@@ -425,6 +429,15 @@ def demo() -> int:
         ).stdout
         print(f"\n$ rayscope status --json --gcs {state['gcs_address']}  # the cluster block")
         print(json.dumps(json.loads(out)["cluster"], indent=2))
+        if keep:
+            # Ctrl-C, or SIGTERM, even where SIGINT came ignored (a job started with `&`).
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, signal.default_int_handler)
+            print(commands_to_try(state, root), flush=True)
+            while True:
+                time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
     finally:
         print("\nStopping the cluster ...", flush=True)
         if launcher.stdin:
@@ -433,7 +446,45 @@ def demo() -> int:
             launcher.wait(timeout=60)
         except subprocess.TimeoutExpired:
             launcher.kill()
+        shutil.rmtree(root, ignore_errors=True)
     return 0
+
+
+def commands_to_try(state: dict[str, Any], root: str) -> str:
+    """What ``make demo KEEP=1`` prints: commands to paste into another terminal, as they are.
+    The agents get a token file of their own; both raylets run on this host, so each
+    ``push`` names its node (``--node-id``)."""
+    token = os.path.join(root, "token")
+    fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(os.urandom(32).hex() + "\n")
+    gcs = state["gcs_address"]
+    bin_dir = os.path.dirname(sys.executable)
+    nodes = state["nodes"]
+    lines = [
+        "",
+        "The cluster stays up until Ctrl-C. In another terminal, try:",
+        "",
+        f"  export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_TMPDIR={root} PATH={bin_dir}:$PATH",
+        f"  rayscope status --gcs {gcs}",
+        f"  rayscope status --gcs {gcs} --gpus",
+        f"  rayscope status --gcs {gcs} --watch",
+        f"  rayscope fit --gcs {gcs} --gpu-memory-mb 4096",
+        f"  rayscope fit --gcs {gcs} --gpu-memory-mb 5120",
+        f"  rayscope node --gcs {gcs}",
+        "",
+        "The agents (each in a terminal of its own; Ctrl-C stops one):",
+        "",
+        f"  rayscope head --gcs {gcs} --token-file {token} --interval 2",
+        *(
+            f"  rayscope push --head 127.0.0.1:7531 --token-file {token} --interval 2"
+            f" --node-id {n['node_id']}"
+            for n in nodes.values()
+        ),
+        f"  rayscope status --head http://127.0.0.1:7532 --token-file {token}",
+        "",
+    ]
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -442,11 +493,12 @@ def main() -> int:
     serve_parser = sub.add_parser("serve")
     serve_parser.add_argument("--state", required=True)
     serve_parser.add_argument("--topology", choices=sorted(TOPOLOGIES), default="seed")
-    sub.add_parser("demo")
+    demo_parser = sub.add_parser("demo")
+    demo_parser.add_argument("--keep", action="store_true", help="keep the cluster up until Ctrl-C")
     args = parser.parse_args()
     if args.command == "serve":
         return serve(args)
-    return demo()
+    return demo(keep=args.keep)
 
 
 if __name__ == "__main__":

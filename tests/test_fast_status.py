@@ -256,10 +256,15 @@ def test_a_refusal_is_the_clis_one_line(
         argv = ["status", "--head", head.url]
         fast = run_entry(argv, capsys, monkeypatch)
         assert fast == run_cli(argv, capsys)
-        assert handled_fast(argv, capsys) and len(head.requests) == 3  # entry, cli, handled_fast: one each
+        # A refusal is rare and the CLI's path names what it means (a wrong token from a
+        # missing one, a server that is not a head): the fast path leaves it to that path.
+        assert not handled_fast(argv, capsys)
     assert fast[0] == 2 and fast[1] == "" and fast[2].count("\n") == 1
     if code == 401:
-        assert fast[2] == f"rayscope: head agent at {head.url} requires its token: pass --token-file\n"
+        assert (
+            fast[2]
+            == f"rayscope: head agent at {head.url} requires a token: pass --token-file (the head's)\n"
+        )
 
 
 def test_unreachable_and_timeout_are_the_clis_lines_said_once(

@@ -232,7 +232,9 @@ def test_metrics_and_auth(fleet: Fleet) -> None:
 def test_status_head_without_token_says_so(fleet: Fleet) -> None:
     done = run_rayscope("status", "--head", fleet.head.url, env=fleet.env)
     assert done.returncode == 2
-    assert done.stderr == f"rayscope: head agent at {fleet.head.url} requires its token: pass --token-file\n"
+    assert done.stderr == (
+        f"rayscope: head agent at {fleet.head.url} requires a token: pass --token-file (the head's)\n"
+    )
 
 
 def test_unreachable_head_is_one_line_and_exit_2() -> None:

@@ -457,7 +457,9 @@ def test_agents_and_status_work_over_tls_and_plain_clients_are_refused(tmp_path:
         )  # fmt: skip
         assert done.returncode in (0, 1), done.stderr
         assert parsed(done.stdout, "status")["nodes"][NODE]["agent"] == "reporting"
-        eventually(lambda: "unreachable" in plain.log_text(), 20, "the plain agent is refused")
+        eventually(  # before: "unreachable: the head closed the connection before greeting"
+            lambda: "speaks TLS: pass --tls-ca" in plain.log_text(), 20, "the plain agent is refused"
+        )
         assert head.agent_state(plain_node) == "absent"
         assert "connected to head" not in plain.log_text()
         with pytest.raises((OSError, ConnectionError)):

@@ -15,8 +15,8 @@ import pexpect
 import pytest
 
 from agent import watch
+from agent.cmdline import optional_watch_value
 from agent.errors import AgentError
-from agent.options import optional_watch_value
 from agent.render.status import status_lines
 from agent.render.watch import HIGHLIGHT_OFF, HIGHLIGHT_ON, fit_screen, highlight_changes
 from agent.schema.status import ClusterStatus
@@ -52,7 +52,61 @@ def test_a_new_node_lights_up_whole_and_shifts_nothing_else() -> None:
 
 
 def test_screen_cut_never_wraps() -> None:
-    assert fit_screen(["x" * 30, "y", "z"], columns=10, rows=2) == ["x" * 10, "y"]
+    assert fit_screen(["x" * 30, "y", "z"], columns=10, rows=2) == ["x" * 8 + " \u2026", "y"]
+
+
+SEED_HEAD = "  127.0.0.1 [HEAD] G GPU: 0.04/1 booked: 20480/24576 MB  VRAM: NA/NA GB  CPU: 8/8"
+
+
+def test_the_seeds_81_column_head_line_is_cut_at_a_field_with_a_marker() -> None:
+    """Before: ``line[:80]``, which ends ``CPU: 8/`` (a number cut in half, as if 8 of
+    nothing). Now the field that does not fit goes whole, and the line says it was cut."""
+    assert len(SEED_HEAD) == 81
+    assert fit_screen([SEED_HEAD], columns=80, rows=5) == [
+        "  127.0.0.1 [HEAD] G GPU: 0.04/1 booked: 20480/24576 MB  VRAM: NA/NA GB \u2026"
+    ]
+    assert fit_screen([SEED_HEAD], columns=81, rows=5) == [SEED_HEAD]
+
+
+@pytest.mark.parametrize("columns", range(20, 81))
+def test_no_width_cuts_a_number_or_a_field_in_half(columns: int) -> None:
+    """At every width: the line fits, ends with the marker after a space, and what is kept
+    is whole fields of the line (a prefix that ends where a field ends)."""
+    (cut,) = fit_screen([SEED_HEAD], columns=columns, rows=1, marker=">")
+    kept = cut[: -len(" >")]
+    assert len(cut) <= columns and cut.endswith(" >")
+    assert SEED_HEAD.startswith(kept) and SEED_HEAD[len(kept)] == " ", (columns, cut)
+    assert not kept.endswith((":", "/")), (columns, cut)
+
+
+def test_an_error_line_is_wrapped_whole_not_cut() -> None:
+    from agent.render.watch import wrap_to
+
+    error = "rayscope: GCS unreachable at 10.0.0.1:6379 (timeout 5 s) (retrying every 2 s)"
+    wrapped = wrap_to(error, 40)
+    assert all(len(line) <= 40 for line in wrapped) and " ".join(wrapped) == error
+
+
+def test_a_failed_reads_peer_text_reaches_the_screen_printable() -> None:
+    """An error may quote a peer (Ray's first line, a head's answer): before, it was drawn as
+    it came, escape sequences included (here one that retitles the terminal)."""
+
+    def read() -> ClusterStatus:
+        raise AgentError("GCS at x:1 failed: \x1b]0;owned\x07boom", 2)
+
+    screen = io.StringIO()
+    watch.run(
+        read,
+        status_lines,
+        2.0,
+        stream=screen,
+        frames=1,
+        sleep=lambda s: None,
+        screen_size=lambda: os.terminal_size((120, 40)),
+    )
+    out = screen.getvalue()
+    assert "\x1b]0;" not in out and "\x07" not in out
+    assert "GCS at x:1 failed: ]0;ownedboom (retrying every 2 s)" in out
 
 
 @pytest.mark.parametrize(

@@ -19,9 +19,44 @@ def watch_header(interval_s: float, generated_at: float) -> str:
     return f"Every {number(interval_s)}s: rayscope status    {clock}"
 
 
-def fit_screen(lines: Sequence[str], columns: int, rows: int) -> list[str]:
-    """Cut lines to the terminal, so a redraw in place never wraps or scrolls."""
-    return [line[: max(columns, 1)] for line in lines[: max(rows, 1)]]
+CUT_MARKER = "\u2026"
+"""Ends a line cut to the terminal's width (``…``; ``>`` where the terminal cannot show it)."""
+_FIELD_START = re.compile(r"  +| (?=[A-Za-z_]+: )")
+"""Where a field of a status line begins: after two spaces, or before ``Label: ``."""
+_WORD_START = re.compile(r" ")
+
+
+def cut_line(line: str, columns: int, marker: str = CUT_MARKER) -> str:
+    """``line`` if it fits in ``columns``; else cut before the last field that does not fit
+    (``... VRAM: 5.8/24.0 GB …``, never ``CPU: 8/``), at a word where no field boundary
+    keeps half the width, mid-word only in a line without a space, and ``marker`` after."""
+    if len(line) <= columns:
+        return line
+    room = columns - len(marker) - 1  # a space before the marker
+    if room < 1:
+        return marker[: max(columns, 0)]
+
+    def last_cut(boundary: "re.Pattern[str]") -> int:
+        cuts = [m.start() for m in boundary.finditer(line) if m.start() <= room and line[: m.start()].strip()]
+        return max(cuts, default=0)
+
+    end = last_cut(_FIELD_START)
+    if end < columns // 2:
+        end = last_cut(_WORD_START) or room
+    return line[:end].rstrip() + " " + marker
+
+
+def fit_screen(lines: Sequence[str], columns: int, rows: int, marker: str = CUT_MARKER) -> list[str]:
+    """The lines that fit the terminal, each cut by :func:`cut_line`, so a redraw in place
+    never wraps or scrolls."""
+    return [cut_line(line, max(columns, 1), marker) for line in lines[: max(rows, 1)]]
+
+
+def wrap_to(text: str, columns: int) -> list[str]:
+    """``text`` (an error line) wrapped at words to ``columns``: said whole, never cut."""
+    import textwrap
+
+    return textwrap.wrap(text, max(columns, 20), break_on_hyphens=False) or [""]
 
 
 def _highlight_pair(before: str, after: str) -> str:

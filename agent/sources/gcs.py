@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional, TypeVar
 
 import msgspec
 
-from agent.addresses import DEFAULT_TIMEOUT_S, split_address
+from agent.addresses import DEFAULT_GCS_PORT, DEFAULT_TIMEOUT_S, split_address
 from agent.schema.pending import PendingRead
 from agent.schema.report import SourceStatus
 from agent.schema.status import ActorBooking, RayNode
@@ -90,6 +90,19 @@ def check_port(address: str, timeout_s: float) -> None:
         raise GcsUnavailable(f"GCS unreachable at {address} ({err.strerror or type(err).__name__})") from None
 
 
+def not_a_gcs(address: str) -> str:
+    """When a port took the connection but the GCS read timed out: what answers there if it
+    is plainly no GCS (a rayscope head's port, an HTTP or TLS server: :mod:`agent.peer`),
+    as the whole message; ``""`` when it may be a GCS that is slow or hung."""
+    from agent import peer
+
+    kind, what = peer.described(*split_address(address))
+    if kind is None or kind == peer.GRPC:
+        return ""
+    hint = f" (read it with status --head http://{address})" if kind == peer.HEAD_HTTP else ""
+    return f"no GCS at {address}: it is {what}{hint}; Ray's GCS listens on {DEFAULT_GCS_PORT} by default"
+
+
 def explain(err: BaseException, address: str, timeout_s: float, token_source: Optional[str]) -> str:
     """A GCS client error in the operator's words."""
     text = str(err)
@@ -141,8 +154,10 @@ class GcsReader:
         except GcsUnavailable:
             raise
         except Exception as err:
-            self._client = None  # reconnect next time: the GCS may have restarted
-            raise GcsUnavailable(explain(err, self.address, self.timeout_s, self.token_source)) from err
+            connecting, self._client = self._client is None, None  # reconnect next time
+            wrong = not_a_gcs(self.address) if connecting and isinstance(err, TimeoutError) else ""
+            why = wrong or explain(err, self.address, self.timeout_s, self.token_source)
+            raise GcsUnavailable(why) from err
 
     def read_actors(self) -> tuple[Optional[list[ActorBooking]], SourceStatus]:
         """Every live actor (the head agent's attribution input); never raises."""

@@ -7,7 +7,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Optional
 
-from agent.addresses import GCS_ADDRESS_ENV
+from agent.addresses import DEFAULT_GCS_PORT, GCS_ADDRESS_ENV, with_port
 from agent.schema.report import RayletInfo
 from agent.sources import trust
 
@@ -66,7 +66,8 @@ def resolve_address(
     if explicit:
         return explicit, "--gcs"
     if environ.get(GCS_ADDRESS_ENV):
-        return environ[GCS_ADDRESS_ENV], GCS_ADDRESS_ENV
+        # A missing port is Ray's default, as for --gcs (collect.resolve_gcs checks the rest).
+        return with_port(environ[GCS_ADDRESS_ENV], DEFAULT_GCS_PORT), GCS_ADDRESS_ENV
     from_raylets = sorted({r.gcs_address for r in raylets if r.gcs_address})
     if len(from_raylets) > 1:
         clusters = ", ".join(from_raylets)

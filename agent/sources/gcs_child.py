@@ -115,7 +115,7 @@ def _child_timeout(err: subprocess.TimeoutExpired, address: str, timeout_s: floa
     stderr = err.stderr or b""
     text = stderr.decode("utf-8", "replace") if isinstance(stderr, bytes) else stderr
     if gcs_read.IMPORTED in text:
-        return f"GCS unreachable at {address} (timeout {timeout_s:g} s)"
+        return gcs.not_a_gcs(address) or f"GCS unreachable at {address} (timeout {timeout_s:g} s)"
     return (
         f"GCS read stopped at its deadline (timeout {timeout_s:g} s) while {python} was still"
         " importing ray (a loaded host or a slow file system): the GCS was not asked; raise --timeout"

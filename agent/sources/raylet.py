@@ -170,6 +170,16 @@ def find_raylets() -> tuple[list[RayletInfo], SourceStatus]:
     return [], SourceStatus(name="raylet", ok=False, reason=reason)
 
 
+def clusters_here(raylets: Sequence[RayletInfo]) -> str:
+    """``raylets of 2 clusters run on this host (10.0.0.1:6379, 10.0.0.2:6379)`` when the
+    raylets belong to more than one cluster (by GCS address), else ``""``: which one a
+    command means is then the operator's to say, never guessed."""
+    addresses = sorted({r.gcs_address for r in raylets if r.gcs_address})
+    if len(addresses) < 2:
+        return ""
+    return f"raylets of {len(addresses)} clusters run on this host ({', '.join(addresses)})"
+
+
 def pick_raylet(raylets: Sequence[RayletInfo], node_id: Optional[str]) -> Optional[RayletInfo]:
     """The raylet this host reports for: the one pinned by ``node_id`` (a prefix is
     enough), else the head's if it runs here, else the first."""

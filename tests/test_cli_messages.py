@@ -8,7 +8,8 @@ The cases that need a peer use a real ``rayscope head`` (``head_daemon``: its GC
 port), a TCP server that speaks first the way Ray's GCS does (an HTTP/2 SETTINGS frame, the
 bytes recorded from Ray 2.60's GCS), and a ``rayscope push`` whose warning line is read.
 Positive control: drop the ``peer.wrong_http_port`` call in ``client._unreachable`` and the
-report-port case prints "head agent unreachable at ... (" followed by the challenge bytes.
+report-port case says only "answered something that is not HTTP" (no port named); the line
+before this change quoted the peer: "head agent unreachable at ... (" and the challenge bytes.
 """
 
 import os

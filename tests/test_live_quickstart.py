@@ -262,6 +262,8 @@ def quickstart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             cluster.start_ray()
             for step in quickstart_steps(README.read_text()):
                 cluster.type(step)
+            # The head's first scheduler read takes up to an interval: until then, no data.
+            eventually("the head's first GCS read", lambda: cluster.status().returncode != 2 or None, 60)
             yield cluster
         finally:
             cluster.stop()

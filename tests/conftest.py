@@ -286,7 +286,8 @@ class HeadDaemon(Daemon):
             with urllib.request.urlopen(request, timeout=10) as response:
                 return int(response.status), bytes(response.read())
         except urllib.error.HTTPError as err:
-            return int(err.code), bytes(err.read())
+            with err:  # its response holds the socket: closed, not left to the collector
+                return int(err.code), bytes(err.read())
 
     def wait_ready(self, timeout_s: float = 30.0) -> None:
         def answers() -> bool:

@@ -33,17 +33,20 @@ def test_unreachable_cluster_writes_nothing(rayscope_env: dict[str, str], tmp_pa
     good.write_text('{"good": true}\n')
     log = tmp_path / "status.ndjson"
     log.write_text('{"good": true}\n')
+    prom = tmp_path / "status.prom"  # a .json file for Prometheus text is refused (issue 22)
+    prom.write_text("rayscope_good 1\n")
     address = f"127.0.0.1:{free_port()}"
     for args in (
         ["--json", "--output", str(good)],
         ["--append", str(log)],
-        ["--format", "prom", "--output", str(good)],
+        ["--format", "prom", "--output", str(prom)],
     ):
         done = run_rayscope("status", *args, "--gcs", address, env=rayscope_env)
         assert done.returncode == 2
         assert done.stderr == f"rayscope: GCS unreachable at {address} (connection refused)\n"
     assert good.read_text() == '{"good": true}\n' and log.read_text() == '{"good": true}\n'
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["status.json", "status.ndjson"]
+    assert prom.read_text() == "rayscope_good 1\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["status.json", "status.ndjson", "status.prom"]
 
 
 def test_append_adds_one_timestamped_document_per_run(

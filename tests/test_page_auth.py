@@ -150,7 +150,8 @@ def _open(url: str, data: Optional[bytes] = None, **headers: str) -> tuple[int, 
         with opener.open(req, timeout=10) as response:
             return int(response.status), dict(response.headers), bytes(response.read())
     except urllib.error.HTTPError as err:
-        return int(err.code), dict(err.headers), bytes(err.read())
+        with err:  # its response holds the socket: closed, not left to the collector
+            return int(err.code), dict(err.headers), bytes(err.read())
 
 
 def test_the_login_over_a_real_heads_port(head_daemon: HeadDaemon) -> None:

@@ -91,7 +91,8 @@ def _get(url: str, authorization: str) -> int:
         with urllib.request.urlopen(request, timeout=10) as response:
             return int(response.status)
     except urllib.error.HTTPError as err:
-        return int(err.code)
+        with err:  # its response holds the socket: closed, not left to the collector
+            return int(err.code)
 
 
 def test_the_bearer_scheme_is_case_insensitive(head_daemon: HeadDaemon) -> None:

@@ -29,3 +29,31 @@ def ray_round(amount: float) -> float:
 def ray_units(amount: float) -> int:
     """``amount`` in Ray's fixed-point units: what its scheduler compares."""
     return round(amount * RAY_UNITS_PER_ONE)
+
+
+ASCII_DIGITS = frozenset("0123456789")
+MAX_DIGITS = 19
+"""The longest digit string any number rayscope reads from outside may have: 2**63 has 19
+digits, and a longer string (``int()`` takes quadratic time past a few thousand digits) is
+refused before it is converted."""
+
+
+def parse_count(text: str, what: str, maximum: int = 2**63 - 1) -> int:
+    """``text`` as a non-negative integer, ``[0-9]`` only: the one parser for every number
+    that comes from outside (a peer's report, an HTTP header or query, a cookie, a GCS field,
+    ``CUDA_VISIBLE_DEVICES``, a state file, an environment variable).
+
+    ``str.isdigit()`` and ``int()`` take non-ASCII digits (``'²'``, ``'٢'``, ``'５'``) and
+    ``int()`` takes signs, spaces and underscores: none of them is a number here. Raises
+    ``ValueError`` naming ``what`` and the refused text (quoted, so controls show escaped)."""
+    if not text or len(text) > MAX_DIGITS or not ASCII_DIGITS.issuperset(text):
+        raise ValueError(f"{what}: {text[:40]!r} is not a number (digits 0-9 only)")
+    value = int(text)
+    if value > maximum:
+        raise ValueError(f"{what}: {value} is over {maximum}")
+    return value
+
+
+def is_count(text: str) -> bool:
+    """Whether :func:`parse_count` takes ``text``: ASCII digits only, at most 19 of them."""
+    return bool(text) and len(text) <= MAX_DIGITS and ASCII_DIGITS.issuperset(text)

@@ -11,7 +11,7 @@ How (build/README.md says why):
    Python version and the architecture in their file names, so all ten sit side by side;
    an abi3 extension (psutil's) does not, so such a wheel goes under ``_arch/<machine>/``
    and the launcher puts the right one on ``sys.path``; any other clash fails the build;
-3. rayscope's own ``agent`` package is copied in; ray is never bundled;
+3. rayscope's own ``rayscope`` package (``agent/rayscope``) is copied in; ray is never bundled;
 4. shiv zips the tree reproducibly (fixed timestamps, sorted entries, a build id that is
    the hash of the contents); the zip's ``__main__.py`` is then replaced by rayscope's
    (a version guard that parses on any Python, then ``build/launcher.py``);
@@ -33,6 +33,8 @@ from pathlib import Path
 
 BUILD = Path(__file__).resolve().parent
 REPO = BUILD.parent
+PACKAGE = REPO / "agent" / "rayscope"
+"""The import package the single file carries (the source root is ``agent/``)."""
 LOCK = BUILD / "pyz-lock.txt"
 WHEEL_CACHE = BUILD / "cache" / "wheels"
 LAUNCHER = BUILD / "launcher.py"
@@ -40,7 +42,7 @@ GUARD = BUILD / "zipmain.py"
 ARTIFACT = "rayscope.pyz"
 PYTHONS = ("3.9", "3.10", "3.11", "3.12", "3.13")
 ARCHES = ("x86_64", "aarch64")
-ENTRY_POINT = "agent.__main__:main"
+ENTRY_POINT = "rayscope.__main__:main"
 SHEBANG = "/usr/bin/env python3"
 ARCH_DIR = "_arch"
 BUILD_INFO = "_rayscope_build.json"
@@ -218,8 +220,8 @@ def stage(tree: Path, wheels: dict[tuple[str, str], list[Path]]) -> None:
         for wheel in target_wheels:
             prefix = f"{ARCH_DIR}/{arch}/" if wheel_is_abi3_native(wheel) else ""
             unpack(wheel, tree, prefix, seen)
-    for path in source_files(REPO / "agent"):
-        dest = tree / path.relative_to(REPO)
+    for path in source_files(PACKAGE):
+        dest = tree / path.relative_to(PACKAGE.parent)
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, dest)
     for path in tree.rglob("*"):  # modes from the umask would change the zip's bytes
@@ -247,7 +249,7 @@ def shiv(tree: Path, out: Path) -> dict[str, object]:
 def build_info(env: dict[str, object], tree: Path) -> bytes:
     """What the launcher checks before anything is unpacked: where to unpack, and which
     interpreters the native libraries fit (by their extension suffixes)."""
-    version = re.search(r'__version__ = "([^"]+)"', (REPO / "agent" / "__init__.py").read_text())
+    version = re.search(r'__version__ = "([^"]+)"', (PACKAGE / "__init__.py").read_text())
     suffixes = {m.group(1) for p in tree.rglob("*.so") if (m := re.search(r"(\.cpython-[^.]+\.so)$", p.name))}
     info = {
         "build_id": env["build_id"],

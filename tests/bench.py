@@ -31,14 +31,14 @@ from typing import Any
 import msgspec
 import psutil
 
-from agent import wire
-from agent.head.routes import Request, Response, Routes
-from agent.head.state import HeadState
-from agent.logs import LogThrottle
-from agent.render.metrics import metrics_text
-from agent.render.status import status_json_bytes, status_lines
-from agent.schema.report import GpuDevice, HostInfo, NodeReport, RayletInfo, SourceStatus
-from agent.schema.status import RayNode
+from rayscope.head.routes import Request, Response, Routes
+from rayscope.head.state import HeadState
+from rayscope.logs import LogThrottle
+from rayscope.net import wire
+from rayscope.render.metrics import metrics_text
+from rayscope.render.status import status_json_bytes, status_lines
+from rayscope.schema.report import GpuDevice, HostInfo, NodeReport, RayletInfo, SourceStatus
+from rayscope.schema.status import RayNode
 from tests.bench_agents import keep_marked
 from tests.conftest import REPO, HeadDaemon, LiveCluster, base_env, free_port, push_agent, start_cluster
 from tests.waiting import eventually
@@ -310,7 +310,7 @@ def installed_env(env: dict[str, str]) -> dict[str, str]:
     """As installed (pip or the pyz): bytecode compiled. This sandbox sets
     PYTHONDONTWRITEBYTECODE, which would make every run recompile rayscope's sources (~25 ms)
     but not ray's, whose bytecode pip wrote at install time."""
-    compileall.compile_dir(str(REPO / "agent"), quiet=1)
+    compileall.compile_dir(str(REPO / "agent" / "rayscope"), quiet=1)
     return {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 

@@ -13,11 +13,11 @@ import asyncio
 import logging
 from pathlib import Path
 
-from agent import tokens
-from agent.head.daemon import Head
-from agent.schema.pending import PendingRead
-from agent.schema.report import SourceStatus
-from agent.schema.status import ActorBooking, RayNode
+from rayscope.head.daemon import Head
+from rayscope.net import tokens
+from rayscope.schema.pending import PendingRead
+from rayscope.schema.report import SourceStatus
+from rayscope.schema.status import ActorBooking, RayNode
 from tests.bench import synthetic_reports, synthetic_views
 
 

@@ -116,7 +116,8 @@ def seed_cluster(python: str, root: Path) -> Iterator[dict[str, Any]]:
     env = {
         **base_env(),
         "RAY_TMPDIR": str(root),
-        "PYTHONPATH": str(REPO),  # livecluster waits for bookings with agent.sources.gcs_read
+        # livecluster waits for bookings with rayscope.sources.gcs.read
+        "PYTHONPATH": f"{REPO / 'agent'}:{REPO}",
     }
     state_file = root / "state.json"
     with open(root / "launcher.log", "w") as log:

@@ -62,9 +62,9 @@ def base_env(**extra: str) -> dict[str, str]:
 def run_rayscope(
     *args: str, env: Optional[Mapping[str, str]] = None, timeout: float = 60.0
 ) -> "subprocess.CompletedProcess[str]":
-    """``python -m agent ARGS`` as an operator runs it: its own process, real exit code."""
+    """``python -m rayscope ARGS`` as an operator runs it: its own process, real exit code."""
     return subprocess.run(
-        [sys.executable, "-m", "agent", *args],
+        [sys.executable, "-m", "rayscope", *args],
         cwd=REPO,
         env=dict(env) if env is not None else base_env(RAY_AUTH_MODE="disabled"),
         capture_output=True,
@@ -215,14 +215,14 @@ def free_port() -> int:
 
 
 class Daemon:
-    """``python -m agent ARGS`` left running (head or push agent), stopped by pid."""
+    """``python -m rayscope ARGS`` left running (head or push agent), stopped by pid."""
 
     def __init__(self, args: list[str], env: Mapping[str, str], log_path: Path) -> None:
         self.args = args
         self.log_path = log_path
         self._log = open(log_path, "a")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "agent", *args],
+            [sys.executable, "-m", "rayscope", *args],
             cwd=REPO,
             env=dict(env),
             stdout=self._log,

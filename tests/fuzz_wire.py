@@ -1,7 +1,7 @@
 """Fuzz target for the head's frame and report decoders:
 ``python -m tests.fuzz_wire [N] [SEED] [--json FILE]``.
 
-Each input is a byte stream fed, in random chunks, to a real :class:`agent.head.ingest.ReportProtocol`
+Each input is a byte stream fed, in random chunks, to a real :class:`rayscope.head.ingest.ReportProtocol`
 (over a fake transport) as a peer would send it: authentic version-2 and version-1 frames,
 then mutated (bit flips, cut, spliced, repeated, reordered, wrong token, forged lengths), and
 authentic frames around mutated or generated report payloads. Invariants, checked per input:
@@ -31,12 +31,12 @@ from typing import Any, Callable, Optional
 
 import msgspec
 
-from agent import wire
-from agent.head import ingest
-from agent.head.admission import ConnectionGuard
-from agent.head.state import HeadState
-from agent.logs import LogThrottle
-from agent.validate import ReportError
+from rayscope.core.validate import ReportError
+from rayscope.head import ingest
+from rayscope.head.admission import ConnectionGuard
+from rayscope.head.state import HeadState
+from rayscope.logs import LogThrottle
+from rayscope.net import wire
 from tests.scenarios import SEED_REPORTS
 
 TOKEN = b"fuzz-token-0123456789abcdef"

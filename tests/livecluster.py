@@ -186,7 +186,7 @@ class LiveCluster:
         strategy = strategies.NodeAffinitySchedulingStrategy(self.nodes[node].node_id, soft=False)
         actor = remote_probe.options(name=name, scheduling_strategy=strategy, **options).remote()
         ready, _ = self.ray.wait([actor.ready.remote()], timeout=wait_s)
-        from agent.sources import gcs_read
+        from rayscope.sources.gcs import read as gcs_read
 
         client = gcs_read.connect(self.cluster.address)
         states = _ray_actor_states(client, actor._actor_id.hex())
@@ -238,7 +238,7 @@ class LiveCluster:
         to the GCS asynchronously, so a running actor is not yet a booked resource there.
         Read the way rayscope reads it (gcs_read: the autoscaler's resource state), not
         through ray.state, whose view can be ahead of it."""
-        from agent.sources import gcs_read
+        from rayscope.sources.gcs import read as gcs_read
 
         client = gcs_read.connect(self.cluster.address)
         expected = self._expected_use()
@@ -290,7 +290,7 @@ class LiveCluster:
     def actor_table_hex(self) -> dict[str, Any]:
         """Every entry of the GCS actor table, dead ones included, as serialized protobufs:
         all that ``ray list actors --detail`` and the dashboard can show of an actor."""
-        from agent.sources import gcs_read
+        from rayscope.sources.gcs import read as gcs_read
 
         client = gcs_read.connect(self.cluster.address)
 
@@ -415,7 +415,7 @@ def demo(keep: bool = False) -> int:
             state = json.load(f)
         print("Booked four federated-unet replicas (num_gpus=0.01, VRAM_MB=5120)")
         print("and one deNBI app (num_gpus=0.33) as real actors.")
-        rayscope = [sys.executable, "-m", "agent"]
+        rayscope = [sys.executable, "-m", "rayscope"]
         gcs = ["--gcs", state["gcs_address"]]
         print(f"\n$ rayscope status --gcs {state['gcs_address']}", flush=True)
         subprocess.run([*rayscope, "status", *gcs], env=env, check=True, timeout=60)

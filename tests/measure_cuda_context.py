@@ -20,7 +20,9 @@ from typing import Any, Optional
 
 import pynvml
 
-from agent.sources import cuda, cuda_read, nvml_modes
+from rayscope.sources.cuda import read as cuda_read
+from rayscope.sources.cuda import sample as cuda
+from rayscope.sources.nvml import modes as nvml_modes
 
 MIB = 1024**2
 

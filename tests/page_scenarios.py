@@ -3,10 +3,10 @@ with actors placed per device, processes and the odd problem, for size and reada
 
 from msgspec.structs import replace
 
-from agent.attribution import attribute_cluster
-from agent.rollup import merge, scheduler_nodes
-from agent.schema.report import GpuHealth, GpuProcess, NodeReport, ProcessInfo, RayletInfo, SourceStatus
-from agent.schema.status import ActorBooking, ClusterStatus, RayNode, ReceivedReport
+from rayscope.core.gpu.attribution import attribute_cluster
+from rayscope.core.rollup import merge, scheduler_nodes
+from rayscope.schema.report import GpuHealth, GpuProcess, NodeReport, ProcessInfo, RayletInfo, SourceStatus
+from rayscope.schema.status import ActorBooking, ClusterStatus, RayNode, ReceivedReport
 from tests.bench import synthetic_reports, synthetic_views
 from tests.scenarios import NOW
 

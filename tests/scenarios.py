@@ -13,12 +13,12 @@ from typing import Optional
 
 import msgspec
 
-from agent import pending
-from agent.rollup import merge, scheduler_nodes
-from agent.schema.node import NodeDiagnostics
-from agent.schema.pending import PendingRead
-from agent.schema.report import GpuDevice, GpuProcess, HostInfo, NodeReport, RayletInfo, SourceStatus
-from agent.schema.status import ClusterStatus, NodeStatus, RayNode, ReceivedReport
+from rayscope.core.capacity import pending
+from rayscope.core.rollup import merge, scheduler_nodes
+from rayscope.schema.node import NodeDiagnostics
+from rayscope.schema.pending import PendingRead
+from rayscope.schema.report import GpuDevice, GpuProcess, HostInfo, NodeReport, RayletInfo, SourceStatus
+from rayscope.schema.status import ClusterStatus, NodeStatus, RayNode, ReceivedReport
 
 DATA = Path(__file__).resolve().parent / "data"
 NOW = 1_796_000_000.0
@@ -160,7 +160,7 @@ def mixed_status() -> ClusterStatus:
 
 def seed_node_diagnostics() -> NodeDiagnostics:
     """``rayscope node`` on the Europa head: the recorded raylet, one RTX 3090."""
-    from agent.sources.raylet import parse_raylet_cmdline
+    from rayscope.sources.raylet import parse_raylet_cmdline
 
     raylet = parse_raylet_cmdline(recorded_raylet_argv("head"), pid=4471)
     assert raylet is not None
@@ -326,7 +326,7 @@ T4_BYTES = T4_MIB * MIB
 
 
 def virtual_gpu(index: int, name: str, total: int, nvml_used: int, mode: str, **fields: object) -> GpuDevice:
-    """A GPU as ``agent.sources.nvml`` reads it on a driver that reports its mode (NVML's own
+    """A GPU as ``rayscope.sources.nvml.devices`` reads it on a driver that reports its mode (NVML's own
     used figure, not yet judged)."""
     base = GpuDevice(
         index=index,
@@ -352,7 +352,7 @@ def virtual_status(cuda_age_s: Optional[float] = None) -> ClusterStatus:
     14.5 of 16 GiB used; with ``cuda_age_s``, a CUDA sample that old says 0.8 GiB), a
     pass-through A100, a vGPU host's A40, an MPS server in exclusive-process mode with two
     clients, and two Ray nodes time-slicing one T4 (the same UUID in both reports)."""
-    from agent.gpu_memory import CudaFigure, settle
+    from rayscope.core.gpu.memory import CudaFigure, settle
 
     slice_of_a40 = virtual_gpu(0, "NVIDIA A40-16C", A40_16C_BYTES, int(14.5 * GIB), "vgpu_guest")
     cuda = None if cuda_age_s is None else CudaFigure(int(0.8 * GIB), cuda_age_s, "")

@@ -16,8 +16,8 @@ Measured, written as JSON to FILE:
   (one host, one clock), over every node in every status sample;
 * ``rayscope status --head`` latency under that load, beside ``ray status`` in the same run.
 
-Frames come from :mod:`agent.wire` (the greeting's challenge, ``Sealer``; acks are read
-and dropped), reports are :class:`agent.schema.report.NodeReport` encoded as the node agent encodes
+Frames come from :mod:`rayscope.net.wire` (the greeting's challenge, ``Sealer``; acks are read
+and dropped), reports are :class:`rayscope.schema.report.NodeReport` encoded as the node agent encodes
 them: the soak follows the wire, it does not restate it.
 """
 
@@ -39,8 +39,8 @@ from typing import Any, Optional
 
 import msgspec
 
-from agent import wire
-from agent.schema.report import GpuDevice, HostInfo, NodeReport, SourceStatus
+from rayscope.net import wire
+from rayscope.schema.report import GpuDevice, HostInfo, NodeReport, SourceStatus
 
 GIB = 1024**3
 
@@ -227,7 +227,7 @@ def soak(agents: int, seconds: float, clients: int, work: Path) -> dict[str, Any
         status_argv = [
             sys.executable,
             "-m",
-            "agent",
+            "rayscope",
             "status",
             "--head",
             head.url,

@@ -6,9 +6,9 @@ from typing import Optional
 
 import pytest
 
-from agent.render.node import node_lines
-from agent.schema.node import AgentProcess, NodeDiagnostics
-from agent.sources.agents import PROCESS_TITLE, parse_agent, parse_unit
+from rayscope.render.node import node_lines
+from rayscope.schema.node import AgentProcess, NodeDiagnostics
+from rayscope.sources.local_agents import PROCESS_TITLE, parse_agent, parse_unit
 
 SERVICE_V2 = "0::/system.slice/rayscope-agent.service\n"
 SERVICE_V1 = (
@@ -20,7 +20,7 @@ SESSION = "0::/user.slice/user-0.slice/session-3.scope\n"
 PYZ = ["/usr/bin/python3", "/opt/rayscope.pyz", "push", "--head", "10.0.0.1:7000"]
 SCRIPT = ["/usr/local/bin/rayscope", "push", "--head=10.0.0.1:7000", "--interval", "5"]
 SHEBANG = ["/usr/bin/python3", "/usr/local/bin/rayscope", "push", "--head", "h:1"]
-MODULE = ["/venv/bin/python", "-I", "-m", "agent", "push", "--head", "127.0.0.1:9"]
+MODULE = ["/venv/bin/python", "-I", "-m", "rayscope", "push", "--head", "127.0.0.1:9"]
 RAY_WORKER = [PROCESS_TITLE + " " * 40]  # Ray pads the title it writes over argv
 
 
@@ -39,14 +39,19 @@ def test_an_agent_is_known_by_its_command_line(
 ) -> None:
     agent = parse_agent(argv, 4242, "root", cgroup)
     assert agent is not None
-    assert (agent.pid, agent.user, agent.started_by, agent.head) == (4242, "root", started_by, head)
+    assert (agent.pid, agent.user, agent.started_by, agent.head) == (
+        4242,
+        "root",
+        started_by,
+        head,
+    )
 
 
 @pytest.mark.parametrize(
     "argv",
     [
         ["/usr/local/bin/rayscope", "status", "--head", "10.0.0.1:7000"],
-        ["/usr/bin/python3", "-m", "agent", "node"],
+        ["/usr/bin/python3", "-m", "rayscope", "node"],
         ["vim", "rayscope.pyz", "push"],
         ["/usr/bin/python3", "train.py", "rayscope.pyz", "push"],
         ["ray::NodeAgent"],

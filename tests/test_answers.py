@@ -9,16 +9,16 @@ from email.message import Message
 import msgspec
 import pytest
 
-from agent import output
-from agent.completeness import assess
-from agent.head import answers
-from agent.head.routes import Request, Routes
-from agent.head.state import HeadState
-from agent.logs import LogThrottle
-from agent.render.status import SUMMARY_NODES, status_lines
-from agent.rollup import merge, scheduler_nodes, scheduler_sums
-from agent.schema.report import SourceStatus
-from agent.schema.status import ReceivedReport
+from rayscope.cli import output
+from rayscope.core.completeness import assess
+from rayscope.core.rollup import merge, scheduler_nodes, scheduler_sums
+from rayscope.head import answers
+from rayscope.head.routes import Request, Routes
+from rayscope.head.state import HeadState
+from rayscope.logs import LogThrottle
+from rayscope.render.status import SUMMARY_NODES, status_lines
+from rayscope.schema.report import SourceStatus
+from rayscope.schema.status import ReceivedReport
 from tests.scenarios import EUROPA, NOW, SEED_REPORTS, SEED_VIEWS, T4, gpu, report, view
 
 

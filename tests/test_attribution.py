@@ -8,12 +8,12 @@ from typing import Optional
 
 import msgspec
 
-from agent.attribution import attribute_cluster, attribute_node
-from agent.render.gpus import gpu_block_lines, status_gpu_lines
-from agent.render.status import status_json, status_lines
-from agent.rollup import merge, scheduler_nodes
-from agent.schema.report import GpuDevice, GpuProcess, NodeReport, ProcessInfo, SourceStatus
-from agent.schema.status import ActorBooking, ClusterStatus, ReceivedReport
+from rayscope.core.gpu.attribution import attribute_cluster, attribute_node
+from rayscope.core.rollup import merge, scheduler_nodes
+from rayscope.render.gpus import gpu_block_lines, status_gpu_lines
+from rayscope.render.status import status_json, status_lines
+from rayscope.schema.report import GpuDevice, GpuProcess, NodeReport, ProcessInfo, SourceStatus
+from rayscope.schema.status import ActorBooking, ClusterStatus, ReceivedReport
 from tests.golden import check_golden
 from tests.scenarios import EUROPA, NOW, SEED_REPORTS, SEED_VIEWS, T4
 

@@ -39,9 +39,9 @@ from typing import Any
 
 import pytest
 
-from agent.client import head_status
-from agent.errors import AgentError
-from agent.render.status import status_json, status_ndjson
+from rayscope.client.head import head_status
+from rayscope.errors import AgentError
+from rayscope.render.status import status_json, status_ndjson
 from tests.conftest import LiveCluster, run_rayscope
 from tests.golden import GOLDEN
 from tests.scenarios import mixed_status
@@ -264,7 +264,7 @@ def test_schema_1s_nulls_break_the_contract() -> None:
     assert rules == ["P4"] + ["P6"] * 4 + ["P7"] * 2 + ["T10"] * 8, problems
 
 
-# --- status --head: the head's document decoded back (agent/client.py) ----------------------
+# --- status --head: the head's document decoded back (agent/rayscope/client/head.py) ----------------------
 
 
 @contextlib.contextmanager

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from agent import __version__
+from rayscope import __version__
 from tests.conftest import free_port, run_rayscope
 from tests.schemas import parsed
 
@@ -86,7 +86,7 @@ def test_a_closed_pipe_ends_quietly_with_the_exit_code_the_answer_had() -> None:
     from tests.conftest import REPO, base_env
 
     process = subprocess.Popen(
-        [sys.executable, "-m", "agent", "node", "--gcs", f"127.0.0.1:{free_port()}"],
+        [sys.executable, "-m", "rayscope", "node", "--gcs", f"127.0.0.1:{free_port()}"],
         cwd=REPO,
         env=base_env(RAY_AUTH_MODE="disabled"),
         stdout=subprocess.PIPE,

@@ -1,6 +1,6 @@
 """A new operator's mistakes, each with its exact one-line answer and exit code (issue 22).
 
-Every case runs ``python -m agent`` in its own process with stderr a pipe (as cron and
+Every case runs ``python -m rayscope`` in its own process with stderr a pipe (as cron and
 ``grep`` see it): stderr must be exactly one line, ``rayscope: ...``, and stdout empty. The
 "before" of each case is in its comment: what the same input answered before this table.
 
@@ -133,9 +133,9 @@ def test_a_mistake_is_one_line_and_its_exit_code(
     argv: list[str], code: int, line: str, tmp_path: Path
 ) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "agent", *argv],
+        [sys.executable, "-m", "rayscope", *argv],
         cwd=tmp_path,
-        env={**base_env(RAY_AUTH_MODE="disabled"), "PYTHONPATH": str(REPO)},
+        env={**base_env(RAY_AUTH_MODE="disabled"), "PYTHONPATH": f"{REPO / 'agent'}:{REPO}"},
         capture_output=True,
         text=True,
         timeout=60,
@@ -166,7 +166,7 @@ def test_the_hint_follows_only_on_a_terminal() -> None:
     leader, follower = pty.openpty()
     try:
         process = subprocess.Popen(
-            [sys.executable, "-m", "agent", "status", "--timeout", "nan"],
+            [sys.executable, "-m", "rayscope", "status", "--timeout", "nan"],
             cwd=REPO,
             env=base_env(RAY_AUTH_MODE="disabled"),
             stdout=subprocess.DEVNULL,
@@ -323,7 +323,7 @@ def push_warning(head: str, *extra: str, timeout_s: float = 30.0) -> str:
         [
             sys.executable,
             "-m",
-            "agent",
+            "rayscope",
             "push",
             "--head",
             head,
@@ -384,7 +384,7 @@ def test_push_without_a_token_to_a_head_that_has_one(head_daemon: Any) -> None:
 def test_a_rejection_word_the_agent_does_not_know_is_logged_printable() -> None:
     """The head's rejection reason is the peer's text: before, a head could put an escape
     sequence into the agent's log (and its operator's terminal)."""
-    from agent import wire
+    from rayscope.net import wire
 
     assert wire.explain(wire.BAD_TOKEN).startswith("token rejected (bad token)")
     assert wire.explain("\x1b[2Jcleared\x1b]0;t\x07") == "[2Jcleared]0;t"
@@ -395,11 +395,11 @@ def test_push_refuses_a_host_with_two_clusters_raylets_as_status_does(
 ) -> None:
     """Before: ``push`` reported for the first raylet found, of whichever cluster (seen here:
     a different cluster's raylet on each start), where ``status`` refuses to guess."""
-    from agent import push
-    from agent.errors import AgentError
-    from agent.schema.report import RayletInfo, SourceStatus
-    from agent.sources import raylet
-    from agent.tls import NO_TLS
+    from rayscope.errors import AgentError
+    from rayscope.net.tls import NO_TLS
+    from rayscope.node import push
+    from rayscope.schema.report import RayletInfo, SourceStatus
+    from rayscope.sources import raylet
 
     two = [
         RayletInfo(pid=10, node_id="a" * 56, node_ip="10.0.0.1", gcs_address="10.0.0.1:6379"),

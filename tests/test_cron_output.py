@@ -20,13 +20,14 @@ from typing import Any
 import msgspec
 import pytest
 
-from agent import completeness, output
-from agent.completeness import completeness_note
-from agent.errors import AgentError
-from agent.render.metrics import metrics_text
-from agent.render.status import status_json, status_ndjson
-from agent.schema.report import SourceStatus
-from agent.schema.status import ClusterStatus
+from rayscope.cli import output
+from rayscope.core import completeness
+from rayscope.core.completeness import completeness_note
+from rayscope.errors import AgentError
+from rayscope.render.metrics import metrics_text
+from rayscope.render.status import status_json, status_ndjson
+from rayscope.schema.report import SourceStatus
+from rayscope.schema.status import ClusterStatus
 from tests.conftest import REPO, base_env, run_rayscope
 from tests.golden import check_golden
 from tests.scenarios import (
@@ -220,7 +221,7 @@ def _umask() -> int:
 
 WRITER = """
 import sys
-from agent.output import write_atomic
+from rayscope.cli.output import write_atomic
 path, docs = sys.argv[1], [open(p).read() for p in sys.argv[2:]]
 print("ready", flush=True)
 i = 0
@@ -228,7 +229,7 @@ while True:
     write_atomic(path, docs[i % len(docs)])
     i += 1
 """
-NAIVE_WRITER = WRITER.replace("from agent.output import write_atomic", "").replace(
+NAIVE_WRITER = WRITER.replace("from rayscope.cli.output import write_atomic", "").replace(
     "write_atomic(path, docs[i % len(docs)])", "open(path, 'w').write(docs[i % len(docs)])"
 )
 
@@ -275,12 +276,13 @@ print(json.dumps({"reads": reads, "broken": broken, "seen": sorted(seen)}), flus
 
 
 def _python(script: str, *args: str, stdin: bool = False) -> "subprocess.Popen[str]":
-    # -S: no site import; the writer needs only agent/ (the cwd) and the standard library.
+    # -S: no site import; the writer needs only the source root agent/ (the cwd) and the
+    # standard library.
     return subprocess.Popen(
         [sys.executable, "-S", "-c", script, *args],
         stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
         stdout=subprocess.PIPE,
-        cwd=REPO,
+        cwd=REPO / "agent",
         env=base_env(),
         text=True,
     )

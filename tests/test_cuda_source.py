@@ -1,4 +1,4 @@
-"""The CUDA sampler (agent/sources/cuda.py) against a fake ``libcuda.so.1`` (tests/fake_cuda):
+"""The CUDA sampler (agent/rayscope/sources/cuda/sample.py) against a fake ``libcuda.so.1`` (tests/fake_cuda):
 its child finds the fake through ``LD_LIBRARY_PATH``, as it finds the real driver.
 
 The fake logs every ``cuInit`` and context retain, so "never sampled" is asserted on the log,
@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from agent.sources import cuda_read
-from agent.sources.cuda import (
+from rayscope.sources.cuda import read as cuda_read
+from rayscope.sources.cuda.sample import (
     DEFAULT_CONTEXT_COST_BYTES,
     CudaRequest,
     CudaSampler,
@@ -314,7 +314,8 @@ def test_the_childs_environment_is_cut() -> None:
 WIRED = """
 import json, sys
 import pynvml
-from agent.sources import cuda, nvml_modes
+from rayscope.sources.cuda import sample as cuda
+from rayscope.sources.nvml import modes as nvml_modes
 
 pynvml.nvmlInit()
 handle = pynvml.nvmlDeviceGetHandleByIndex(0)

@@ -1,4 +1,5 @@
-"""``status --head``'s fast path (agent/fast_status.py, agent/head_request.py) prints what
+"""``status --head``'s fast path (agent/rayscope/cli/fast_status.py,
+agent/rayscope/client/request.py) prints what
 the typer CLI prints, byte for byte, with the same exit code, for the same head answer and
 the same options; and hands the CLI everything else.
 
@@ -6,8 +7,8 @@ A fake head serves the contract of ``GET /v1/status?format=lines`` (the lines ``
 prints, ``X-Rayscope-Exit``, ``-Note``, ``-Notes``, ``-Schema``) and of the JSON document,
 rendered by rayscope's own functions from the scenarios' statuses; an "old" head ignores
 ``format=`` and sends no ``X-Rayscope-*`` header, a "chunked" one answers like a proxy that
-re-chunks. Each case runs the whole entry point (``agent.__main__.main``: the fast path,
-then the CLI when it hands on) beside the CLI alone (``agent.cli.main``), in this process.
+re-chunks. Each case runs the whole entry point (``rayscope.__main__.main``: the fast path,
+then the CLI when it hands on) beside the CLI alone (``rayscope.cli.app.main``), in this process.
 Positive control: print the body without ``printable`` in ``fast_status._lines_text`` (the
 bent wire's escape sequences reach stdout), or drop ``said.note`` (every partial case differs).
 """
@@ -27,13 +28,15 @@ from urllib.parse import parse_qs, urlsplit
 import msgspec
 import pytest
 
-from agent import __main__ as entry
-from agent import cli, fast_status, head_request, output
-from agent.completeness import assess
-from agent.render.status import source_details, status_json
-from agent.schema import DOCUMENT_SCHEMA
-from agent.schema.report import SourceStatus
-from agent.schema.status import ClusterStatus
+from rayscope import __main__ as entry
+from rayscope.cli import app as cli
+from rayscope.cli import fast_status, output
+from rayscope.client import request as head_request
+from rayscope.core.completeness import assess
+from rayscope.render.status import source_details, status_json
+from rayscope.schema import DOCUMENT_SCHEMA
+from rayscope.schema.report import SourceStatus
+from rayscope.schema.status import ClusterStatus
 from tests import scenarios
 from tests.conftest import free_port
 
@@ -418,10 +421,11 @@ def test_the_fast_path_takes_exactly_the_timeouts_the_cli_takes(
 
 
 def test_the_fast_path_reads_the_clis_option_names_defaults_and_variables() -> None:
-    """The names this module reads stand for the same things in agent/options.py."""
+    """The names this module reads stand for the same things in agent/rayscope/cli/options.py."""
     import typing
 
-    from agent import addresses, options
+    from rayscope.cli import options
+    from rayscope.net import addresses
 
     assert fast_status.DEFAULT_TIMEOUT_S == addresses.DEFAULT_TIMEOUT_S
     assert fast_status.HEAD_ENV == head_request.HEAD_ENV
@@ -497,8 +501,8 @@ def test_the_embedded_status_without_typer_prints_what_the_cli_prints(
 ) -> None:
     """``status`` without a head, answered without the CLI's imports: the same read (the
     same arguments to ``client.read_cluster``), the same bytes and exit code."""
-    from agent import client
-    from agent.sources import gcs_prestart
+    from rayscope.client import head as client
+    from rayscope.sources.gcs import prestart as gcs_prestart
 
     reads: list[tuple[Any, ...]] = []
 
@@ -528,7 +532,7 @@ def test_an_embedded_status_the_fast_path_does_not_take_still_starts_the_gcs_chi
 ) -> None:
     """The CLI reads the GCS (or refuses the value): the child is started either way, and
     killed at exit when no read takes it."""
-    from agent.sources import gcs_prestart
+    from rayscope.sources.gcs import prestart as gcs_prestart
 
     started: list[bool] = []
     monkeypatch.setattr(gcs_prestart, "start", lambda *a: started.append(True))

@@ -14,15 +14,16 @@ from typing import Optional
 import msgspec
 import pytest
 
-from agent import completeness
-from agent.head.poller import PollerGuard
-from agent.head.state import HeadState
-from agent.render.metrics import metrics_text
-from agent.render.status import status_lines
-from agent.rollup import merge, scheduler_nodes
-from agent.schema.report import GpuDevice, HostInfo, NodeReport, SourceStatus
-from agent.schema.status import ClusterStatus, RayNode, ReceivedReport
-from agent.sources import gcs, gcs_child
+from rayscope.core import completeness
+from rayscope.core.rollup import merge, scheduler_nodes
+from rayscope.head.poller import PollerGuard
+from rayscope.head.state import HeadState
+from rayscope.render.metrics import metrics_text
+from rayscope.render.status import status_lines
+from rayscope.schema.report import GpuDevice, HostInfo, NodeReport, SourceStatus
+from rayscope.schema.status import ClusterStatus, RayNode, ReceivedReport
+from rayscope.sources.gcs import child as gcs_child
+from rayscope.sources.gcs import reader as gcs
 from tests.scenarios import CPU, NOW, SEED_REPORTS, SEED_VIEWS, T4, UNKNOWN, gpu, mixed_status, report
 from tests.waiting import eventually
 
@@ -273,7 +274,7 @@ def test_a_child_past_its_deadline_says_whether_it_had_imported_ray(tmp_path: Pa
     """On a loaded host ``import ray`` alone can outlast the 5 s deadline; the error said
     "GCS unreachable" either way, sending the operator after a healthy GCS. The child now
     says when ray is imported; the parent reads that from the killed child's stderr."""
-    from agent.sources import gcs_read
+    from rayscope.sources.gcs import read as gcs_read
 
     marker = f"echo '{gcs_read.IMPORTED}' >&2; " if imported else ""
     started = time.monotonic()
@@ -289,7 +290,7 @@ def test_a_child_past_its_deadline_says_whether_it_had_imported_ray(tmp_path: Pa
 def test_a_child_that_dies_after_importing_ray_names_its_own_last_words(tmp_path: Path) -> None:
     """The import marker is rayscope's, not the child's error: a child that crashes after it
     is reported by its exit code or its own last stderr line, never "ray imported"."""
-    from agent.sources import gcs_read
+    from rayscope.sources.gcs import read as gcs_read
 
     _, message = _child_error(tmp_path, f"echo '{gcs_read.IMPORTED}' >&2; exit 3", 5.0)
     assert message == f"GCS read under {tmp_path / 'python'} failed: exit code 3"
@@ -308,9 +309,9 @@ def test_a_bug_in_one_answer_is_an_http_500_and_the_head_keeps_serving() -> None
     import asyncio
     import http.client
 
-    from agent.head.http import HttpPort
-    from agent.head.routes import Routes
-    from agent.logs import LogThrottle
+    from rayscope.head.http import HttpPort
+    from rayscope.head.routes import Routes
+    from rayscope.logs import LogThrottle
 
     state = BrokenState(interval_s=1.0, gcs_address=None)
     throttle = LogThrottle(logging.getLogger("rayscope.head"))

@@ -16,12 +16,12 @@ from typing import Any, Optional
 import msgspec
 import pytest
 
-from agent import fit
-from agent.errors import AgentError
-from agent.render.fit import fit_json, fit_lines, fit_node_line
-from agent.schema.fit import FitRequest, FitResult, NodeFit
-from agent.schema.report import SourceStatus
-from agent.sizing import gpu_fraction, validate_shape
+from rayscope.core.capacity import fit
+from rayscope.core.capacity.sizing import gpu_fraction, validate_shape
+from rayscope.errors import AgentError
+from rayscope.render.fit import fit_json, fit_lines, fit_node_line
+from rayscope.schema.fit import FitRequest, FitResult, NodeFit
+from rayscope.schema.report import SourceStatus
 from tests.golden import check_golden
 from tests.scenarios import (
     A100,

@@ -20,7 +20,10 @@ from typing import Any
 
 import pytest
 
-from agent.sources import gcs_child, gcs_prestart, gcs_read, trust
+from rayscope.sources import trust
+from rayscope.sources.gcs import child as gcs_child
+from rayscope.sources.gcs import prestart as gcs_prestart
+from rayscope.sources.gcs import read as gcs_read
 
 
 @pytest.fixture

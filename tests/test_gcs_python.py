@@ -4,8 +4,8 @@ node's own (a local raylet's worker command), this cluster's raylets first."""
 import sys
 from typing import Optional
 
-from agent.schema.report import RayletInfo
-from agent.sources.gcs_child import gcs_python
+from rayscope.schema.report import RayletInfo
+from rayscope.sources.gcs.child import gcs_python
 
 RAY_VENV = "/opt/ray/bin/python"
 OTHER_VENV = "/srv/other-ray/bin/python"

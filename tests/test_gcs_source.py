@@ -4,11 +4,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.addresses import parse_address
-from agent.schema.report import RayletInfo
-from agent.sources.gcs import explain
-from agent.sources.gcs_address import ray_temp_dir, resolve_address
-from agent.sources.gcs_read import prepare_auth_env
+from rayscope.net.addresses import parse_address
+from rayscope.schema.report import RayletInfo
+from rayscope.sources.gcs.address import ray_temp_dir, resolve_address
+from rayscope.sources.gcs.read import prepare_auth_env
+from rayscope.sources.gcs.reader import explain
 
 
 def raylet(gcs: str, pid: int = 10) -> RayletInfo:

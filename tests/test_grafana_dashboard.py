@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from agent.render.metrics import family_names
+from rayscope.render.metrics import family_names
 
 DASHBOARD = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "rayscope.json"
 VARIABLE_USE = re.compile(r'(\w+)\s*(=~|!~|!=|=)\s*"\$\{?(\w+)\}?"')

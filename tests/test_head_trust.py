@@ -1,6 +1,6 @@
 """Issue 19, the head's side: what a node that holds the token, or a stranger on the HTTP
 port, can no longer do. Each test exploits the hole the old code left open, with the
-project's own wire module (:mod:`agent.wire`) against the head's real report protocol.
+project's own wire module (:mod:`rayscope.net.wire`) against the head's real report protocol.
 
 Before the fixes (in brackets in SECURITY.md): a second connection replaced a live node's
 report; a report at the bounds decoded to ~20 MiB; eviction at the cap scanned every node
@@ -17,13 +17,14 @@ from typing import Any
 import msgspec
 import pytest
 
-from agent import wire
-from agent.head import reports as report_table
-from agent.head.routes import Request, Routes
-from agent.head.state import HeadState
-from agent.logs import LogThrottle
-from agent.schema import report as schema
-from agent.schema.report import (
+from rayscope.core.validate import ReportError
+from rayscope.head import reports as report_table
+from rayscope.head.routes import Request, Routes
+from rayscope.head.state import HeadState
+from rayscope.logs import LogThrottle
+from rayscope.net import wire
+from rayscope.schema import report as schema
+from rayscope.schema.report import (
     GpuDevice,
     GpuProcess,
     HostInfo,
@@ -32,8 +33,7 @@ from agent.schema.report import (
     RayletInfo,
     SourceStatus,
 )
-from agent.schema.status import RayNode
-from agent.validate import ReportError
+from rayscope.schema.status import RayNode
 from tests.test_ingest import TOKEN, Port, closed_by_head, connect, received
 
 NODE = "ab" * 28
@@ -304,7 +304,7 @@ def test_the_pollers_forgetting_uses_the_clock_the_reports_were_stamped_with() -
     """The poller forgets by the same monotonic clock the report port stamps reports with: a
     fresh report survives a round with no scheduler view, a 21-interval-old one does not.
     Positive control: give ``forget_gone`` the wall clock and the fresh report is forgotten."""
-    from agent.head.poller import poll_once
+    from rayscope.head.poller import poll_once
 
     state = HeadState(1.0, None)
     state.take(msgspec.msgpack.encode(a_report()), time.monotonic(), "agent-1", "127.0.0.1")

@@ -5,10 +5,10 @@ absent-not-zero assertions expect none; dropping a fault bit from THROTTLE_FAULT
 throttle flag.
 """
 
-from agent.health import health_flags, throttle_names
-from agent.render.metrics import metrics_text
-from agent.schema.report import GpuDevice, GpuHealth
-from agent.schema.status import ClusterStatus, ClusterTotals
+from rayscope.core.gpu.health import health_flags, throttle_names
+from rayscope.render.metrics import metrics_text
+from rayscope.schema.report import GpuDevice, GpuHealth
+from rayscope.schema.status import ClusterStatus, ClusterTotals
 from tests.scenarios import a100_worker
 
 NODE = "4a" * 28

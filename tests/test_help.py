@@ -2,7 +2,7 @@
 
 The help text is written in paragraphs and wrapped once, by the terminal's width: a
 docstring's own line breaks must not survive into the output (they broke lines
-mid-sentence at 80 columns). Positive control: drop ``reflow`` in ``agent/cli.py`` and the
+mid-sentence at 80 columns). Positive control: drop ``reflow`` in ``agent/rayscope/cli/app.py`` and the
 command list takes two lines for ``fit``, failing the one-line test and every golden.
 """
 
@@ -11,7 +11,7 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from agent.cli import app
+from rayscope.cli.app import app
 from tests.golden import check_golden
 
 COMMANDS = ["", *sorted(c.name or c.callback.__name__ for c in app.registered_commands if c.callback)]

@@ -12,13 +12,13 @@ from typing import Any
 import msgspec
 import pytest
 
-from agent import wire
-from agent.head import ingest
-from agent.head.admission import ConnectionGuard
-from agent.head.state import HeadState
-from agent.logs import LogThrottle
-from agent.push import Pusher
-from agent.schema.report import GpuDevice, GpuProcess, NodeReport, ProcessInfo
+from rayscope.head import ingest
+from rayscope.head.admission import ConnectionGuard
+from rayscope.head.state import HeadState
+from rayscope.logs import LogThrottle
+from rayscope.net import wire
+from rayscope.node.push import Pusher
+from rayscope.schema.report import GpuDevice, GpuProcess, NodeReport, ProcessInfo
 from tests.scenarios import SEED_REPORTS
 
 TOKEN = b"0123456789abcdef0123456789abcdef"

@@ -308,7 +308,7 @@ class HostAgent:
 
     def __init__(self, hostname: str, listen_port: int, token: Path, log_path: Path) -> None:
         self._log = open(log_path, "a")  # noqa: SIM115 - closed in stop()
-        script = f'hostname {hostname} && exec "$0" -m agent push "$@"'
+        script = f'hostname {hostname} && exec "$0" -m rayscope push "$@"'
         args = [
             "--head",
             f"127.0.0.1:{listen_port}",

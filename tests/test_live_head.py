@@ -118,7 +118,7 @@ def test_every_node_reports_fresh_through_the_head(fleet: Fleet) -> None:
 def test_node_lists_the_push_agents_running_on_its_host(fleet: Fleet) -> None:
     """``rayscope node`` names each node agent on this host by pid, with the head it pushes
     to. Control: a process that is rayscope but not ``push`` (this ``node`` itself) is not one."""
-    from agent.sources.agents import parse_unit
+    from rayscope.sources.local_agents import parse_unit
 
     done = run_rayscope("node", "--json", env=fleet.env)
     assert done.returncode in (0, 1), done.stderr

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.head.http import HTTP_WORKERS, REQUEST_DEADLINE_S
+from rayscope.head.http import HTTP_WORKERS, REQUEST_DEADLINE_S
 from tests.test_live_wire import Head, make_pki
 from tests.waiting import eventually
 

@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional
 
 import pytest
 
-from agent import wire
+from rayscope.net import wire
 from tests.conftest import REPO, Daemon, base_env, free_port, push_agent, run_rayscope
 from tests.reliability_plugin import FaultRecord
 from tests.schemas import parsed
@@ -60,7 +60,7 @@ class Head(Daemon):
         self._log = open(log_path, "a")  # noqa: SIM115 - closed in stop()
         limit = ["prlimit", f"--nofile={nofile}:{nofile}", "--"] if nofile else []  # soft and hard
         self.process = subprocess.Popen(
-            [*limit, sys.executable, "-m", "agent", *args],
+            [*limit, sys.executable, "-m", "rayscope", *args],
             cwd=REPO,
             env=ENV,
             stdout=self._log,
@@ -486,7 +486,7 @@ def test_http_worker_threads_are_bounded(tmp_path: Path, token: Path) -> None:
     control: make ``BoundedHTTPServer.process_request`` skip the semaphore."""
     import psutil
 
-    from agent.head.http import HTTP_WORKERS
+    from rayscope.head.http import HTTP_WORKERS
 
     head = Head(tmp_path / "head.log", token)
     idle: list[socket.socket] = []

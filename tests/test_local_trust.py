@@ -23,9 +23,12 @@ from typing import Optional
 
 import pytest
 
-from agent.errors import AgentError
-from agent.schema.report import RayletInfo, SourceStatus
-from agent.sources import gcs, gcs_address, gcs_child, raylet, trust
+from rayscope.errors import AgentError
+from rayscope.schema.report import RayletInfo, SourceStatus
+from rayscope.sources import raylet, trust
+from rayscope.sources.gcs import address as gcs_address
+from rayscope.sources.gcs import child as gcs_child
+from rayscope.sources.gcs import reader as gcs
 from tests.conftest import REPO, base_env
 from tests.waiting import eventually
 
@@ -92,7 +95,7 @@ def test_a_raylet_of_root_cannot_make_root_run_another_users_python(
 
         found, status = eventually(listed, 20, "the raylet listed")
         monkeypatch.setattr(gcs, "ray_importable", lambda: False)
-        from agent import collect
+        from rayscope.node import collect
 
         with pytest.raises(AgentError):
             collect.embedded_status(fake_gcs, 2.0)
@@ -343,7 +346,7 @@ def test_a_raylet_of_another_user_is_no_source_of_the_gcs_address(
     Before: rayscope connected there twice (the port check, then the GCS child) and the
     child sent ``authorization: Bearer <root's token>``. Now the raylet is refused, nothing
     connects, and the one line says why and names ``--gcs``."""
-    script = START_AS_NOBODY + f"{sys.executable} -m agent status --timeout 5\n"
+    script = START_AS_NOBODY + f"{sys.executable} -m rayscope status --timeout 5\n"
     done = _in_own_pid_namespace(
         script,
         {**_status_env(shared_dir), "RAYLET": str(fake_raylet)},
@@ -392,7 +395,7 @@ def test_an_address_file_another_user_could_write_is_no_source_of_the_gcs_addres
         why = f"{address_file} is writable by group or others"
     env = {k: v for k, v in _status_env(shared_dir).items() if k != "RAY_TMPDIR"}
     done = _in_own_pid_namespace(
-        f"{sys.executable} -m agent status --timeout 5\n", {**env, "TMPDIR": str(tmp)}
+        f"{sys.executable} -m rayscope status --timeout 5\n", {**env, "TMPDIR": str(tmp)}
     )
     connections, token_sent = _leaks(listener)
     assert (connections, token_sent) == (0, False), f"root sent its token: {done.stderr}"
@@ -424,8 +427,8 @@ def test_an_address_file_of_root_is_still_read(shared_dir: Path) -> None:
 
 RAYLETS_AS_SEEN = """
 import json
-from agent.push import Pusher
-from agent.sources import raylet
+from rayscope.node.push import Pusher
+from rayscope.sources import raylet
 raylets, status = raylet.find_raylets()
 pusher = Pusher(("127.0.0.1", 9), b"", 5.0)
 print(json.dumps({"node_ids": [r.node_id for r in raylets], "reason": status.reason,
@@ -457,7 +460,7 @@ def test_a_raylet_of_another_user_gives_no_node_id_session_or_python(
 
 SESSION_READ = """
 import json, sys
-from agent.sources import procs
+from rayscope.sources import procs
 infos, _ = procs.read_processes([int(sys.argv[1])], procs.HOST_PID_NAMESPACE)  # the pid namespace of the test
 print(json.dumps({"node_id": infos[0].node_id, "job_id": infos[0].job_id}))
 """

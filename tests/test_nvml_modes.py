@@ -2,7 +2,7 @@
 fake ``libnvidia-ml.so.1`` (issue 20), in a subprocess whose loader path names the fake.
 
 Also the fake's re-reading of a scenario that changes while a process reads it (issue 24),
-and :func:`agent.sources.nvml_modes.memory_used_reliable` for every mode.
+and :func:`rayscope.sources.nvml.modes.memory_used_reliable` for every mode.
 """
 
 import json
@@ -13,14 +13,15 @@ from typing import Any
 
 import pytest
 
-from agent.sources.nvml_modes import UNKNOWN, memory_used_reliable
+from rayscope.sources.nvml.modes import UNKNOWN, memory_used_reliable
 from tests import fake_nvml as fake
 from tests.conftest import REPO, base_env
 
 READ = """
 import json, sys
 import pynvml
-from agent.sources import nvml, nvml_modes
+from rayscope.sources.nvml import devices as nvml
+from rayscope.sources.nvml import modes as nvml_modes
 
 pynvml.nvmlInit()
 def read():

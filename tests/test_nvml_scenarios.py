@@ -37,7 +37,7 @@ def run_node(
     command = ["node", "--gpus", "--gcs", f"127.0.0.1:{free_port()}", *args]
     if prefix:  # run under another command (unshare): the same as run_rayscope, wrapped
         return subprocess.run(
-            [*prefix, sys.executable, "-m", "agent", *command],
+            [*prefix, sys.executable, "-m", "rayscope", *command],
             cwd=REPO,
             env=env,
             capture_output=True,

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from agent import output
-from agent.errors import AgentError
+from rayscope.cli import output
+from rayscope.errors import AgentError
 from tests.conftest import REPO
 from tests.reliability_plugin import FaultRecord
 
@@ -117,8 +117,8 @@ def test_a_full_disk_never_leaves_a_fragment_in_append(fault: FaultRecord) -> No
 
 APPEND_IN_CHILD = """
 import sys
-from agent import output
-from agent.errors import AgentError
+from rayscope.cli import output
+from rayscope.errors import AgentError
 try:
     output.append_line(sys.argv[1], '{"a": 1}', lock_wait_s=float(sys.argv[2]))
 except TypeError:  # the code before issue 19 had no lock_wait_s

@@ -1,4 +1,4 @@
-"""The head's page (``GET /``, agent/render/page.py): the seed cluster's golden, the three
+"""The head's page (``GET /``, agent/rayscope/render/page/document.py): the seed cluster's golden, the three
 numbers per GPU, every mark, the honest banners, and 1,000 nodes paginated.
 
 The DOM is read with the standard library's HTML parser (the live browser test,
@@ -12,11 +12,11 @@ from typing import Optional
 
 import msgspec
 
-from agent.placement import place_devices
-from agent.render.page import PAGE_NODES, PageQuery, page_html, page_query, view_html
-from agent.render.page_assets import CSP
-from agent.schema.report import GpuHealth, SourceStatus
-from agent.schema.status import ClusterStatus
+from rayscope.core.gpu.placement import place_devices
+from rayscope.render.page.assets import CSP
+from rayscope.render.page.document import PAGE_NODES, PageQuery, page_html, page_query, view_html
+from rayscope.schema.report import GpuHealth, SourceStatus
+from rayscope.schema.status import ClusterStatus
 from tests.golden import check_golden
 from tests.page_scenarios import big_status
 from tests.scenarios import EUROPA, T4, mixed_status
@@ -256,8 +256,8 @@ def test_a_thousand_nodes_of_eight_gpus_come_a_hundred_to_a_page() -> None:
 def test_each_app_has_its_bar_with_the_booking_to_ask_for() -> None:
     """With the head's usage history the page shows each app's booking per replica beside
     its peak and the suggestion (``usage``'s app line); without one, nothing."""
-    from agent.render.page_usage import apps_html
-    from agent.schema.usage import AppUsage, UsageDocument
+    from rayscope.render.page.usage import apps_html
+    from rayscope.schema.usage import AppUsage, UsageDocument
 
     unet = AppUsage(
         app="federated-unet",

@@ -10,11 +10,11 @@ from typing import Optional
 
 import pytest
 
-from agent.head import session
-from agent.head.routes import Request, Response, Routes
-from agent.head.state import HeadState
-from agent.logs import LogThrottle
-from agent.render.page_assets import CSP
+from rayscope.head import session
+from rayscope.head.routes import Request, Response, Routes
+from rayscope.head.state import HeadState
+from rayscope.logs import LogThrottle
+from rayscope.render.page.assets import CSP
 from tests.conftest import HeadDaemon
 
 READ = b"read-token-0123456789abcdef"

@@ -6,10 +6,10 @@ from typing import Optional
 import msgspec
 import pytest
 
-from agent import pending
-from agent.render.metrics import metrics_text
-from agent.render.status import status_json, status_lines
-from agent.schema.pending import (
+from rayscope.core.capacity import pending
+from rayscope.render.metrics import metrics_text
+from rayscope.render.status import status_json, status_lines
+from rayscope.schema.pending import (
     PendingActor,
     PendingDemand,
     PendingGang,

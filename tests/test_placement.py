@@ -8,16 +8,22 @@ PCI bus ids. Positive control: taking Ray's id as the NVML index (the old rule) 
 
 from typing import Optional
 
-from agent.attribution import attribute_cluster
-from agent.fit import fit
-from agent.placement import device_free, match_visible, place_devices, placement_known, replicas_on_devices
-from agent.render.fit import fit_lines
-from agent.render.gpus import status_gpu_lines
-from agent.render.metrics import metrics_text
-from agent.render.status import status_lines
-from agent.schema.fit import FitRequest
-from agent.schema.report import GpuDevice, NodeReport, RayletInfo, SourceStatus
-from agent.schema.status import ActorBooking, ClusterStatus, ClusterTotals, NodeStatus
+from rayscope.core.capacity.fit import fit
+from rayscope.core.gpu.attribution import attribute_cluster
+from rayscope.core.gpu.placement import (
+    device_free,
+    match_visible,
+    place_devices,
+    placement_known,
+    replicas_on_devices,
+)
+from rayscope.render.fit import fit_lines
+from rayscope.render.gpus import status_gpu_lines
+from rayscope.render.metrics import metrics_text
+from rayscope.render.status import status_lines
+from rayscope.schema.fit import FitRequest
+from rayscope.schema.report import GpuDevice, NodeReport, RayletInfo, SourceStatus
+from rayscope.schema.status import ActorBooking, ClusterStatus, ClusterTotals, NodeStatus
 from tests.golden import check_golden
 from tests.scenarios import a100_worker
 

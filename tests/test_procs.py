@@ -4,7 +4,7 @@ this host's own processes. Ray workers themselves are covered live (test_live_gp
 import os
 import subprocess
 
-from agent.sources import procs
+from rayscope.sources import procs
 
 # Recorded from a Ray 2.60.0 worker's python-core-worker-<id>_<pid>.log (first lines).
 CORE_LOG = """\

@@ -18,9 +18,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from agent.render.metrics import RENAMED, family_names, metrics_text
-from agent.schema.report import GpuDevice, GpuHealth
-from agent.schema.status import ClusterStatus, DeviceFree, NodePlacement
+from rayscope.render.metrics import RENAMED, family_names, metrics_text
+from rayscope.schema.report import GpuDevice, GpuHealth
+from rayscope.schema.status import ClusterStatus, DeviceFree, NodePlacement
 from tests.golden import GOLDEN
 from tests.scenarios import a100_worker, pending_status
 

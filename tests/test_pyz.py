@@ -24,8 +24,8 @@ from typing import Any, Optional
 
 import pytest
 
-from agent import __version__
-from agent.sources.raylet import find_raylets
+from rayscope import __version__
+from rayscope.sources.raylet import find_raylets
 from tests.conftest import REPO, LiveCluster, base_env, free_port
 from tests.waiting import eventually
 
@@ -147,7 +147,11 @@ def test_bundles_native_libraries_for_every_python_and_machine_and_never_ray(pyz
 def test_two_clean_builds_are_byte_identical(pyz: Path, tmp_path: Path) -> None:
     """A second build from a copy of the sources elsewhere, with its own wheel downloads."""
     source = tmp_path / "src"
-    shutil.copytree(REPO / "agent", source / "agent", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        REPO / "agent" / "rayscope",
+        source / "agent" / "rayscope",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
     (source / "build").mkdir()
     for name in ("pyz.py", "launcher.py", "zipmain.py", "pyz-lock.txt"):
         shutil.copy(REPO / "build" / name, source / "build" / name)
@@ -195,8 +199,8 @@ def test_every_supported_python_runs_node_json_from_the_same_file(
     site_packages = shared_cache / build_info(pyz)["build_id"][:16] / "site-packages"
     program = (
         "import os, sys; sys.path[:0] = [sys.argv[1], f'{sys.argv[1]}/_arch/{os.uname().machine}']\n"
-        "import importlib, pkgutil, msgspec, agent.schema as s\n"
-        "names = [f'agent.schema.{i.name}' for i in pkgutil.iter_modules(s.__path__)]\n"
+        "import importlib, pkgutil, msgspec, rayscope.schema as s\n"
+        "names = [f'rayscope.schema.{i.name}' for i in pkgutil.iter_modules(s.__path__)]\n"
         "found = [t for n in names for t in vars(importlib.import_module(n)).values()]\n"
         "structs = {t for t in found if isinstance(t, type) and issubclass(t, msgspec.Struct)}\n"
         "for t in structs: msgspec.json.Decoder(t); msgspec.msgpack.Decoder(t)\n"
@@ -207,11 +211,11 @@ def test_every_supported_python_runs_node_json_from_the_same_file(
 
 
 def test_pythons_older_than_3_9_get_one_line(pyz: Path, shared_cache: Path) -> None:
-    """Every older CPython found here (this image has 3.6-3.8); ``python -m agent`` too."""
+    """Every older CPython found here (this image has 3.6-3.8); ``python -m rayscope`` too."""
     old = {v: p for v, p in PYTHONS.items() if version_key(v) < (3, 9)}
     assert old, "no Python older than 3.9 on this machine (test_pyz_launcher covers the guard alone)"
     for version, python in old.items():
-        for command in ([python, str(pyz), "status"], [python, "-m", "agent", "--help"]):
+        for command in ([python, str(pyz), "status"], [python, "-m", "rayscope", "--help"]):
             done = subprocess.run(
                 command,
                 cwd=REPO,
@@ -355,7 +359,7 @@ def test_eight_copies_started_at_once_unpack_once(pyz: Path, tmp_path: Path) -> 
     assert all(out == f"rayscope {__version__}\n" and err == "" for out, err in results)
     build_id = build_info(pyz)["build_id"][:16]
     assert builds_in(cache) == [build_id]  # no .tmp, no second copy
-    assert (cache / build_id / "site-packages" / "agent" / "cli.py").is_file()
+    assert (cache / build_id / "site-packages" / "rayscope" / "cli" / "app.py").is_file()
 
 
 def test_default_cache_is_under_xdg_cache_home(pyz: Path, tmp_path: Path) -> None:

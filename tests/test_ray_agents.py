@@ -5,12 +5,12 @@ from pathlib import Path
 
 import msgspec
 
-from agent.push import started_by
-from agent.ray_agents import agent_name, node_of, plan, shipped_modules
-from agent.render.status import node_line
-from agent.rollup import merge, scheduler_nodes
-from agent.schema.report import NodeReport
-from agent.schema.status import NodeStatus, RayNode, ReceivedReport
+from rayscope.core.rollup import merge, scheduler_nodes
+from rayscope.node.placed_agents import agent_name, node_of, plan, shipped_modules
+from rayscope.node.push import started_by
+from rayscope.render.status import node_line
+from rayscope.schema.report import NodeReport
+from rayscope.schema.status import NodeStatus, RayNode, ReceivedReport
 from tests.bench_agents import BEGIN, END, keep_marked, write_section
 from tests.conftest import run_rayscope
 
@@ -49,10 +49,10 @@ def test_names_round_trip_and_other_names_are_not_agents() -> None:
 
 
 def test_the_shipped_modules_are_the_package_and_its_libraries() -> None:
-    """``py_modules``: package directories (``agent``, ``msgspec``, ``psutil``) and the one
+    """``py_modules``: package directories (``rayscope``, ``msgspec``, ``psutil``) and the one
     file of ``pynvml``; no site-packages directory as a whole."""
     names = sorted(path.rstrip("/").rsplit("/", 1)[1] for path in shipped_modules())
-    assert names == ["agent", "msgspec", "psutil", "pynvml.py"]
+    assert names == ["msgspec", "psutil", "pynvml.py", "rayscope"]
 
 
 def test_started_by_reads_systemds_mark() -> None:
@@ -115,8 +115,8 @@ def test_bench_agents_section_is_replaced_in_place_and_kept_by_make_bench(tmp_pa
 
 def test_rayscope_node_looks_for_the_title_ray_gives_the_agents_worker() -> None:
     """Ray titles an actor's worker ``ray::<class name>``: renaming the class must rename the title."""
-    from agent.ray_agents import RayscopeAgent
-    from agent.sources.agents import PROCESS_TITLE
+    from rayscope.node.placed_agents import RayscopeAgent
+    from rayscope.sources.local_agents import PROCESS_TITLE
 
     assert f"ray::{RayscopeAgent.__name__}" == PROCESS_TITLE
 
@@ -138,8 +138,8 @@ def test_a_failed_reconcile_is_a_source_status_of_the_head() -> None:
     longer says why no agent is placed."""
     from typing import Any, cast
 
-    from agent.head.state import HeadState
-    from agent.ray_agents import RayAgents
+    from rayscope.head.state import HeadState
+    from rayscope.node.placed_agents import RayAgents
 
     agents = RayAgents("127.0.0.1:6379", ("10.0.0.1", 7531), b"t", 5.0, cluster=cast(Any, _BrokenCluster()))
     state = HeadState(5.0, "127.0.0.1:6379")

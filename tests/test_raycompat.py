@@ -1,4 +1,4 @@
-"""The per-release Ray adapter (agent/sources/raycompat.py) and what rayscope does with the
+"""The per-release Ray adapter (agent/rayscope/sources/gcs/raycompat.py) and what rayscope does with the
 Ray versions it finds. The releases themselves run in ``make compat``; here the parts that
 can be checked without a cluster: version discovery, the versions status, the choice of the
 interpreter, the child script.
@@ -17,10 +17,11 @@ from typing import Any, Optional
 
 import pytest
 
-from agent.schema.report import RayletInfo
-from agent.sources import gcs_child, raycompat
-from agent.sources.gcs import ray_versions_status
-from agent.sources.gcs_child import gcs_python
+from rayscope.schema.report import RayletInfo
+from rayscope.sources.gcs import child as gcs_child
+from rayscope.sources.gcs import raycompat
+from rayscope.sources.gcs.child import gcs_python
+from rayscope.sources.gcs.reader import ray_versions_status
 
 RAYLET = Path("lib/python3.9/site-packages/ray/core/src/ray/raylet/raylet")
 
@@ -149,7 +150,7 @@ def test_the_child_script_is_standalone() -> None:
 def test_the_stated_range_is_the_tested_range() -> None:
     """pyproject.toml, README.md and --help name exactly the Rays and Pythons that
     ``make compat`` runs (its matrix ends), nothing wider."""
-    from agent import SUPPORTED_PYTHON, SUPPORTED_RAY
+    from rayscope import SUPPORTED_PYTHON, SUPPORTED_RAY
     from tests.compat import MATRIX
     from tests.conftest import REPO, run_rayscope
 

@@ -1,7 +1,7 @@
 """The raylet parser, fed command lines recorded from real raylets (Ray 2.60.0 and 2.33.0)."""
 
-from agent.schema.report import RayletInfo
-from agent.sources.raylet import parse_labels, parse_raylet_cmdline, parse_resource_list, pick_raylet
+from rayscope.schema.report import RayletInfo
+from rayscope.sources.raylet import parse_labels, parse_raylet_cmdline, parse_resource_list, pick_raylet
 from tests.scenarios import recorded_raylet_argv
 
 

@@ -5,10 +5,10 @@ import json
 import msgspec
 import pytest
 
-from agent.render.fmt import booking, gib
-from agent.render.node import node_json, node_lines
-from agent.render.status import node_line, status_json, status_lines
-from agent.schema.status import NodeStatus
+from rayscope.render.fmt import booking, gib
+from rayscope.render.node import node_json, node_lines
+from rayscope.render.status import node_line, status_json, status_lines
+from rayscope.schema.status import NodeStatus
 from tests.golden import check_golden
 from tests.scenarios import CPU, EUROPA, T4, mixed_status, seed_node_diagnostics, seed_status
 

@@ -14,14 +14,14 @@ from typing import Any
 import msgspec
 import pytest
 
-from agent.completeness import completeness_note
-from agent.head.state import HeadState
-from agent.render.gpus import status_gpu_lines
-from agent.render.metrics import metrics_text
-from agent.render.status import source_details, status_json, status_lines
-from agent.schema.report import GpuDevice, GpuProcess, HostInfo, NodeReport, RayletInfo, SourceStatus
-from agent.schema.status import RayNode
-from agent.validate import ReportError
+from rayscope.core.completeness import completeness_note
+from rayscope.core.validate import ReportError
+from rayscope.head.state import HeadState
+from rayscope.render.gpus import status_gpu_lines
+from rayscope.render.metrics import metrics_text
+from rayscope.render.status import source_details, status_json, status_lines
+from rayscope.schema.report import GpuDevice, GpuProcess, HostInfo, NodeReport, RayletInfo, SourceStatus
+from rayscope.schema.status import RayNode
 from tests.scenarios import NOW, gpu, view
 
 INTERVAL_S = 1.0
@@ -102,7 +102,7 @@ def test_deep_nesting_is_a_counted_rejection_not_a_recursion_error() -> None:
 def test_the_largest_accepted_report_stays_small_in_the_status() -> None:
     """Bounds on counts keep a small frame from becoming a huge document: at the limits, the
     status JSON is at most 50 times the frame."""
-    from agent import validate
+    from rayscope.core import validate
 
     per_gpu = validate.MAX_PROCESSES // validate.MAX_GPUS  # the report's own cap, spread over its GPUs
     gpus = [
@@ -146,7 +146,7 @@ def test_render_strips_control_characters_from_strings_the_gcs_gave() -> None:
     """The embedded view reads strings straight from the GCS (any Ray user names actors and
     labels): the renderers strip them too. Positive control: drop ``printable_lines`` in
     ``render.status.status_lines``."""
-    from agent.rollup import merge, scheduler_nodes
+    from rayscope.core.rollup import merge, scheduler_nodes
 
     total = {"CPU": 8.0, "GPU": 1.0, "accelerator_type:\x1b[2JX": 1.0}
     views = [view("cd" * 28, "10.0.0.7\x1b[2J", total, {"CPU": 8.0, "GPU": 1.0})]
@@ -203,7 +203,7 @@ def test_the_printable_rule_is_exactly_the_five_categories_on_every_code_point()
     """``printable`` removes every code point of Cc, Cf, Zl, Zp and Co and keeps every other
     (checked for all 1,114,112, in chunks): the fast path's ``str.isprintable`` rejects all
     of them (and more: Zs, Cs, Cn, which the slow path keeps)."""
-    from agent.text import printable
+    from rayscope.labels import printable
 
     step = 4096
     for start in range(0, 0x110000, step):
@@ -218,7 +218,7 @@ def test_the_number_of_nodes_held_is_bounded_oldest_unknown_evicted(monkeypatch:
     nodes the scheduler does not know; nodes the scheduler knows are never evicted, and when
     only they are held, a new unknown node is rejected.
     Positive control: drop the ``_make_room`` call in ``ReportTable.put``."""
-    from agent.head import reports
+    from rayscope.head import reports
 
     monkeypatch.setattr(reports, "MAX_NODES_HELD", 3)
     state = HeadState(INTERVAL_S, None)
@@ -270,7 +270,7 @@ def test_every_number_and_list_of_a_report_is_bounded_by_its_type() -> None:
     hole: every int is ``>= 0`` (temperatures excepted), every float finite and ``>= 0``, and
     every list or map has a ``max_length``. (GpuAttribution is refused whole by validate.)
     Positive control: give ``HostInfo.load_1m`` back the plain type ``Optional[float]``."""
-    from agent.schema.report import GpuAttribution, GpuUser
+    from rayscope.schema.report import GpuAttribution, GpuUser
 
     mi = msgspec.inspect
 

@@ -8,8 +8,8 @@ still passes; summing dead nodes fails ``test_dead_nodes_are_not_summed``.
 
 import math
 
-from agent.gpu_memory import MeasuredMemory, bioengine_memory, measured_memory
-from agent.rollup import (
+from rayscope.core.gpu.memory import MeasuredMemory, bioengine_memory, measured_memory
+from rayscope.core.rollup import (
     accelerator_type,
     merge,
     ray_accelerator,
@@ -17,8 +17,8 @@ from agent.rollup import (
     slurm_job_id,
     used_amount,
 )
-from agent.schema.report import GpuDevice
-from agent.schema.status import RayNode
+from rayscope.schema.report import GpuDevice
+from rayscope.schema.status import RayNode
 from tests.scenarios import (
     CPU,
     DEAD,

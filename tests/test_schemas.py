@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from agent.render.status import status_ndjson
+from rayscope.render.status import status_ndjson
 from tests.golden import GOLDEN
 from tests.scenarios import mixed_status
 from tests.schemas import DOCUMENTS, SCHEMA_DIR, assert_valid, errors, path_of, schema_text

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from agent import tokens
+from rayscope.net import tokens
 from tests.conftest import HeadDaemon, base_env, free_port, push_agent, run_rayscope
 from tests.waiting import eventually
 

@@ -10,17 +10,11 @@ expiry tests do.
 
 import pytest
 
-from agent.actors import app_name
-from agent.render.usage import span, usage_lines
-from agent.schema.usage import MAX_SLOTS
-from agent.usage import EMPTY, ActorMeta, SlotRing, UsageWindow, slot_count, slot_width
-from agent.usage_summary import (
-    NOT_HELD,
-    nearest_rank,
-    parse_window,
-    suggestion_mb,
-    usage_document,
-)
+from rayscope.core.actor_names import app_name
+from rayscope.core.usage.summary import NOT_HELD, nearest_rank, parse_window, suggestion_mb, usage_document
+from rayscope.core.usage.window import EMPTY, ActorMeta, SlotRing, UsageWindow, slot_count, slot_width
+from rayscope.render.usage import span, usage_lines
+from rayscope.schema.usage import MAX_SLOTS
 
 MIB = 1024**2
 GIB = 1024**3

@@ -1,7 +1,7 @@
 """The bound docs/usage.md states for the head's usage history: 1,000 actors over a full
 window, through the head's own ingest and fold (tests/usage_memory.py, in its own process).
 
-Positive control: give :class:`agent.usage.SlotRing` a Python list per slot instead of its
+Positive control: give :class:`rayscope.core.usage.window.SlotRing` a Python list per slot instead of its
 two arrays (``values = [EMPTY] * n``) and the RSS bound fails; drop the clearing in
 ``SlotRing.advance`` and the samples per actor exceed one window's slots.
 """

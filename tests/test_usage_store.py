@@ -18,18 +18,18 @@ from typing import Optional
 import msgspec
 import pytest
 
-from agent import gpu_memory
-from agent.errors import AgentError
-from agent.head import usage_store
-from agent.head.routes import Request, Routes
-from agent.head.state import HeadState
-from agent.head.usage_store import UsageStore, open_store, read_state, report_samples
-from agent.logs import LogThrottle
-from agent.render.usage import usage_family_names, usage_metrics
-from agent.schema.report import GpuDevice, GpuProcess, NodeReport, ProcessInfo
-from agent.schema.status import ActorBooking
-from agent.schema.usage import UsageDocument
-from agent.usage_summary import usage_document
+from rayscope.core.gpu import memory as gpu_memory
+from rayscope.core.usage.summary import usage_document
+from rayscope.errors import AgentError
+from rayscope.head import usage_store
+from rayscope.head.routes import Request, Routes
+from rayscope.head.state import HeadState
+from rayscope.head.usage_store import UsageStore, open_store, read_state, report_samples
+from rayscope.logs import LogThrottle
+from rayscope.render.usage import usage_family_names, usage_metrics
+from rayscope.schema.report import GpuDevice, GpuProcess, NodeReport, ProcessInfo
+from rayscope.schema.status import ActorBooking
+from rayscope.schema.usage import UsageDocument
 from tests.conftest import free_port, run_rayscope
 from tests.schemas import parsed
 from tests.test_promtool import lint
@@ -124,7 +124,7 @@ def test_an_unmeasured_gpu_gives_its_reason_instead_of_a_figure(monkeypatch: pyt
     assert (samples, reason) == ([], usage_store.UNMEASURED_GPU)
     ((_, samples, reason, _),) = report_samples(NODE, report({101: None}), ACTORS[:1], {NODE}).values()
     assert (samples, reason) == ([], usage_store.UNMEASURED_PROCESS)
-    # A vGPU guest without a CUDA sample, as agent.gpu_memory.gpu_used judges it (issue 20).
+    # A vGPU guest without a CUDA sample, as rayscope.core.gpu.memory.gpu_used judges it (issue 20).
     vgpu = "vGPU guest: NVML's used memory comes from the vGPU manager"
     real = gpu_memory.gpu_used
     monkeypatch.setattr(gpu_memory, "gpu_used", lambda gpu: real(gpu)._replace(used_bytes=None, reason=vgpu))

@@ -1,14 +1,14 @@
 """Virtual and shared GPUs (issue 20), the pure parts: which used figure rayscope trusts per
-GPU (agent.gpu_memory), what every output says about it, and time-sliced GPUs counted once.
+GPU (rayscope.core.gpu.memory), what every output says about it, and time-sliced GPUs counted once.
 
 The recorded cluster (tests/scenarios.virtual_status) holds a vGPU guest whose NVML claims
 14.5 of 16 GiB used on an idle A40-16C slice, a pass-through A100, a vGPU host's A40, an MPS
 server and two nodes time-slicing one T4. Bare metal's goldens (status_seed, status_mixed, ...)
 are the other half of the proof: they did not change.
 
-Positive controls: make :func:`agent.gpu_memory.memory_used_reliable` trust ``vgpu_guest`` and
+Positive controls: make :func:`rayscope.core.gpu.memory.memory_used_reliable` trust ``vgpu_guest`` and
 the vGPU goldens show ``VRAM: 14.5/16.0 GB``, the fit test's exit becomes 1; drop the
-``shared_overcount`` subtraction in ``agent.rollup.totals`` and the sums test fails.
+``shared_overcount`` subtraction in ``rayscope.core.rollup.totals`` and the sums test fails.
 """
 
 from collections.abc import Sequence
@@ -17,18 +17,18 @@ from typing import Optional
 import msgspec
 import pytest
 
-from agent.cuda_samples import CudaSamples, interval_from_env, settle_gpus
-from agent.errors import AgentError
-from agent.fit import exit_code, fit
-from agent.gpu_memory import CudaFigure, GpuUsed, gpu_used, measured_memory, settle
-from agent.render.fit import fit_lines
-from agent.render.gpus import status_gpu_lines
-from agent.render.metrics import metrics_text
-from agent.render.node import node_lines
-from agent.render.status import status_json, status_lines
-from agent.schema.fit import FitRequest
-from agent.schema.report import UNSET, GpuDevice, GpuProcess
-from agent.sources.cuda import CudaRequest, CudaSample, CudaSampler
+from rayscope.core.capacity.fit import exit_code, fit
+from rayscope.core.gpu.memory import CudaFigure, GpuUsed, gpu_used, measured_memory, settle
+from rayscope.errors import AgentError
+from rayscope.node.cuda_samples import CudaSamples, interval_from_env, settle_gpus
+from rayscope.render.fit import fit_lines
+from rayscope.render.gpus import status_gpu_lines
+from rayscope.render.metrics import metrics_text
+from rayscope.render.node import node_lines
+from rayscope.render.status import status_json, status_lines
+from rayscope.schema.fit import FitRequest
+from rayscope.schema.report import UNSET, GpuDevice, GpuProcess
+from rayscope.sources.cuda.sample import CudaRequest, CudaSample, CudaSampler
 from tests.golden import check_golden
 from tests.scenarios import (
     GIB,
@@ -273,8 +273,8 @@ def test_mode_labels_are_bounded() -> None:
 
 
 def test_per_process_memory_on_a_vgpu_guest_is_marked() -> None:
-    from agent.render.gpus import gpu_block_lines
-    from agent.schema.report import GpuAttribution, GpuUser
+    from rayscope.render.gpus import gpu_block_lines
+    from rayscope.schema.report import GpuAttribution, GpuUser
 
     user = GpuUser(
         kind="process", pids=[7], name="python", booked_gpu=0.0, booked_vram_mb=0.0, used_memory_bytes=GIB

@@ -14,12 +14,12 @@ import msgspec
 import pexpect
 import pytest
 
-from agent import watch
-from agent.cmdline import optional_watch_value
-from agent.errors import AgentError
-from agent.render.status import status_lines
-from agent.render.watch import HIGHLIGHT_OFF, HIGHLIGHT_ON, fit_screen, highlight_changes
-from agent.schema.status import ClusterStatus
+from rayscope.cli import watch
+from rayscope.cli.argv import optional_watch_value
+from rayscope.errors import AgentError
+from rayscope.render.status import status_lines
+from rayscope.render.watch import HIGHLIGHT_OFF, HIGHLIGHT_ON, fit_screen, highlight_changes
+from rayscope.schema.status import ClusterStatus
 from tests.conftest import REPO, LiveCluster
 from tests.scenarios import T4, seed_status
 
@@ -80,7 +80,7 @@ def test_no_width_cuts_a_number_or_a_field_in_half(columns: int) -> None:
 
 
 def test_an_error_line_is_wrapped_whole_not_cut() -> None:
-    from agent.render.watch import wrap_to
+    from rayscope.render.watch import wrap_to
 
     error = "rayscope: GCS unreachable at 10.0.0.1:6379 (timeout 5 s) (retrying every 2 s)"
     wrapped = wrap_to(error, 40)
@@ -170,7 +170,7 @@ def test_watch_in_a_terminal(live_cluster: LiveCluster, rayscope_env: dict[str, 
     env = {**rayscope_env, "TERM": "xterm", "PYTHONUNBUFFERED": "1"}
     script = (
         "stty -g; "
-        f"{sys.executable} -m agent status --watch 0.5 --gcs {live_cluster.gcs_address}; "
+        f"{sys.executable} -m rayscope status --watch 0.5 --gcs {live_cluster.gcs_address}; "
         'echo "EXIT=$?"; stty -g'
     )
     child = pexpect.spawn(

@@ -11,12 +11,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent import wire
-from agent.head.state import HeadState
-from agent.schema.node import NodeDiagnostics
-from agent.schema.report import REPORT_SCHEMA, NodeReport, RayletInfo, SourceStatus
-from agent.schema.status import ClusterStatus, RayNode
-from agent.validate import ReportError
+from rayscope.core.validate import ReportError
+from rayscope.head.state import HeadState
+from rayscope.net import wire
+from rayscope.schema.node import NodeDiagnostics
+from rayscope.schema.report import REPORT_SCHEMA, NodeReport, RayletInfo, SourceStatus
+from rayscope.schema.status import ClusterStatus, RayNode
 from tests.scenarios import SEED_REPORTS, mixed_status, seed_node_diagnostics
 from tests.waiting import eventually
 

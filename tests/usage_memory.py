@@ -15,10 +15,10 @@ import time
 
 import msgspec
 
-from agent.head.state import HeadState
-from agent.head.usage_store import UsageStore
-from agent.schema.report import GpuDevice, GpuProcess, NodeReport, ProcessInfo, SourceStatus
-from agent.schema.status import ActorBooking
+from rayscope.head.state import HeadState
+from rayscope.head.usage_store import UsageStore
+from rayscope.schema.report import GpuDevice, GpuProcess, NodeReport, ProcessInfo, SourceStatus
+from rayscope.schema.status import ActorBooking
 
 GIB = 1024**3
 PER_NODE = 100

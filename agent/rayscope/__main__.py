@@ -1,0 +1,25 @@
+"""Entry for ``rayscope`` (the console script), ``python -m rayscope`` and the zipapp
+(``rayscope.__main__:main``): ``status``'s fast paths first (:mod:`rayscope.cli.fast_status`), then
+the typer CLI (:mod:`rayscope.cli.app`) for everything they hand on."""
+
+import sys
+
+# Before anything else is imported: an old Python gets one line, not a traceback.
+if sys.version_info < (3, 9):  # noqa: UP036
+    sys.stderr.write("rayscope needs Python 3.9+, this is %d.%d.%d\n" % tuple(sys.version_info[:3]))  # noqa: UP031
+    sys.exit(1)
+
+
+def main() -> None:
+    """The command line: answered by :func:`rayscope.cli.fast_status.run` when it can (it exits),
+    else by the CLI."""
+    from rayscope.cli import fast_status
+
+    fast_status.run(sys.argv[1:])
+    from rayscope.cli.app import main as cli_main
+
+    cli_main()
+
+
+if __name__ == "__main__":
+    main()

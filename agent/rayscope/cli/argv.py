@@ -1,0 +1,135 @@
+"""The command line before click reads it, and its mistakes as one line.
+
+* ``--watch`` alone means every 2 s: click options take a value or none, not either (and
+  typer drops click's ``flag_value``), so a bare ``--watch`` gets the default here;
+* the global options (``--verbose``, ``-v``) work after the command too (``rayscope status
+  --verbose``): they are moved before it, unless they are the value of an option;
+* a usage error is one line on stderr, ``rayscope: status --timeout nan: not a finite
+  number: ...`` (exit 2), never click's or rich's box: cron mail and ``grep`` get one line.
+  On a terminal a short hint follows (where ``--help`` is).
+"""
+
+import sys
+from collections.abc import Sequence
+from typing import Optional
+
+import click
+import typer
+
+from rayscope.cli.options import WATCH_DEFAULT_S, OptionError
+from rayscope.errors import EXIT_INTERRUPTED, EXIT_NO_DATA, say
+
+GLOBAL_FLAGS = ("--verbose", "-v")
+
+
+def optional_watch_value(argv: Sequence[str]) -> list[str]:
+    """``--watch`` without a number → ``--watch 2``."""
+    args = list(argv)
+    out: list[str] = []
+    for i, arg in enumerate(args):
+        out.append(arg)
+        if arg == "--":
+            return out + args[i + 1 :]
+        if arg == "--watch":
+            following = args[i + 1] if i + 1 < len(args) else ""
+            try:
+                float(following)
+            except ValueError:
+                out.append(f"{WATCH_DEFAULT_S:g}")
+    return out
+
+
+def _takes_value(command: click.Command) -> set[str]:
+    return {
+        name
+        for param in command.params
+        if isinstance(param, click.Option) and not param.is_flag and not param.count
+        for name in (*param.opts, *param.secondary_opts)
+    }
+
+
+def global_flags_first(argv: Sequence[str], group: click.Group) -> list[str]:
+    """``status --verbose --json`` → ``--verbose status --json``; a flag that is an option's
+    value (``--token-file -v``) or comes after ``--`` stays where it is."""
+    args = list(argv)
+    at = next((i for i, arg in enumerate(args) if not arg.startswith("-") or arg == "--"), len(args))
+    command = group.commands.get(args[at]) if at < len(args) else None
+    if command is None:
+        return args
+    values = _takes_value(command)
+    moved: list[str] = []
+    kept = args[: at + 1]
+    rest = iter(args[at + 1 :])
+    for arg in rest:
+        if arg == "--":
+            kept += [arg, *rest]
+            break
+        if arg in GLOBAL_FLAGS:
+            moved.append(arg)
+            continue
+        kept.append(arg)
+        value = next(rest, None) if arg in values else None
+        if value is not None:
+            kept.append(value)
+    return moved + kept
+
+
+def _where(ctx: Optional[click.Context], command: str) -> str:
+    """``status`` for ``rayscope status``; empty for the top level. Click's parser raises some
+    errors without a context (an option missing its value): then the command named in argv."""
+    if ctx is None:
+        return command
+    return ctx.command_path.partition(" ")[2]
+
+
+def _option(err: click.UsageError) -> str:
+    param = getattr(err, "param", None)
+    if isinstance(param, click.Option):
+        return param.opts[0]
+    return str(getattr(err, "param_hint", None) or getattr(err, "option_name", None) or "")
+
+
+def usage_line(err: click.UsageError, commands: Sequence[str], command: str = "") -> str:
+    """The one line a usage error is said in (without the ``rayscope:`` prefix); ``command``:
+    the command argv names, if any."""
+    where = _where(err.ctx, command)
+    said = err.format_message().strip().rstrip(".")
+    if isinstance(err, OptionError):
+        return f"{where} {said}".strip()
+    if isinstance(err, click.NoSuchOption):
+        maybe = f" (did you mean {' or '.join(err.possibilities)}?)" if err.possibilities else ""
+        text = f"no such option {err.option_name}{maybe}"
+    elif isinstance(err, click.MissingParameter):
+        text = f"{_option(err)} is required"
+    elif isinstance(err, click.BadParameter):
+        return f"{where} {_option(err)}: {err.message.rstrip('.')}".strip()
+    elif isinstance(err, click.BadOptionUsage) and "requires an argument" in said:
+        return f"{where} {err.option_name}: needs a value".strip()
+    elif said.startswith("No such command"):
+        return f"{said[len('No such command ') :]} is not a command: {', '.join(commands)}"
+    elif said.startswith("Missing command"):
+        return f"give a command: {', '.join(commands)} (rayscope --help)"
+    else:
+        text = said
+    return f"{where}: {text}" if where else text
+
+
+def run(app: typer.Typer, argv: Sequence[str]) -> None:
+    """``rayscope ARGV``: the exit code of the command, a usage error as one line (exit 2),
+    Ctrl-C as 130. Raises ``SystemExit`` always."""
+    group = typer.main.get_command(app)
+    assert isinstance(group, click.Group)
+    args = global_flags_first(optional_watch_value(argv), group)
+    try:
+        code = group.main(args=args, prog_name="rayscope", standalone_mode=False)
+    except click.UsageError as err:
+        first = next((arg for arg in args if not arg.startswith("-")), "")
+        command = first if first in group.commands else ""
+        say(usage_line(err, sorted(group.commands), command))
+        if sys.stderr.isatty():
+            where = _where(err.ctx, command)
+            sys.stderr.write(f"  (rayscope {where + ' ' if where else ''}--help lists the options)\n")
+        raise SystemExit(EXIT_NO_DATA) from None
+    except click.Abort:
+        raise SystemExit(EXIT_INTERRUPTED) from None
+    raise SystemExit(code if isinstance(code, int) else 0)

@@ -1,0 +1,301 @@
+"""``rayscope status`` before the typer CLI is imported: what it can do sooner, it does here.
+
+``rayscope.__main__`` calls :func:`run` first, and imports :mod:`rayscope.cli.app` (typer, click,
+the renderers: ~50 ms) only when it returns:
+
+* ``status`` reading a head agent (``--head`` / ``$RAYSCOPE_HEAD``), as text or ``--json``
+  on stdout: the head renders the answer (``GET /v1/status?format=lines``, or the JSON
+  document), with the exit code and the notes ``status`` prints on stderr in
+  ``X-Rayscope-*`` headers; printed here, byte for byte what the CLI prints for it, with
+  nothing imported beyond a socket (:mod:`rayscope.client.request`);
+* ``status`` reading the GCS (no head): the GCS child is started at once
+  (:mod:`rayscope.sources.gcs.prestart`): ``import ray``, most of the command's time, then
+  runs while the CLI imports its own modules and finds the address.
+
+Everything else goes to the CLI untouched, so that help, usage errors and every other
+output read exactly as they always did: another command, an option this module does not
+know or a value it would not take (the CLI then says why), ``--help``, ``--output``,
+``--append``, ``--watch``, ``--format prom``, ``--gcs``; and a head whose answer this module
+does not take (an older head answers ``format=lines`` with JSON, and no ``X-Rayscope-Exit``;
+a proxy that chunks or compresses): the CLI then asks again, as it always did.
+"""
+
+import math
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, NamedTuple, Optional, Union
+
+if TYPE_CHECKING:
+    from rayscope.net.tls import TlsFiles
+
+GLOBAL_FLAGS = ("-v", "--verbose")
+FLAGS = {"--all": "all_nodes", "--gpus": "gpus", "--json": "json_out"}
+VALUES = {
+    "--head": "head",
+    "--gcs": "gcs",
+    "--token-file": "token_file",
+    "--timeout": "timeout",
+    "--format": "format",
+    "--tls-cert": "tls_cert",
+    "--tls-key": "tls_key",
+    "--tls-ca": "tls_ca",
+}
+HEAD_ENV = "RAYSCOPE_HEAD"
+ENVIRONMENT = {
+    "head": HEAD_ENV,
+    "token_file": "RAYSCOPE_TOKEN_FILE",
+    "tls_cert": "RAYSCOPE_TLS_CERT",
+    "tls_key": "RAYSCOPE_TLS_KEY",
+    "tls_ca": "RAYSCOPE_TLS_CA",
+}
+"""The variables the CLI's options read (agent/rayscope/cli/options.py,
+agent/rayscope/net/tls.py; tests hold them to the same names); an empty one counts as unset,
+as click has it."""
+HEAD_ONLY = ("token_file", "tls_cert", "tls_key", "tls_ca")
+"""Options of a head read: given without a head, the CLI's (it ignores or refuses them)."""
+FORMATS = {"text": ("text", "json"), "gcs": ("text", "json", "prom")}
+MAX_TIMEOUT_S = 86_400.0
+"""The CLI's range for ``--timeout`` (more than 0, at most a day): a value outside it, or
+not finite, goes to the CLI to be refused there (tests/test_fast_status.py holds the two
+to the same values)."""
+DEFAULT_TIMEOUT_S = 5.0
+"""``rayscope.net.addresses.DEFAULT_TIMEOUT_S`` (a test holds them equal): not imported, so that
+nothing is imported before the GCS child starts."""
+
+
+class Request(NamedTuple):
+    """A ``status`` this module answers: what the CLI's options would hold."""
+
+    head: Optional[str]
+    """The head agent's URL; ``None``: the GCS (``gcs``, or found as the CLI finds it)."""
+    gcs: Optional[str]
+    token_file: Optional[str]
+    timeout_s: float
+    all_nodes: bool
+    gpus: bool
+    fmt: str
+    tls: "Optional[TlsFiles]"
+    verbose: bool
+
+
+def run(args: Sequence[str]) -> None:
+    """Answer ``args`` here and exit when this module can; return to hand them to the CLI
+    (having started the GCS child when the CLI will read the GCS)."""
+    command = _status_words(args)
+    if command is None:
+        return
+    verbose, words = command
+    if "-h" in words or "--help" in words:
+        return
+    if not _names_a_head(words, os.environ):
+        from rayscope.sources.gcs import prestart as gcs_prestart
+
+        gcs_prestart.start()
+    request = parse(words, verbose, os.environ)
+    if request is None:
+        return
+    from rayscope.errors import one_line_errors
+
+    with one_line_errors(verbose):
+        code = answer_from_head(request) if request.head else answer_from_gcs(request)
+    if code is not None:
+        raise SystemExit(code)
+
+
+def _status_words(args: Sequence[str]) -> Optional[tuple[bool, list[str]]]:
+    """(``--verbose`` given, the words after ``status``) when ``args`` run ``status``."""
+    i = 0
+    while i < len(args) and args[i] in GLOBAL_FLAGS:
+        i += 1
+    if i >= len(args) or args[i] != "status":
+        return None
+    return i > 0, list(args[i + 1 :])
+
+
+def _names_a_head(words: Sequence[str], environ: Mapping[str, str]) -> bool:
+    given = any(w == "--head" or w.startswith("--head=") for w in words)
+    return given or bool(environ.get(HEAD_ENV))
+
+
+def given_options(words: Sequence[str]) -> Optional[dict[str, Union[str, bool]]]:
+    """The options ``words`` give, by name (flags ``True``), when every word is one this
+    module knows, written as click reads it; ``None`` otherwise, and for a value that
+    starts with ``-`` or an option given twice (the CLI's to read)."""
+    given: dict[str, Union[str, bool]] = {}
+    pending = list(words)[::-1]
+    while pending:
+        name, equals, value = pending.pop().partition("=")
+        found: Union[str, bool]
+        if name in FLAGS and not equals:
+            key, found = FLAGS[name], True
+        elif name in VALUES and (equals or pending):
+            key, found = VALUES[name], value if equals else pending.pop()
+        else:
+            return None
+        if key in given or (isinstance(found, str) and found.startswith("-")):
+            return None
+        given[key] = found
+    return given
+
+
+def parse(words: Sequence[str], verbose: bool, environ: Mapping[str, str]) -> Optional[Request]:
+    """The request ``status WORDS`` makes, when this module answers it exactly as the CLI
+    would; ``None`` otherwise (an unknown option, a value the CLI would refuse or that
+    takes another path: the CLI then does what it always did)."""
+    given = given_options(words)
+    if given is None:
+        return None
+    strings = {
+        key: str(given[key]) if key in given else environ.get(env) or None for key, env in ENVIRONMENT.items()
+    }
+    head, gcs = strings["head"], given.get("gcs")
+    if (head and gcs) or (not head and any(key in given for key in HEAD_ONLY)):
+        return None
+    fmt = str(given.get("format", "json" if given.get("json_out") else "text"))
+    if fmt not in FORMATS["text" if head else "gcs"] or (given.get("json_out") and fmt != "json"):
+        return None
+    try:
+        timeout_s = float(given.get("timeout", DEFAULT_TIMEOUT_S))
+        head, gcs = _checked(head, str(gcs) if gcs else None)
+    except ValueError:
+        return None
+    if not (math.isfinite(timeout_s) and 0 < timeout_s <= MAX_TIMEOUT_S):
+        return None
+    tls = None
+    if head:
+        from rayscope.net.tls import TlsFiles
+
+        tls = TlsFiles(strings["tls_cert"], strings["tls_key"], strings["tls_ca"])
+    return Request(
+        head=head,
+        gcs=gcs,
+        token_file=strings["token_file"],
+        timeout_s=timeout_s,
+        all_nodes=bool(given.get("all_nodes")),
+        gpus=bool(given.get("gpus")),
+        fmt=fmt,
+        tls=tls,
+        verbose=verbose,
+    )
+
+
+def _checked(head: Optional[str], gcs: Optional[str]) -> tuple[Optional[str], Optional[str]]:
+    """``--head`` and ``--gcs`` as the CLI's option callbacks give them; ``ValueError``."""
+    if head:
+        from rayscope.client import request as head_request
+
+        return head_request.parse_head_url(head), None
+    if gcs:
+        from rayscope.net.addresses import parse_address
+
+        return None, parse_address(gcs)
+    return None, None
+
+
+def answer_from_gcs(request: Request) -> int:
+    """``status`` without a head agent, as the CLI's ``status`` does it (the read, the
+    output, ``--verbose``'s sources), without the CLI's imports."""
+    from rayscope.cli import output
+    from rayscope.client import head as client
+
+    result = client.read_cluster(None, None, request.gcs, request.timeout_s, request.gpus)
+    code = output.deliver_status(result, request.fmt, request.all_nodes, request.gpus)
+    if request.verbose:
+        from rayscope.render.status import source_details
+
+        sys.stderr.write("\n".join(source_details(result.sources)) + "\n")
+    return code
+
+
+class Said(NamedTuple):
+    """What the head's headers say ``status`` does besides printing the body."""
+
+    code: int
+    note: str
+    sources: list[str]
+
+
+def answer_from_head(request: Request) -> Optional[int]:
+    """Print the head's answer to ``request`` as ``status`` prints it; its exit code, or
+    ``None`` when the answer is not one this module takes (nothing printed)."""
+    from rayscope.client import request as head_request
+    from rayscope.errors import EXIT_NO_DATA, AgentError, say
+    from rayscope.net import tokens
+    from rayscope.net.tls import NO_TLS
+
+    assert request.head is not None
+    tls = request.tls or NO_TLS
+    json_out = request.fmt == "json"
+    token = tokens.read_token(request.token_file)
+    query = ["format=lines"] if not json_out else []
+    query += ["gpus=1"] if request.gpus else []
+    query += ["all=1"] if request.all_nodes else []
+    target = "/v1/status" + ("?" + "&".join(query) if query else "")
+    try:
+        got = head_request.get(request.head, target, token, request.timeout_s, tls)
+    except head_request.Unusual:
+        return None
+    if got.status != 200:  # the CLI's path asks again and says what the refusal means
+        return None
+    kind = "application/json" if json_out else "text/plain"
+    said = status_headers(got.headers, request.verbose)
+    if said is None or not got.headers.get("content-type", "").startswith(kind):
+        return None
+    if said.code == EXIT_NO_DATA:
+        raise AgentError(said.note or "no data", EXIT_NO_DATA)
+    text = _json_text(got.body) if json_out else _lines_text(got.body)
+    if text is None:
+        return None
+    from rayscope.cli.output import to_stdout
+
+    to_stdout(text)
+    if said.note:
+        say(said.note)
+    if request.verbose:
+        sys.stderr.write("\n".join(said.sources) + "\n")
+    return said.code
+
+
+def status_headers(headers: dict[str, str], verbose: bool) -> Optional[Said]:
+    """``X-Rayscope-Exit``, ``-Note`` and (for ``--verbose``) ``-Notes`` of an answer of
+    this document schema; ``None`` when one is missing or malformed."""
+    from rayscope.schema import DOCUMENT_SCHEMA
+
+    if headers.get("x-rayscope-schema") != str(DOCUMENT_SCHEMA):
+        return None
+    code, note = headers.get("x-rayscope-exit"), headers.get("x-rayscope-note")
+    if code not in ("0", "1", "2") or note is None:
+        return None
+    import json
+
+    try:
+        said = Said(int(code), "" if note == '""' else json.loads(note), [])
+        if verbose:
+            said = said._replace(sources=json.loads(headers.get("x-rayscope-notes", "")))
+    except ValueError:
+        return None
+    if not isinstance(said.note, str) or not all(isinstance(s, str) for s in said.sources):
+        return None
+    from rayscope.labels import printable_lines
+
+    return said._replace(sources=printable_lines(said.sources)) if verbose else said
+
+
+def _lines_text(body: Union[bytes, bytearray]) -> str:
+    """The status lines as served, through the one printable rule again (the head's lines
+    are printable already; the wire between is not to be trusted with a terminal)."""
+    from rayscope.labels import printable_lines
+
+    return "\n".join(printable_lines(body.decode("utf-8", "replace").split("\n")))
+
+
+def _json_text(body: Union[bytes, bytearray]) -> Optional[bytes]:
+    """The head's compact document indented as ``status --json`` prints it (the same
+    Struct encoded, then ``msgspec.json.format``), UTF-8; ``None`` when it is not JSON."""
+    import msgspec
+
+    try:
+        return msgspec.json.format(body, indent=2) + b"\n"
+    except msgspec.DecodeError:
+        return None

@@ -1,0 +1,397 @@
+"""The command line's shared options and the checks they get at parse time.
+
+Every command's options that more than one command takes are declared here once (typer's
+``Annotated`` types), with the callback that checks the value before any work starts: a bad
+value is a usage error (exit 2) naming the option, never a traceback or a late failure.
+:func:`within` is the one check of every number (finite, in range, its unit in the message:
+the ranges are :mod:`rayscope.core.limits`); ``--head`` and ``--gcs`` together are refused here too.
+
+Light on purpose: ``status --head``, the fast path, pays for every import made here.
+"""
+
+import inspect
+from collections.abc import Callable
+from enum import Enum
+from typing import Annotated, Any, Optional
+
+import click
+import typer
+
+from rayscope.client import head as client
+from rayscope.core import limits
+from rayscope.core.limits import Limit, Number
+from rayscope.net.addresses import (
+    DEFAULT_GCS_PORT,
+    DEFAULT_HTTP_PORT,
+    DEFAULT_REPORT_PORT,
+    GCS_ADDRESS_ENV,
+    parse_address,
+    with_port,
+)
+
+WATCH_DEFAULT_S = 2.0
+
+
+class OptionError(click.UsageError):
+    """A usage error whose message is the whole line (the option, the value, what to do)."""
+
+
+def within(limit: Limit) -> Callable[..., Any]:
+    """The callback of a numeric option: :func:`rayscope.core.limits.check` as a usage error."""
+
+    def check(param: typer.CallbackParam, value: Optional[Number]) -> Optional[Number]:
+        if value is None:
+            return None
+        try:
+            return limits.check(param.opts[0], value, limit)
+        except ValueError as err:
+            raise OptionError(str(err)) from None
+
+    return check
+
+
+def endpoint(default_port: int) -> Callable[[Optional[str]], Optional[str]]:
+    """A callback for ``HOST[:PORT]``: the port defaults to ``default_port``."""
+
+    def check(value: Optional[str]) -> Optional[str]:
+        if value is None:
+            return None
+        try:
+            return parse_address(with_port(value, default_port))
+        except ValueError as err:
+            raise typer.BadParameter(str(err)) from None
+
+    return check
+
+
+def _one_source(ctx: typer.Context, given: str) -> None:
+    """``--head`` and ``--gcs`` name two sources: refused, whichever is checked second."""
+    other = "gcs" if given == "head" else "head"
+    if ctx.params.get(other) is None:
+        return
+    from_env = ctx.get_parameter_source("head") == click.core.ParameterSource.ENVIRONMENT
+    if from_env:
+        raise OptionError(
+            f"--gcs with ${client.HEAD_ENV} set: two sources, drop --gcs or unset {client.HEAD_ENV}"
+        )
+    raise OptionError("--head with --gcs: two sources, give one (--head reads a head agent, --gcs the GCS)")
+
+
+def _gcs_option(ctx: typer.Context, value: Optional[str]) -> Optional[str]:
+    address = endpoint(DEFAULT_GCS_PORT)(value)
+    if address is not None:
+        _one_source(ctx, "gcs")
+    return address
+
+
+def _head_url(ctx: typer.Context, value: Optional[str]) -> Optional[str]:
+    if value is None:
+        return None
+    try:
+        url = client.parse_head_url(value)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    _one_source(ctx, "head")
+    return url
+
+
+GcsOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--gcs",
+        metavar="HOST:PORT",
+        callback=_gcs_option,
+        help=(
+            f"GCS address of the cluster. Default: ${GCS_ADDRESS_ENV}, else the local raylet's,"
+            " else <ray temp dir>/ray_current_cluster."
+        ),
+    ),
+]
+TimeoutOption = Annotated[
+    float,
+    typer.Option(
+        "--timeout", metavar="SECONDS", callback=within(limits.SECONDS), help="Deadline for the GCS read."
+    ),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="One JSON document instead of lines.")]
+TokenFileOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--token-file",
+        metavar="FILE",
+        envvar="RAYSCOPE_TOKEN_FILE",
+        help="Shared secret of the head and its agents (the same file everywhere).",
+    ),
+]
+TlsCertOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--tls-cert",
+        metavar="PEM",
+        envvar="RAYSCOPE_TLS_CERT",
+        help="TLS certificate (the head's; an agent's or client's for mutual TLS).",
+    ),
+]
+TlsKeyOption = Annotated[
+    Optional[str],
+    typer.Option("--tls-key", metavar="PEM", envvar="RAYSCOPE_TLS_KEY", help="The --tls-cert's private key."),
+]
+TlsCaOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--tls-ca",
+        metavar="PEM",
+        envvar="RAYSCOPE_TLS_CA",
+        help="CA that signed the head's certificate (on the head: its clients', then required).",
+    ),
+]
+IntervalOption = Annotated[
+    float,
+    typer.Option(
+        "--interval", metavar="SECONDS", callback=within(limits.SECONDS), help="Seconds between reports."
+    ),
+]
+GpusOption = Annotated[
+    bool,
+    typer.Option(
+        "--gpus",
+        help=(
+            "Per GPU: the actors on it, what each booked (VRAM_MB, GPU) beside what it uses"
+            " (NVML), and memory held by processes that booked nothing."
+        ),
+    ),
+]
+HeadOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--head",
+        metavar="URL",
+        envvar=client.HEAD_ENV,
+        callback=_head_url,
+        help="Read a head agent (http://HOST:7532) instead of the GCS: every node's NVML.",
+    ),
+]
+
+
+class Format(str, Enum):
+    text = "text"
+    json = "json"
+    prom = "prom"
+
+
+class Sizing(str, Enum):
+    auto = "auto"
+    vram = "vram"
+    fraction = "fraction"
+
+
+FormatOption = Annotated[
+    Optional[Format],
+    typer.Option(
+        "--format",
+        help="text (the default), json (= --json), or prom: node_exporter textfile format.",
+    ),
+]
+
+OutputFileOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--output",
+        metavar="FILE",
+        help=(
+            "Write to FILE instead of stdout, atomically (temp file in FILE's directory,"
+            " fsync, rename): a reader never sees half a file. Nothing is written when the"
+            " cluster cannot be read."
+        ),
+    ),
+]
+
+AppendFileOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--append",
+        metavar="FILE",
+        help="Append one JSON document per line (NDJSON) with a timestamp to FILE.",
+    ),
+]
+
+WatchOption = Annotated[
+    Optional[float],
+    typer.Option(
+        "--watch",
+        metavar="[SECONDS]",
+        callback=within(limits.SECONDS),
+        help=(
+            f"Redraw in place every SECONDS (default {WATCH_DEFAULT_S:g}), values that"
+            " changed since the last frame highlighted; Ctrl-C ends it."
+        ),
+    ),
+]
+
+GpuMemoryOption = Annotated[
+    Optional[int],
+    typer.Option(
+        "--gpu-memory-mb",
+        metavar="MB",
+        callback=within(limits.GPU_MEMORY_MB),
+        help="GPU memory per replica, as a BioEngine app declares it; -1 = a whole GPU.",
+    ),
+]
+
+NumCpusOption = Annotated[
+    float,
+    typer.Option(
+        "--num-cpus",
+        metavar="CPUS",
+        callback=within(limits.CPUS),
+        help=(
+            "CPUs each replica books (Ray's num_cpus). 0 = as declared;"
+            " a Ray Serve replica books 1 by default."
+        ),
+    ),
+]
+
+MemoryMbOption = Annotated[
+    float,
+    typer.Option(
+        "--memory-mb",
+        metavar="MB",
+        callback=within(limits.MEBIBYTES),
+        help="Ray memory each replica books, in MB.",
+    ),
+]
+
+ShapeOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--shape",
+        metavar="JSON",
+        help=(
+            "A raw Ray resource shape per replica instead of --gpu-memory-mb:"
+            ' \'{"GPU": 0.5, "CPU": 1}\' (Ray\'s names; memory in bytes).'
+        ),
+    ),
+]
+
+GpuTotalOption = Annotated[
+    Optional[float],
+    typer.Option(
+        "--gpu-total-mb",
+        metavar="MB",
+        callback=within(limits.GPU_MEBIBYTES),
+        help=(
+            "Size of the smallest GPU for the fraction path. Default: NVML's measurement,"
+            " else a node's VRAM_MB total per GPU; without either the answer is 'could not tell'."
+        ),
+    ),
+]
+
+SizingOption = Annotated[
+    Sizing,
+    typer.Option(
+        "--sizing",
+        help=(
+            "How --gpu-memory-mb is booked: auto = BioEngine's rule (VRAM_MB where a node"
+            " advertises it, else a GPU fraction), vram, or fraction."
+        ),
+    ),
+]
+
+ListenOption = Annotated[
+    str,
+    typer.Option(
+        "--listen",
+        metavar="HOST:PORT",
+        callback=endpoint(DEFAULT_REPORT_PORT),
+        help="Where node agents connect.",
+    ),
+]
+
+HttpOption = Annotated[
+    str,
+    typer.Option(
+        "--http",
+        metavar="HOST:PORT",
+        callback=endpoint(DEFAULT_HTTP_PORT),
+        help="GET /v1/status, /v1/usage, /metrics, /healthz.",
+    ),
+]
+
+ReadTokenFileOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--read-token-file",
+        metavar="FILE",
+        envvar="RAYSCOPE_READ_TOKEN_FILE",
+        help=(
+            "A read-only token: GET /v1/status and /metrics only (dashboards, status --head),"
+            " never accepted for reports. Must differ from --token-file."
+        ),
+    ),
+]
+
+MaxPendingOption = Annotated[
+    int,
+    typer.Option(
+        "--max-pending",
+        metavar="N",
+        callback=within(limits.CONNECTIONS),
+        help="Connections per source address before their first good frame.",
+    ),
+]
+
+ReplicasOption = Annotated[
+    int,
+    typer.Option(
+        "--replicas", metavar="N", callback=within(limits.REPLICAS), help="How many replicas to place."
+    ),
+]
+
+AgentsOption = Annotated[
+    str,
+    typer.Option(
+        "--agents",
+        metavar="none|ray",
+        click_type=click.Choice(["none", "ray"]),
+        help="ray: keep a node agent on every alive node, placed through Ray (removed at shutdown).",
+    ),
+]
+
+RemoveOption = Annotated[
+    bool,
+    typer.Option("--remove", help="With --agents ray: remove every agent placed through Ray, then exit."),
+]
+
+PushHeadOption = Annotated[
+    str,
+    typer.Option(
+        "--head",
+        metavar="HOST:PORT",
+        callback=endpoint(DEFAULT_REPORT_PORT),
+        help=f"The head agent's report port (its --listen; {DEFAULT_REPORT_PORT} when not given).",
+    ),
+]
+
+NodeIdOption = Annotated[
+    Optional[str],
+    typer.Option("--node-id", metavar="ID", help="The Ray node to report for (default: the local raylet's)."),
+]
+
+AllNodesOption = Annotated[
+    bool,
+    typer.Option(
+        "--all",
+        help="Every node: dead ones too, and on a cluster of more than 50 nodes the ones with"
+        " nothing to flag, which the status lines otherwise count in one line.",
+    ),
+]
+
+
+def reflow(doc: str, **values: object) -> str:
+    """A docstring as help text: paragraphs kept, the source's line breaks inside them
+    dropped, so the terminal wraps each paragraph once, at its own width. ``{name}`` in the
+    docstring is replaced by ``values[name]`` (a constant's value, never its copy)."""
+    text = inspect.cleandoc(doc)
+    for name, value in values.items():
+        text = text.replace("{" + name + "}", str(value))
+    return "\n\n".join(" ".join(p.split()) for p in text.split("\n\n"))

@@ -1,0 +1,2 @@
+"""The client side of the head's HTTP port (`status --head`, `fit --head`, `usage --head`): the
+request, its deadline and bounds, and what answers at a port that speaks something else."""

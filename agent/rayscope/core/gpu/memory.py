@@ -1,0 +1,321 @@
+"""A node's GPU memory: which used figure rayscope trusts, and BioEngine's keys from it.
+
+Pure: a report's GPUs in, sums out. :func:`memory_used_reliable` is the rule (per
+virtualization mode) and :func:`gpu_used` the one place a GPU's trust is judged from a report;
+the node agent writes its verdict into the report with :func:`settle` (the same rule, plus a
+CUDA sample's freshness). :func:`measured_memory` sums it over a node,
+:func:`bioengine_memory` turns the sums into BioEngine's ``total_gpu_memory`` /
+``used_gpu_memory`` (``rayscope.core.rollup`` puts both on the node).
+"""
+
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple, Optional
+
+from msgspec.structs import replace
+
+from rayscope.schema.report import UNSET, GpuDevice, known
+from rayscope.schema.status import NA, BytesOrNA, NodeStatus
+
+_RELIABILITY: dict[Optional[str], tuple[bool, str]] = {
+    "none": (True, "bare metal: NVML's used memory is the device's own"),
+    "passthrough": (
+        True,
+        "pass-through: the VM owns the whole GPU and its driver reads the device as on bare metal",
+    ),
+    "vgpu_guest": (
+        False,
+        "vGPU guest: NVML's used memory comes from the vGPU manager, not the device, and can be"
+        " stale or phantom (an idle A40-16C slice reads ~14.5 GiB used); only CUDA's cuMemGetInfo"
+        " measures it",
+    ),
+    "host_vgpu": (
+        True,
+        "vGPU host: the physical GPU's figure; each running guest's whole vGPU framebuffer counts"
+        " as used, and the guests' processes are not listed",
+    ),
+    "host_vsga": (
+        True,
+        "vSGA host: the physical GPU's figure; memory the guests' shared graphics use counts as"
+        " used, and their processes are not listed",
+    ),
+    None: (True, "virtualization mode not reported by this driver: read as bare metal"),
+}
+
+
+def memory_used_reliable(virtualization_mode: Optional[str]) -> tuple[bool, str]:
+    """Whether NVML's used memory for a GPU of this virtualization mode may be shown as
+    measured, and the reason an operator reads.
+
+    Reliable on bare metal and pass-through (the guest's driver owns the device). Not on a
+    vGPU guest: there NVML asks the vGPU manager through the hypervisor instead of the
+    device's allocator, and on time-sliced C-series profiles it latches stale or phantom
+    values (BioEngine 0.16.1). Reliable on the hypervisor hosts (``host_vgpu``,
+    ``host_vsga``): that driver reads its own allocator for the physical GPU; the figure is
+    real but includes memory carved out for the guests, which the reason says. A driver that
+    does not report the mode (``None``) predates vGPU's reporting and is read as before.
+    A mode this rayscope has no name for (``unknown``, or any other string) is not
+    reliable: nothing is guessed about it.
+    """
+    return _RELIABILITY.get(
+        virtualization_mode,
+        (False, "virtualization mode unknown to this rayscope (a newer driver): not trusted as measured"),
+    )
+
+
+def untrusted_label(virtualization_mode: Optional[str]) -> str:
+    """``vGPU`` (a vGPU guest) or ``unknown device``: what the status line says NVML's used
+    figure is not trusted on."""
+    return "vGPU" if virtualization_mode == "vgpu_guest" else "unknown device"
+
+
+_TRUSTED_MODES = frozenset(mode for mode, (trusted, _) in _RELIABILITY.items() if trusted)
+
+
+def nvml_trusted(gpu: GpuDevice) -> bool:
+    """Whether NVML's figures for ``gpu`` (its used memory, its processes' memory) are the
+    device's own (:func:`memory_used_reliable` of its virtualization mode). Every line of
+    every GPU node asks it: a set lookup."""
+    mode = gpu.virtualization_mode
+    return mode is UNSET or mode in _TRUSTED_MODES
+
+
+def untrusted_gpus(gpus: Optional[Sequence[GpuDevice]]) -> list[GpuDevice]:
+    """The GPUs of ``gpus`` whose NVML figures are not the device's (:func:`nvml_trusted`),
+    in one comprehension: each node's status line asks."""
+    trusted = _TRUSTED_MODES
+    return [
+        g for g in gpus or () if g.virtualization_mode is not UNSET and g.virtualization_mode not in trusted
+    ]
+
+
+NOT_TRUSTED = "NVML used not trusted"
+"""The words every reason and line uses where NVML's used figure is not the device's."""
+
+
+def _untrusted_reason(virtualization_mode: Optional[str]) -> str:
+    kind = "vGPU guest" if virtualization_mode == "vgpu_guest" else "virtualization mode unknown"
+    return f"{kind}: {NOT_TRUSTED}"
+
+
+class GpuUsed(NamedTuple):
+    """One GPU's used memory as the rollup judges it."""
+
+    used_bytes: Optional[int]
+    """The figure rayscope trusts (``GpuDevice.memory_used_bytes``); ``None``: none."""
+    source: Optional[str]
+    """``nvml`` or ``cuda``; ``None`` with ``used_bytes``."""
+    age_s: Optional[float]
+    """Age of the figure when the report was collected (0 for NVML, read then)."""
+    reason: str
+    """Why ``used_bytes`` is ``None`` although NVML answered; ``""`` otherwise."""
+    nvml_used_bytes: Optional[int]
+    """NVML's raw used figure, trusted or not."""
+
+
+def gpu_used(gpu: GpuDevice) -> GpuUsed:
+    """One GPU's trusted used figure, its source, age and reason, and NVML's raw figure.
+
+    The one place the report's per-GPU trust enters the rollup. A ``cuda`` figure is the
+    agent's fresh sample (:func:`settle` judged its age); NVML's is trusted only where
+    :func:`memory_used_reliable` says so for the GPU's virtualization mode, whatever the report
+    claims. A report of an agent before issue 20 carries NVML's figure in
+    ``memory_used_bytes`` and no mode: read as NVML's, at age 0.
+    """
+    used, source = gpu.memory_used_bytes, known(gpu.memory_used_source)
+    raw, reason = known(gpu.nvml_memory_used_bytes), known(gpu.memory_used_reason) or ""
+    if source is None and raw is None and not reason:
+        raw, source = used, "nvml"  # an agent before issue 20: memory_used_bytes is NVML's own
+    if source == "cuda" and used is not None:
+        return GpuUsed(used, "cuda", known(gpu.memory_used_age_s) or 0.0, "", raw)
+    mode = known(gpu.virtualization_mode)
+    if not memory_used_reliable(mode)[0]:
+        return GpuUsed(None, None, None, reason or _untrusted_reason(mode), raw)
+    if used is None or source != "nvml":
+        return GpuUsed(None, None, None, reason, raw)
+    return GpuUsed(used, "nvml", 0.0, "", raw)
+
+
+class CudaFigure(NamedTuple):
+    """A GPU's latest CUDA sample as the node agent has it (``rayscope.sources.cuda.sample``)."""
+
+    used_bytes: Optional[int]
+    """``cuMemGetInfo_v2``'s total − free (the sampler's own context included); ``None``: none."""
+    age_s: Optional[float]
+    """Its age now; ``None`` without a figure."""
+    reason: str
+    """Why the latest attempt gave none (``""`` when it did)."""
+
+
+CUDA_OFF = "no CUDA sample: RAYSCOPE_CUDA_SAMPLE_S not set on the agent"
+"""Why a GPU whose NVML figure is not trusted has none: nobody asked for CUDA samples."""
+
+
+def _cuda_why(cuda: Optional[CudaFigure], max_age_s: float) -> str:
+    if cuda is None:
+        return CUDA_OFF
+    if cuda.used_bytes is not None and cuda.age_s is not None:
+        stale = f"CUDA sample {cuda.age_s:.0f}s old (fresh for {max_age_s:.0f}s)"
+        return f"{stale}; {cuda.reason}" if cuda.reason else stale
+    return f"CUDA: {cuda.reason or 'no sample'}"
+
+
+def settle(
+    gpu: GpuDevice,
+    cuda: Optional[CudaFigure] = None,
+    max_age_s: float = 0.0,
+    parent_mode: Optional[str] = None,
+) -> GpuDevice:
+    """``gpu`` as NVML read it (``nvml_memory_used_bytes`` set), with the used figure the agent
+    trusts written into ``memory_used_bytes`` and its source, age and reason: NVML's where
+    :func:`memory_used_reliable` says so; else CUDA's while ``cuda`` is at most ``max_age_s``
+    old; else ``None`` and why. A MIG instance is judged by its GPU's mode (``parent_mode``)
+    and never sampled."""
+    raw = known(gpu.nvml_memory_used_bytes)
+    mode = known(gpu.virtualization_mode) if parent_mode is None else parent_mode
+    migs = [settle(m, None, max_age_s, mode or "none") for m in gpu.mig_devices]
+    if memory_used_reliable(mode)[0]:
+        known_raw = raw is not None
+        return replace(
+            gpu,
+            memory_used_bytes=raw,
+            memory_used_source="nvml" if known_raw else UNSET,
+            memory_used_age_s=0.0 if known_raw else UNSET,
+            memory_used_reason=UNSET,
+            mig_devices=migs,
+        )
+    fresh = cuda is not None and cuda.age_s is not None and cuda.age_s <= max_age_s
+    if cuda is not None and fresh and cuda.used_bytes is not None and cuda.age_s is not None:
+        return replace(
+            gpu,
+            memory_used_bytes=cuda.used_bytes,
+            memory_used_source="cuda",
+            memory_used_age_s=round(cuda.age_s, 1),
+            memory_used_reason=UNSET,
+            mig_devices=migs,
+        )
+    why = "CUDA samples whole GPUs only" if parent_mode is not None else _cuda_why(cuda, max_age_s)
+    return replace(
+        gpu,
+        memory_used_bytes=None,
+        memory_used_source=UNSET,
+        memory_used_age_s=UNSET,
+        memory_used_reason=f"{_untrusted_reason(mode)}; {why}",
+        mig_devices=migs,
+    )
+
+
+class MeasuredMemory(NamedTuple):
+    """A node's GPU memory from one report, summed over its GPUs (parents: a MIG
+    instance's memory is part of its GPU's)."""
+
+    total_bytes: Optional[int]
+    """NVML's total; ``None`` when NVML did not answer or any GPU's total is unknown."""
+    used_bytes: Optional[int]
+    """The trusted used figure; ``None`` when any GPU's is unknown (``reason`` says why)."""
+    nvml_used_bytes: Optional[int]
+    """NVML's raw used; ``None`` when NVML did not answer or any GPU's is unknown."""
+    source: Optional[str]
+    """``nvml``, ``cuda`` or ``mixed``; ``None`` with ``used_bytes``."""
+    age_s: Optional[float]
+    """Age of the oldest figure at collection; ``None`` with ``used_bytes``."""
+    reason: str
+    unmeasured: int
+    """GPUs whose NVML total or used is unknown (a lost GPU)."""
+
+
+def measured_memory(gpus: Optional[Sequence[GpuDevice]]) -> MeasuredMemory:
+    """A node's GPU memory from its report's GPUs (:func:`gpu_used` per GPU).
+
+    A sum is ``None`` when any GPU's part is unknown (a lost GPU): a sum without it would be
+    a made-up smaller number; ``0`` when NVML answered and found no GPU. One pass: the head
+    runs this for every node on every query.
+    """
+    if gpus is None:
+        return MeasuredMemory(None, None, None, None, None, "NVML did not answer", 0)
+    total: Optional[int] = 0
+    used: Optional[int] = 0
+    nvml: Optional[int] = 0
+    unmeasured = 0
+    sources: set[str] = set()
+    age = 0.0
+    reason = ""
+    for gpu in gpus:
+        figure = gpu_used(gpu)
+        if gpu.memory_total_bytes is None or figure.nvml_used_bytes is None:
+            unmeasured += 1
+        total = None if total is None or gpu.memory_total_bytes is None else total + gpu.memory_total_bytes
+        nvml = None if nvml is None or figure.nvml_used_bytes is None else nvml + figure.nvml_used_bytes
+        if figure.used_bytes is None:
+            used, reason = None, reason or figure.reason
+            continue
+        used = None if used is None else used + figure.used_bytes
+        sources.add(figure.source or "nvml")
+        age = max(age, figure.age_s or 0.0)
+    if unmeasured:
+        reason = f"{unmeasured} GPU(s) not measured"
+    if used is None:
+        return MeasuredMemory(total, None, nvml, None, None, reason or "not measured", unmeasured)
+    source = "mixed" if len(sources) > 1 else next(iter(sources), "nvml")
+    return MeasuredMemory(total, used, nvml, source, age, "", unmeasured)
+
+
+def bioengine_memory(
+    total_gpu: float, total_bytes: Optional[int], used_bytes: Optional[int]
+) -> tuple[BytesOrNA, BytesOrNA]:
+    """BioEngine's node ``total_gpu_memory`` and ``used_gpu_memory`` from rayscope's figures
+    (``get_cluster_state``'s rules): ``0`` and ``0`` on a node without ``GPU``, else the
+    bytes, or ``"NA"`` for a figure rayscope does not have (``used_bytes``: the trusted
+    figure of a fresh report)."""
+    if total_gpu == 0:
+        return 0, 0
+    return (NA if total_bytes is None else total_bytes), (NA if used_bytes is None else used_bytes)
+
+
+def find_shared_gpus(nodes: Iterable[NodeStatus]) -> int:
+    """Mark, on every node, the GPUs another node reports too (same UUID and model name:
+    time-slicing puts several Ray nodes or containers on one physical GPU), in
+    ``NodeStatus.shared_gpus``; how many physical GPUs are shared. One pass over the nodes'
+    GPUs into a set (1 ms at 10,000 nodes of 8 GPUs); only where a UUID repeats, a second
+    pass marks the nodes. A UUID under two model names is no shared GPU (a recorded or
+    made-up UUID), and stays apart."""
+    nodes = [n for n in nodes if n.gpus]
+    uuids = [g.uuid for n in nodes for g in n.gpus or () if g.uuid]
+    if len(set(uuids)) == len(uuids):  # the common case, in C: no UUID twice
+        return 0
+    first: dict[tuple[str, Optional[str]], NodeStatus] = {}
+    shared: dict[tuple[str, Optional[str]], list[NodeStatus]] = {}
+    for node in nodes:
+        for gpu in node.gpus or ():
+            if not gpu.uuid:
+                continue
+            key = (gpu.uuid, gpu.name)
+            owner = first.setdefault(key, node)
+            if owner is not node:
+                holders = shared.setdefault(key, [owner])
+                if node not in holders:
+                    holders.append(node)
+    for (uuid, _), holders in shared.items():
+        for node in holders:
+            marks = node.shared_gpus if isinstance(node.shared_gpus, dict) else {}
+            marks[uuid] = [n.node_id for n in holders if n is not node]
+            node.shared_gpus = marks
+    return len(shared)
+
+
+def shared_overcount(nodes: Iterable[NodeStatus]) -> tuple[int, int]:
+    """(total, used) bytes that summing ``nodes`` counts more than once: each shared GPU's
+    figures on every node after the first that lists it (a GPU the first's sum lacks, e.g.
+    its used figure unknown, is not taken off)."""
+    counted: set[str] = set()
+    total = used = 0
+    for node in nodes:
+        if not isinstance(node.shared_gpus, dict):
+            continue
+        for gpu in node.gpus or ():
+            if gpu.uuid not in node.shared_gpus:
+                continue
+            if gpu.uuid in counted:
+                total += gpu.memory_total_bytes or 0
+                used += gpu_used(gpu).used_bytes or 0
+            counted.add(gpu.uuid)
+    return total, used

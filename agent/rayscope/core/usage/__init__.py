@@ -1,0 +1,1 @@
+"""The usage window (per actor and device, the peak per slot) and its summary."""

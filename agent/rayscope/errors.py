@@ -1,0 +1,55 @@
+"""The one exception domain code raises, the exit codes, and how the CLI says a failure:
+one line on stderr and the exit code, never a traceback (``--verbose`` adds one)."""
+
+import sys
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+EXIT_FAILED = 1
+"""rayscope failed, or (status) the answer is partial, or (fit) it does not fit."""
+EXIT_NO_DATA = 2
+"""The cluster could not be read at all, or bad usage (click's code for usage errors)."""
+EXIT_CANNOT_WRITE = 3
+"""``status``: the ``--output`` or ``--append`` file could not be written."""
+EXIT_INTERRUPTED = 130
+"""Ctrl-C, as a shell reports it (128 + SIGINT)."""
+
+
+class AgentError(Exception):
+    """A failure the operator can act on: ``str(err)`` is the whole message.
+
+    ``exit_code`` follows the CLI contract: 1 = failed / partial, 2 = no data
+    (the cluster could not be read at all) or bad usage, 3 = an output file not written.
+    """
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def say(message: str) -> None:
+    """``rayscope: <message>`` on stderr, through the one printable rule."""
+    from rayscope.labels import printable
+
+    sys.stderr.write(f"rayscope: {printable(message)}\n")
+
+
+@contextmanager
+def one_line_errors(verbose: bool) -> Iterator[None]:
+    """AgentError → ``rayscope: <message>`` and its exit code; anything else (a bug of
+    ours) → one line and exit 1; Ctrl-C → exit 130. ``verbose``: the traceback too."""
+    try:
+        yield
+    except AgentError as err:
+        if verbose:
+            traceback.print_exc()
+        say(str(err))
+        raise SystemExit(err.exit_code) from None
+    except KeyboardInterrupt:
+        raise SystemExit(EXIT_INTERRUPTED) from None
+    except Exception as err:
+        if verbose:
+            traceback.print_exc()
+        say(f"internal error: {type(err).__name__}: {err} (--verbose shows where)")
+        raise SystemExit(EXIT_FAILED) from None

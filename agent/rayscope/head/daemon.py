@@ -1,0 +1,240 @@
+"""``rayscope head``: the report port, the HTTP port and the poller, run until a signal."""
+
+import asyncio
+import hmac
+import logging
+import resource
+import signal
+import threading
+import time
+import weakref
+from typing import Optional
+
+from rayscope.errors import EXIT_FAILED, EXIT_NO_DATA, AgentError
+from rayscope.head import admission, ingest
+from rayscope.head.http import HTTP_WORKERS, REQUEST_DEADLINE_S, HttpPort
+from rayscope.head.poller import PollerGuard
+from rayscope.head.routes import Routes
+from rayscope.head.state import HeadState
+from rayscope.head.usage_store import DEFAULT_WINDOW_S, UsageStore, open_store
+from rayscope.logs import THROTTLE_S, LogThrottle
+from rayscope.net import tokens
+from rayscope.net.addresses import DEFAULT_TIMEOUT_S, is_loopback, split_address
+from rayscope.net.tls import NO_TLS, TlsFiles, server_context
+from rayscope.node.placed_agents import RayAgents
+from rayscope.sources.gcs import reader as gcs
+
+log = logging.getLogger("rayscope.head")
+
+
+def raise_fd_limit() -> int:
+    """Raise the soft ``RLIMIT_NOFILE`` to the hard limit; the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (OSError, ValueError) as err:
+            log.warning("cannot raise the file limit from %d to %d: %s", soft, target, err)
+    return int(soft)
+
+
+def remove_agents(agents: RayAgents, strict: bool = False) -> int:
+    """Remove every agent placed through Ray and disconnect; how many were removed.
+
+    The head's shutdown (``strict=False``) logs a failure and stops anyway: the GCS may be
+    gone. ``head --remove`` (``strict=True``) is asked for nothing else, so a failure is its
+    answer: :class:`AgentError` (exit 1)."""
+    try:
+        removed = agents.remove_all()
+        agents.close()
+    except Exception as err:  # Ray's own errors, whatever their class
+        if strict:
+            raise AgentError(f"cannot remove the agents placed through Ray: {err}", EXIT_FAILED) from None
+        log.warning("could not remove the agents placed through Ray: %s", err)
+        return 0
+    return removed
+
+
+class Head:
+    """The head agent's servers: :meth:`serve` runs them until :meth:`stop` or a signal."""
+
+    def __init__(
+        self,
+        listen: tuple[str, int],
+        http: tuple[str, int],
+        gcs_address: Optional[str],
+        interval_s: float,
+        token: bytes,
+        gcs_timeout_s: float = DEFAULT_TIMEOUT_S,
+        read_token: bytes = b"",
+        tls: TlsFiles = NO_TLS,
+        max_pending_per_address: int = admission.MAX_UNAUTH_PER_HOST,
+        agents: Optional[RayAgents] = None,
+        usage: Optional[UsageStore] = None,
+    ) -> None:
+        for host, _ in (listen, http):
+            if not token and not is_loopback(host):
+                raise ValueError(
+                    f"refusing to listen on {host} without a token: anyone who reaches it could"
+                    " send reports or read the cluster; pass --token-file (the same file on every agent)"
+                )
+        if read_token and (not token or hmac.compare_digest(read_token, token)):
+            raise ValueError("the read-only token must differ from the agents' token (--token-file)")
+        self.listen, self.http, self.token, self.read_token = listen, http, token, read_token
+        if max_pending_per_address < 1:
+            raise ValueError(f"--max-pending must be at least 1, not {max_pending_per_address}")
+        self.ssl_context = server_context(tls)
+        self.max_pending_per_address = max_pending_per_address
+        self.state = HeadState(interval_s, gcs_address, usage)
+        self._reader = gcs.GcsReader(gcs_address, gcs_timeout_s) if gcs_address else None
+        self._stop = threading.Event()
+        self.http_port: Optional[HttpPort] = None
+        self.throttle = LogThrottle(log)
+        self.agents = agents
+        if agents is not None:
+            self.state.more_health.append(agents.health)
+            self.state.more_sources.append(agents.status)
+
+    async def _start_http(self) -> asyncio.AbstractServer:
+        """The HTTP port in this event loop: requests read here, answered by its workers."""
+        read_tokens = tuple(t for t in (self.token, self.read_token) if t)
+        routes = Routes(self.state, read_tokens, self.throttle, tls=self.ssl_context is not None)
+        port = HttpPort(routes, self.throttle)
+        self.http_port = port
+        self.state.more_health.append(port.counters.as_dict)
+        return await asyncio.get_running_loop().create_server(
+            port.connection,
+            *self.http,
+            ssl=self.ssl_context,
+            backlog=ingest.ACCEPT_BACKLOG,
+            ssl_handshake_timeout=REQUEST_DEADLINE_S if self.ssl_context else None,
+        )
+
+    async def serve(self) -> None:
+        """Run until :meth:`stop` (or SIGTERM/SIGINT): ingest, poll, answer queries."""
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(ingest.fd_exception_handler(self.throttle))
+        nofile = raise_fd_limit()
+        max_total = max(16, min(admission.MAX_CONNECTIONS, nofile - ingest.FD_RESERVE - HTTP_WORKERS))
+        guard = admission.ConnectionGuard(
+            max_total, self.max_pending_per_address, self.throttle, self.state.count_rejected
+        )
+        self.state.net = guard.counters
+        idle = max(60.0, 10 * self.state.interval_s)
+        agents: weakref.WeakSet[ingest.ReportProtocol] = weakref.WeakSet()
+
+        def accept() -> ingest.ReportProtocol:
+            agent = ingest.ReportProtocol(self.state, self.token, idle, guard)
+            agents.add(agent)
+            return agent
+
+        server = await loop.create_server(
+            accept,
+            *self.listen,
+            ssl=self.ssl_context,
+            backlog=ingest.ACCEPT_BACKLOG,
+            ssl_handshake_timeout=ingest.FRAME_DEADLINE_S if self.ssl_context else None,
+        )
+        for listening in server.sockets:
+            ingest.widen_listen_queue(listening.fileno())
+        http_server = await self._start_http()
+        poller = PollerGuard(self.state, self._reader, self._stop, self.agents)
+        poller.start()
+
+        def watch_poller() -> None:
+            poller.check()
+            if not self._stop.is_set():
+                loop.call_later(self.state.interval_s, watch_poller)
+
+        loop.call_later(self.state.interval_s, watch_poller)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+        log.info(
+            "head agent: reports on %s:%d, HTTP on %s:%d, GCS %s, interval %g s%s%s; up to %d agents",
+            *self.listen,
+            *self.http,
+            self.state.gcs_address or "(none)",
+            self.state.interval_s,
+            ", token required" if self.token else "",
+            ", TLS" if self.ssl_context else "",
+            max_total,
+        )
+
+        def flush() -> None:
+            self.throttle.flush()
+            loop.call_later(THROTTLE_S, flush)
+
+        loop.call_later(THROTTLE_S, flush)
+        async with server:
+            await loop.run_in_executor(None, self._stop.wait)
+            # From Python 3.12.1 the server's exit waits for every connection to close, and
+            # node agents never hang up by themselves: close theirs first.
+            server.close()
+            http_server.close()
+            for agent in list(agents):
+                agent._close()
+        if self.agents is not None:
+            await loop.run_in_executor(None, remove_agents, self.agents)
+        if self.http_port is not None:
+            self.http_port.close()
+        try:
+            self.state.usage.save(time.monotonic())
+        except AgentError as err:
+            log.warning("usage history not saved: %s", err)
+        log.info("head agent stopped")
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def run(
+    *,
+    listen: str,
+    http: str,
+    gcs_address: Optional[str],
+    interval_s: float,
+    token_file: Optional[str],
+    timeout_s: float,
+    read_token_file: Optional[str],
+    tls: TlsFiles,
+    max_pending: int,
+    agents: str,
+    remove: bool,
+    usage_window_s: float = DEFAULT_WINDOW_S,
+    usage_state: Optional[str] = None,
+) -> Optional[str]:
+    """``rayscope head``: serve until a signal, or with ``remove`` remove the agents placed
+    through Ray and return what to print. :class:`AgentError` for what an operator fixes
+    (exit 2: a bad option or file; exit 1: a port that cannot be had)."""
+    from rayscope.node import collect  # the local raylet's address; psutil, off the CLI's fast path
+
+    token, read_token = tokens.read_token(token_file), tokens.read_token(read_token_file)
+    address = collect.resolve_gcs_here(gcs_address)
+    keeper = RayAgents(address, split_address(listen), token, interval_s) if agents == "ray" else None
+    if remove:
+        if keeper is None:
+            raise AgentError("--remove goes with --agents ray", EXIT_NO_DATA)
+        return f"removed {remove_agents(keeper, strict=True)} agent(s) placed through Ray"
+    usage = open_store(usage_window_s, interval_s, usage_state, time.monotonic(), time.time())
+    try:
+        server = Head(
+            split_address(listen),
+            split_address(http),
+            address,
+            interval_s,
+            token,
+            timeout_s,
+            read_token,
+            tls,
+            max_pending,
+            agents=keeper,
+            usage=usage,
+        )
+        asyncio.run(server.serve())
+    except ValueError as err:
+        raise AgentError(str(err), EXIT_NO_DATA) from None
+    except OSError as err:
+        raise AgentError(f"head agent cannot start: {err.strerror or err}", EXIT_FAILED) from None
+    return None

@@ -1,0 +1,270 @@
+"""The head's HTTP port: requests read in the event loop under a deadline, answered by a
+bounded pool of workers (:mod:`rayscope.head.routes` says what each path answers).
+
+A slow client can hold only what it costs to read its request, never a worker:
+
+* a whole request, request line and headers (and a small body) included, must arrive within
+  :data:`REQUEST_DEADLINE_S` of the connection being made, and a TLS handshake within the
+  same deadline (asyncio's ``ssl_handshake_timeout``); later, the connection is closed;
+* only a complete request goes to a worker: :data:`HTTP_WORKERS` answer at once, at most
+  :data:`MAX_WAITING` complete requests wait for one, and past that a request is answered
+  ``503`` at once — never queued behind slow ones;
+* connections still being read are capped per address and in all
+  (:data:`MAX_READING_PER_HOST`, :data:`MAX_READING`); a new connection past a cap evicts the
+  oldest one still being read (of its own address first), so a flood of slow clients cannot
+  lock out a probe that connects later;
+* nothing a client does writes more than one log line per kind per interval (the throttle);
+  a client that hangs up early is a count, not a traceback.
+
+The request line and headers are parsed by the standard library's own HTTP parser
+(``BaseHTTPRequestHandler.parse_request``), never by hand.
+"""
+
+import asyncio
+import io
+import logging
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler
+from typing import Any, Optional
+
+from rayscope.head.routes import Request, Response, Routes, text
+from rayscope.logs import LogThrottle
+
+log = logging.getLogger("rayscope.head")
+
+HTTP_WORKERS = 16
+"""Requests answered at once (each answer may render a whole cluster)."""
+MAX_WAITING = 64
+"""Complete requests that may wait for a worker; more are answered 503 at once."""
+REQUEST_DEADLINE_S = 5.0
+"""From the connection (after TLS) to the last byte of the request."""
+MAX_READING = 1024
+MAX_READING_PER_HOST = 128
+MAX_HEAD_BYTES = 16 * 1024
+"""Request line and headers; more is 431."""
+MAX_BODY_BYTES = 4 * 1024
+"""A request body (a login form at most); more is 413."""
+END_OF_HEAD = b"\r\n\r\n"
+
+
+class HttpCounters:
+    """For ``/healthz``: what the HTTP port refused and why."""
+
+    def __init__(self) -> None:
+        self.timed_out = 0
+        self.evicted = 0
+        self.busy = 0
+        self.bad_requests = 0
+        self.hung_up = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "http_timed_out": self.timed_out,
+            "http_evicted": self.evicted,
+            "http_busy": self.busy,
+            "http_bad_requests": self.bad_requests,
+            "http_hung_up": self.hung_up,
+        }
+
+
+class _Parser(BaseHTTPRequestHandler):
+    """The standard library's request parser run on bytes already read (no socket): the
+    request line and the headers, its limits and error responses."""
+
+    def __init__(self, head: bytes) -> None:  # the base class would start serving a socket
+        self.rfile = io.BytesIO(head)
+        self.error_response = io.BytesIO()
+        self.wfile = self.error_response
+        self.client_address = ("", 0)
+        self.close_connection = True
+        self.raw_requestline = self.rfile.readline(65537)
+        self.ok = bool(self.raw_requestline) and self.parse_request()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # the port counts bad requests; a client cannot write to the head's log
+
+
+def response_bytes(response: Response, head_only: bool = False) -> bytes:
+    """A whole HTTP/1.1 response, closing the connection after it."""
+    reason = HTTPStatus(response.status).phrase
+    lines = [
+        f"HTTP/1.1 {response.status} {reason}",
+        f"Content-Type: {response.content_type}",
+        f"Content-Length: {len(response.body)}",
+        "Connection: close",
+        "Server: rayscope-head",
+        *(f"{name}: {value}" for name, value in response.headers),
+    ]
+    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    return head if head_only else head + response.body
+
+
+class HttpPort:
+    """Admission, the workers and the counters of one head's HTTP port."""
+
+    def __init__(self, routes: Routes, throttle: LogThrottle) -> None:
+        self.routes, self.throttle = routes, throttle
+        self.counters = HttpCounters()
+        self.pool = ThreadPoolExecutor(max_workers=HTTP_WORKERS, thread_name_prefix="rayscope-http")
+        self._reading: OrderedDict[HttpConnection, None] = OrderedDict()  # oldest first
+        self._reading_by_host: dict[str, int] = {}
+        self._in_flight = 0
+
+    def connection(self) -> "HttpConnection":
+        return HttpConnection(self)
+
+    def admit(self, conn: "HttpConnection") -> None:
+        """Take a new connection for reading, evicting the oldest one still being read at a cap."""
+        if self._reading_by_host.get(conn.host, 0) >= MAX_READING_PER_HOST:
+            self._evict(next(c for c in self._reading if c.host == conn.host))
+        if len(self._reading) >= MAX_READING:
+            self._evict(next(iter(self._reading)))
+        self._reading[conn] = None
+        self._reading_by_host[conn.host] = self._reading_by_host.get(conn.host, 0) + 1
+
+    def read_done(self, conn: "HttpConnection") -> None:
+        """``conn`` is no longer being read (complete, refused, late, evicted or gone)."""
+        if conn not in self._reading:
+            return
+        del self._reading[conn]
+        left = self._reading_by_host.get(conn.host, 1) - 1
+        if left > 0:
+            self._reading_by_host[conn.host] = left
+        else:
+            self._reading_by_host.pop(conn.host, None)
+
+    def _evict(self, conn: "HttpConnection") -> None:
+        self.counters.evicted += 1
+        self.throttle.note("http:evicted", "HTTP port: closing a slow request from %s", conn.host)
+        self.read_done(conn)
+        conn.abort()
+
+    def serve(self, conn: "HttpConnection", request: Request) -> None:
+        """Answer ``request`` in a worker, or ``503`` at once when too many wait."""
+        if self._in_flight >= HTTP_WORKERS + MAX_WAITING:
+            self.counters.busy += 1
+            self.throttle.note("http:busy", "HTTP port: %d requests in progress; 503", self._in_flight)
+            conn.send(text(503, "the head is busy: try again"), request.method == "HEAD")
+            return
+        self._in_flight += 1
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self.pool, self.routes.answer, request)
+
+        def done(finished: "asyncio.Future[Response]") -> None:
+            self._in_flight -= 1
+            if not finished.cancelled():
+                conn.send(finished.result(), request.method == "HEAD")
+
+        future.add_done_callback(done)
+
+    def close(self) -> None:
+        for conn in list(self._reading):
+            conn.abort()
+        self.pool.shutdown(wait=False)
+
+
+class HttpConnection(asyncio.Protocol):
+    """One client: its request read under the deadline, then handed to the port."""
+
+    def __init__(self, port: HttpPort) -> None:
+        self.port = port
+        self.host = "?"
+        self._buffer = bytearray()
+        self._transport: Optional[asyncio.Transport] = None
+        self._timer: Optional[asyncio.TimerHandle] = None
+        self._head: Optional[_Parser] = None
+        self._body_bytes = 0
+        self._reading = True
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        peer = transport.get_extra_info("peername")
+        self.host = str(peer[0]) if peer else "?"
+        self.port.admit(self)
+        self._timer = asyncio.get_running_loop().call_later(REQUEST_DEADLINE_S, self._late)
+
+    def data_received(self, data: bytes) -> None:
+        if not self._reading:
+            return
+        self._buffer += data
+        if self._head is None:
+            end = self._buffer.find(END_OF_HEAD)
+            if end < 0:
+                if len(self._buffer) > MAX_HEAD_BYTES:
+                    self._refuse(text(431, "request header fields too large"))
+                return
+            if end > MAX_HEAD_BYTES:
+                self._refuse(text(431, "request header fields too large"))
+                return
+            parsed = _Parser(bytes(self._buffer[: end + len(END_OF_HEAD)]))
+            if not parsed.ok:
+                self.port.counters.bad_requests += 1
+                self._finish_reading()
+                self._write(parsed.error_response.getvalue() or response_bytes(text(400, "bad request")))
+                return
+            length = parsed.headers.get("Content-Length", "0")
+            if not length.isdigit() or int(length) > MAX_BODY_BYTES:
+                self._refuse(text(413, "request body too large (or its length unreadable)"))
+                return
+            self._head, self._body_bytes = parsed, int(length)
+            del self._buffer[: end + len(END_OF_HEAD)]
+        if len(self._buffer) < self._body_bytes:
+            return
+        head = self._head
+        self._finish_reading()
+        request = Request(head.command, head.path, head.headers, bytes(self._buffer[: self._body_bytes]))
+        self.port.serve(self, request)
+
+    def _finish_reading(self) -> None:
+        self._reading = False
+        if self._timer is not None:
+            self._timer.cancel()
+        self.port.read_done(self)
+        if self._transport is not None:
+            self._transport.pause_reading()
+
+    def _refuse(self, response: Response) -> None:
+        self.port.counters.bad_requests += 1
+        self._finish_reading()
+        self._write(response_bytes(response))
+
+    def _late(self) -> None:
+        if self._reading:
+            self.port.counters.timed_out += 1
+            self.port.throttle.note(
+                "http:late",
+                "HTTP port: request from %s not complete in %.0f s",
+                self.host,
+                REQUEST_DEADLINE_S,
+            )
+            self.port.read_done(self)
+            self.abort()
+
+    def send(self, response: Response, head_only: bool) -> None:
+        self._write(response_bytes(response, head_only))
+
+    def _write(self, data: bytes) -> None:
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            transport.write(data)
+            transport.close()
+            # A client that does not read its answer holds it at most one more deadline.
+            asyncio.get_running_loop().call_later(REQUEST_DEADLINE_S, transport.abort)
+
+    def abort(self) -> None:
+        self._reading = False
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._transport is not None:
+            self._transport.abort()
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        if self._reading:
+            self.port.counters.hung_up += 1
+            self._reading = False
+            self.port.read_done(self)
+        if self._timer is not None:
+            self._timer.cancel()

@@ -1,0 +1,106 @@
+"""The scheduler poll: one GCS read per interval in a thread, and the guard that restarts it."""
+
+import logging
+import threading
+import time
+from typing import Callable, Optional
+
+from rayscope.head.state import FORGET_INTERVALS, HeadState
+from rayscope.node.placed_agents import RayAgents
+from rayscope.schema.report import SourceStatus
+from rayscope.schema.status import RayNode
+from rayscope.sources.gcs import reader as gcs
+
+log = logging.getLogger("rayscope.head")
+
+
+def poll_once(
+    state: HeadState, reader: Optional[gcs.GcsReader], agents: Optional[RayAgents] = None
+) -> SourceStatus:
+    """One read of the scheduler's view (the actor table, the pending demand), kept in
+    ``state``; ``agents``: keep one node agent on every alive node of that view."""
+    views: list[RayNode] = []
+    if reader is None:
+        status = SourceStatus(name="gcs", ok=False, reason="no GCS address")
+    else:
+        views, status = reader.read()
+        state.ray_versions = reader.versions
+        if status.ok:
+            state.set_actors(*reader.read_actors())
+            state.set_pending(*reader.read_pending())
+    state.set_view(views, status)
+    if agents is not None and status.ok:
+        agents.reconcile(v.node_id for v in views if v.alive)
+    for node_id in state.forget_gone(time.monotonic()):
+        log.info(
+            "forgot node %s: unknown to the scheduler, silent for %d intervals", node_id, FORGET_INTERVALS
+        )
+    if status.ok:
+        log.debug("GCS %s: %d nodes", status.detail, len(views))
+    state.fold_usage(time.monotonic())  # last: a failure here costs the round nothing else
+    return status
+
+
+def poll_gcs(
+    state: HeadState,
+    reader: Optional[gcs.GcsReader],
+    stop: threading.Event,
+    agents: Optional[RayAgents] = None,
+) -> None:
+    """Read the scheduler's view once per interval; log only when reachability changes.
+    ``agents``: keep one node agent on every alive node of that view (``--agents ray``). A
+    round that raises is logged and counted (``/healthz``), and the next one runs."""
+    was_ok: Optional[bool] = None
+    while not stop.is_set():
+        try:
+            status = poll_once(state, reader, agents)
+        except Exception as err:
+            state.poller.failed(f"{type(err).__name__}: {err}")
+            log.exception("GCS poller: round failed; the scheduler view ages until a round succeeds")
+        else:
+            if status.ok != was_ok:
+                if status.ok:
+                    log.info("GCS %s: reading every %g s", status.detail, state.interval_s)
+                else:
+                    log.warning("GCS: %s", status.reason)
+                was_ok = status.ok
+        state.poller.round_done()
+        stop.wait(state.interval_s)
+
+
+class PollerGuard:
+    """Runs :func:`poll_gcs` in a thread and starts a new one when it has died (a bug, or a
+    ``BaseException`` from a library): the view would otherwise be served, ageing, for good."""
+
+    def __init__(
+        self,
+        state: HeadState,
+        reader: Optional[gcs.GcsReader],
+        stop: threading.Event,
+        agents: Optional[RayAgents] = None,
+        target: Callable[..., None] = poll_gcs,
+    ) -> None:
+        self._state, self._reader, self._stop, self._target = state, reader, stop, target
+        self._agents = agents
+        self._thread: Optional[threading.Thread] = None
+
+    def _run(self) -> None:
+        try:
+            self._target(self._state, self._reader, self._stop, self._agents)
+        except BaseException as err:
+            self._state.poller.failed(f"poller died: {type(err).__name__}: {err}")
+            log.error("GCS poller died (%s: %s); it is restarted", type(err).__name__, err)
+        finally:
+            self._state.poller.set_alive(False)
+
+    def start(self, restarted: bool = False) -> None:
+        self._state.poller.set_alive(True, restarted)
+        self._thread = threading.Thread(target=self._run, name="rayscope-gcs-poller", daemon=True)
+        self._thread.start()
+
+    def check(self) -> bool:
+        """Start a new poller if the last one died; ``True`` if one was started."""
+        if self._stop.is_set() or (self._thread is not None and self._thread.is_alive()):
+            return False
+        self.start(restarted=self._thread is not None)
+        return True

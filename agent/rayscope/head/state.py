@@ -1,0 +1,279 @@
+"""The head's state: the latest report per node and the latest scheduler view, safe across
+threads; :meth:`HeadState.status` merges them into the rollup as of a given instant.
+
+Every age is on the head's monotonic clock (``time.monotonic``): a wall clock stepped back
+would keep a dead agent "reporting" for as long as the step, stepped forward would make every
+node stale at once. Wall-clock times appear only in what the document shows (``generated_at``,
+``received_at``), derived from the ages at the instant of the answer."""
+
+import logging
+import threading
+import time
+from collections.abc import Hashable
+from typing import Any, Callable, Optional
+
+import msgspec
+
+from rayscope.core import validate
+from rayscope.core.capacity import pending
+from rayscope.core.gpu.attribution import attribute_cluster
+from rayscope.core.rollup import STALE_INTERVALS, merge, scheduler_nodes, scheduler_sums
+from rayscope.core.validate import ReportError
+from rayscope.head.admission import IngestCounters
+from rayscope.head.reports import ReportTable
+from rayscope.head.usage_store import DEFAULT_WINDOW_S, UsageStore
+from rayscope.net.addresses import DEFAULT_TIMEOUT_S
+from rayscope.schema.pending import PendingRead
+from rayscope.schema.report import REPORT_SCHEMA, NodeReport, SourceStatus
+from rayscope.schema.status import ActorBooking, ClusterStatus, NodeStatus, RayNode, ReceivedReport
+
+log = logging.getLogger("rayscope.head")
+
+FORGET_INTERVALS = 20
+"""A report for a node the scheduler does not know is dropped once this many intervals old."""
+
+
+class PollerHealth:
+    """What ``/healthz`` says about the GCS poller: alive, last round, failures, restarts."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.last_round: Optional[float] = None  # monotonic clock
+        self.errors = 0
+        self.restarts = 0
+        self.last_error = ""
+        self.alive = False
+
+    def round_done(self) -> None:
+        with self._lock:
+            self.last_round = time.monotonic()
+
+    def failed(self, what: str) -> None:
+        with self._lock:
+            self.errors += 1
+            self.last_error = what
+
+    def set_alive(self, alive: bool, restarted: bool = False) -> None:
+        with self._lock:
+            self.alive = alive
+            self.restarts += int(restarted)
+
+    def snapshot(self, now: float, interval_s: float) -> dict[str, Any]:
+        """``ok``: alive, and a round finished within the GCS deadline plus 3 intervals."""
+        with self._lock:
+            since = None if self.last_round is None else round(now - self.last_round, 1)
+            late = since is not None and since > DEFAULT_TIMEOUT_S + STALE_INTERVALS * interval_s
+            return {
+                "ok": self.alive and not late,
+                "alive": self.alive,
+                "last_round_s_ago": since,
+                "errors": self.errors,
+                "restarts": self.restarts,
+                "last_error": self.last_error,
+            }
+
+
+class HeadState:
+    """The latest report per node and the latest scheduler view; safe across threads."""
+
+    def __init__(
+        self, interval_s: float, gcs_address: Optional[str], usage: Optional[UsageStore] = None
+    ) -> None:
+        self.interval_s = interval_s
+        self.usage = usage or UsageStore(DEFAULT_WINDOW_S, interval_s, time.monotonic(), time.time())
+        """Each actor's measured GPU memory over a window (``rayscope usage``)."""
+        self.gcs_address = gcs_address
+        self._lock = threading.Lock()
+        self._table = ReportTable()
+        self._base: dict[str, NodeStatus] = {}  # rollup.scheduler_nodes of the latest view
+        self._sums: dict[str, float] = scheduler_sums(())  # and its bookings summed
+        self._gcs_status = SourceStatus(name="gcs", ok=False, reason="not read yet", detail=gcs_address or "")
+        self._actors: Optional[list[ActorBooking]] = None
+        self._actors_status = SourceStatus(name="gcs_actors", ok=False, reason="not read yet")
+        self._view_read_at: Optional[float] = None  # monotonic clock at the last good GCS read
+        self.poller = PollerHealth()
+        self._pending: Optional[PendingRead] = None
+        self._pending_status: Optional[SourceStatus] = None
+        self.ray_versions: Optional[SourceStatus] = None  # the GCS reader's, once connected
+        self._decoder = msgspec.msgpack.Decoder(NodeReport)
+        self.reports_received = 0
+        self.frames_rejected = 0
+        self.net: Optional[IngestCounters] = None  # the report port's, once it serves
+        self.more_health: list[Callable[[], dict[str, int]]] = []
+        """Counters of parts beside ingest (agents placed through Ray) for ``/healthz``."""
+        self.more_sources: list[Callable[[], SourceStatus]] = []
+        """Statuses of parts beside the GCS (agents placed through Ray), in every status."""
+        self.version = 0
+        """Counts the changes of what :meth:`status` merges (reports, views, actors, demand):
+        :mod:`rayscope.head.answers` renders again only when it moved (or time did)."""
+
+    def ingest(
+        self,
+        payload: bytes,
+        received_at: float,
+        conn: Optional[Hashable] = None,
+        peer: Optional[str] = None,
+    ) -> NodeReport:
+        """Decode one report (typed) and keep it as its node's latest: sent on ``conn`` from
+        ``peer`` (``None``: not through the report port), received at ``received_at`` on the
+        head's monotonic clock. :class:`ReportError` with its reason when refused."""
+        try:
+            report = self._decoder.decode(payload)
+        # ValidationError included; nesting; bad UTF-8 in a str raises UnicodeDecodeError (fuzz_wire)
+        except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as err:
+            raise ReportError(f"malformed report: {err}") from None
+        if report.schema > REPORT_SCHEMA:
+            raise ReportError(f"report schema {report.schema} is newer than this head's {REPORT_SCHEMA}")
+        validate.check_report(report)  # bounds, numbers, strings (SECURITY.md rule 4)
+        key = report.node_id or f"host:{report.host.hostname if report.host else '?'}"
+        with self._lock:
+            known = self._base.get(key)
+            self._table.put(
+                key,
+                ReceivedReport(report=report, received_at=received_at),
+                conn,
+                peer,
+                known.node_ip if known is not None else None,
+                STALE_INTERVALS * self.interval_s,
+            )
+            self.usage.seen(key, report)
+            self.reports_received += 1
+            self.version += 1
+        return report
+
+    def disconnected(self, conn: Hashable) -> None:
+        """The report port lost ``conn``: its nodes' reports stay (and go stale) but anyone
+        may report them now."""
+        with self._lock:
+            self._table.disconnected(conn)
+
+    def goodbye(self, conn: Hashable) -> list[str]:
+        """``conn``'s agent stopped cleanly: its nodes show ``no agent`` at once."""
+        with self._lock:
+            self.version += 1
+            return self._table.goodbye(conn)
+
+    def count_rejected(self) -> None:
+        with self._lock:
+            self.frames_rejected += 1
+
+    def health(self, now: Optional[float] = None) -> dict[str, Any]:
+        """Cheap figures for ``/healthz``: is the head taking reports at all, and is its
+        scheduler view being refreshed (the GCS poller's state and the view's age)?
+        ``now``: the head's monotonic clock (default: read it)."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            read_at = self._view_read_at
+            counts: dict[str, Any] = {
+                "nodes_reporting": len(self._table),
+                "reports_received": self.reports_received,
+                "frames_rejected": self.frames_rejected,
+            }
+        if self.net is not None:
+            counts.update(self.net.as_dict())
+        for more in self.more_health:
+            counts.update(more())
+        age = None if read_at is None else round(now - read_at, 1)
+        counts["scheduler_view_age_s"] = age
+        counts["scheduler_view_stale"] = age is not None and age > STALE_INTERVALS * self.interval_s
+        counts["gcs_poller"] = self.poller.snapshot(time.monotonic(), self.interval_s)
+        return counts
+
+    def take(self, payload: bytes, received_at: float, conn: Hashable, peer: str) -> Optional[str]:
+        """:meth:`ingest` for the report port: the node id reported for."""
+        return self.ingest(payload, received_at, conn, peer).node_id
+
+    def set_view(self, views: list[RayNode], status: SourceStatus, read_at: Optional[float] = None) -> None:
+        """A new scheduler view (a failed read keeps the last good one, flagged by status
+        and by its age). ``read_at``: the head's monotonic clock at the read (default: now)."""
+        base = scheduler_nodes(views) if status.ok else None
+        sums = scheduler_sums(base.values()) if base is not None else None
+        with self._lock:
+            if base is not None and sums is not None:
+                self._base, self._sums = base, sums
+                self._table.set_known(base)
+                self._view_read_at = time.monotonic() if read_at is None else read_at
+            self._gcs_status = status
+            self.version += 1
+
+    def forget_gone(self, now: float) -> list[str]:
+        """Drop reports that have long stopped (``now``: the monotonic clock): of nodes the
+        scheduler does not know (a node taken away with its agent, which would show as ``no
+        raylet`` for ever), and of every node while there is no scheduler view (made-up ids
+        would otherwise stay for good)."""
+        with self._lock:
+            view_ok = self._view_read_at is not None
+            gone = self._table.forget(now, FORGET_INTERVALS * self.interval_s, view_ok)
+            self.version += len(gone)
+            return gone
+
+    def fold_usage(self, now: float) -> None:
+        """Once per interval (the poller): attribute the reports since the last fold to the
+        actors of the latest actor table and record them in the usage window."""
+        with self._lock:
+            pending = self.usage.take()
+            actors = self._actors
+            reports = {key: r.report for key, r in self._table.reports.items()}
+        self.usage.fold(pending, actors, co_hosted(reports), now)
+        self.usage.maybe_save(now)
+
+    def set_actors(self, actors: Optional[list[ActorBooking]], status: SourceStatus) -> None:
+        """The actor table's bookings (``--gpus``); a failed read keeps the last good one."""
+        with self._lock:
+            if actors is not None:
+                self._actors = actors
+            self._actors_status = status
+            self.version += 1
+
+    def set_pending(self, read: Optional[PendingRead], status: SourceStatus) -> None:
+        """What waits to be placed, read with the scheduler view; a failed read drops it
+        (an old demand would name actors long placed), and the status says why."""
+        with self._lock:
+            self._pending, self._pending_status = read, status
+            self.version += 1
+
+    def status(self, now: float, gpus: bool = False, wall_now: Optional[float] = None) -> ClusterStatus:
+        """The rollup as of ``now`` (the monotonic clock): reports older than
+        :data:`STALE_INTERVALS` intervals are stale. ``wall_now``: the wall clock at the same
+        instant, for the times the document shows (default ``now``: tests on one clock).
+        ``gpus``: also attribute each fresh report's GPU memory to the actors on it."""
+        with self._lock:
+            base, reports, gcs_status = self._base, dict(self._table.reports), self._gcs_status
+            sums = self._sums
+            actors, actors_status = self._actors, self._actors_status
+            read_at = self._view_read_at
+            waiting, pending_status = self._pending, self._pending_status
+            sources = [gcs_status, actors_status] if gpus else [gcs_status]
+            sources += [self.ray_versions] if self.ray_versions else []
+        sources += [more() for more in self.more_sources]
+        status = merge(
+            base,
+            reports,
+            now=now,
+            stale_after_s=STALE_INTERVALS * self.interval_s,
+            view="head",
+            gcs_address=self.gcs_address,
+            sources=sources,
+            scheduler_read_at=read_at,
+            wall_now=wall_now,
+            sums=sums,
+        )
+        if pending_status is not None:
+            status.sources.append(pending_status)
+        status = pending.attach(status, waiting)
+        if not gpus:
+            return status
+        fresh = {node_id: r.report for node_id, r in reports.items() if not status.nodes[node_id].stale}
+        return attribute_cluster(status, fresh, actors, co_hosted(fresh))
+
+
+def co_hosted(reports: dict[str, NodeReport]) -> dict[str, set[str]]:
+    """Node ids grouped by the host that reported them: raylets on one machine share its GPUs,
+    so an actor of any of them may hold memory on them."""
+    by_host: dict[str, set[str]] = {}
+    for node_id, report in reports.items():
+        if report.host is not None:
+            by_host.setdefault(report.host.hostname, set()).add(node_id)
+    return {
+        node_id: by_host.get(r.host.hostname, set()) if r.host else set() for node_id, r in reports.items()
+    }

@@ -1,0 +1,205 @@
+"""Glue between the sources and the pure parts: one node's report, the embedded status,
+the node diagnostics. The CLI and the node agent call these; they hold no formatting.
+"""
+
+import math
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import Callable, Optional
+
+from rayscope.core.capacity import pending
+from rayscope.core.gpu.attribution import attribute_cluster, attribute_node, leaf_devices
+from rayscope.core.rollup import merge, scheduler_nodes
+from rayscope.errors import EXIT_NO_DATA, AgentError
+from rayscope.net.addresses import parse_address
+from rayscope.node.cuda_samples import CudaSamples, settle_gpus
+from rayscope.schema.node import NodeDiagnostics
+from rayscope.schema.report import REPORT_SCHEMA, GpuDevice, NodeReport, ProcessInfo, RayletInfo, SourceStatus
+from rayscope.schema.status import ActorBooking, ClusterStatus, RayNode, ReceivedReport
+from rayscope.sources import host, procs, raylet
+from rayscope.sources.gcs import address as gcs_address
+from rayscope.sources.gcs import child as gcs_child
+from rayscope.sources.gcs import reader as gcs
+from rayscope.sources.local_agents import find_agents
+from rayscope.sources.nvml import devices as nvml
+from rayscope.units import ray_round
+
+
+def local_report(
+    node_raylet: Optional[RayletInfo],
+    now: float,
+    nvml_timeout_s: float = nvml.TIMEOUT_S,
+    cuda: Optional[CudaSamples] = None,
+) -> NodeReport:
+    """What this host knows about itself: its raylet, NVML and the host (never raises; a
+    hung NVML call costs at most ``nvml_timeout_s``). Each GPU's used figure is the one
+    rayscope trusts (:func:`rayscope.node.cuda_samples.settle_gpus`; ``cuda``: the node agent's CUDA
+    samples, where it takes them)."""
+    driver, raw_gpus, nvml_status = nvml.read_gpus_within(nvml_timeout_s)
+    gpus, cuda_sources = settle_gpus(raw_gpus, cuda)
+    host_info, host_status = host.read_host()
+    processes, procs_sources = gpu_processes(gpus)
+    return NodeReport(
+        schema=REPORT_SCHEMA,
+        node_id=node_raylet.node_id if node_raylet else "",
+        collected_at=now,
+        raylet=node_raylet,
+        host=host_info,
+        driver_version=driver,
+        gpus=gpus,
+        sources=[nvml_status, *cuda_sources, host_status, *procs_sources],
+        processes=processes,
+    )
+
+
+def gpu_processes(
+    gpus: Optional[Sequence[GpuDevice]],
+) -> tuple[Optional[list[ProcessInfo]], list[SourceStatus]]:
+    """This host's view of every pid NVML lists on ``gpus``; no read (and no status) when
+    there is none."""
+    pids = [p.pid for g in leaf_devices(gpus or []) for p in g.processes or []]
+    if not pids:
+        return ([] if gpus is not None else None), []
+    processes, status = procs.read_processes(pids)
+    return processes, [status]
+
+
+def resolve_gcs(
+    explicit: Optional[str],
+    raylets: Sequence[RayletInfo],
+    environ: Mapping[str, str] = os.environ,
+    raylet_status: Optional[SourceStatus] = None,
+) -> str:
+    """The GCS address to read, or an :class:`AgentError` (exit 2) saying none is known (and,
+    from ``raylet_status``, which raylets were refused)."""
+    refused = raylet_status.reason if raylet_status is not None and not raylet_status.ok else ""
+    address, origin = gcs_address.resolve_address(explicit, environ, raylets, refused)
+    if address is None:
+        raise AgentError(origin, EXIT_NO_DATA)
+    try:
+        return parse_address(address)
+    except ValueError as err:
+        raise AgentError(f"bad GCS address from {origin}: {err}", EXIT_NO_DATA) from None
+
+
+def _attach_local(
+    raylets: Sequence[RayletInfo], views: Sequence[RayNode], now: float
+) -> tuple[dict[str, ReceivedReport], list[SourceStatus]]:
+    """This host's NVML and host facts, attached to the one local node of this cluster.
+
+    Several raylets on one host share its GPUs: the measurement goes to one of them (the
+    head's if it runs here) so the cluster sums count each GPU once.
+    """
+    known = {v.node_id for v in views}
+    mine = raylet.pick_raylet([r for r in raylets if r.node_id in known], None)
+    if mine is None:
+        skipped = SourceStatus(
+            name="nvml", ok=False, reason="not read: no raylet of this cluster runs on this host"
+        )
+        return {}, [skipped]
+    report = local_report(mine, now)
+    return {mine.node_id: ReceivedReport(report=report, received_at=now, local=True)}, report.sources
+
+
+def resolve_gcs_here(explicit: Optional[str]) -> str:
+    """:func:`resolve_gcs` with this host's raylets."""
+    raylets, status = raylet.find_raylets()
+    return resolve_gcs(explicit, raylets, raylet_status=status)
+
+
+def embedded_status(
+    explicit_gcs: Optional[str],
+    timeout_s: float,
+    clock: Callable[[], float] = time.time,
+    gpus: bool = False,
+) -> ClusterStatus:
+    """``rayscope status`` without a head agent: the GCS for every node, NVML for this host.
+
+    ``gpus``: also read the actor table (same child process) and attribute this host's GPU
+    memory to the actors of its raylets.
+    """
+    raylets, raylet_status = raylet.find_raylets()
+    address = resolve_gcs(explicit_gcs, raylets, raylet_status=raylet_status)
+    python = gcs_child.gcs_python(raylets, address, gcs.ray_importable())
+    views, actors, waiting, gcs_statuses = gcs_child.read_pending_too(address, timeout_s, python, actors=gpus)
+    if not gcs_statuses[0].ok:
+        raise AgentError(gcs_statuses[0].reason, EXIT_NO_DATA)
+    now = clock()
+    reports, local_sources = _attach_local(raylets, views, now)
+    status = merge(
+        scheduler_nodes(views),
+        reports,
+        now=now,
+        stale_after_s=math.inf,
+        view="gcs",
+        gcs_address=address,
+        sources=[*gcs_statuses, raylet_status, *local_sources],
+        scheduler_read_at=now,
+    )
+    status = pending.attach(status, waiting)
+    if not gpus:
+        return status
+    # Every raylet of this cluster on this host shares its GPUs: their actors may hold them.
+    local = {r.node_id for r in raylets} & {v.node_id for v in views}
+    return attribute_cluster(
+        status,
+        {n: r.report for n, r in reports.items()},
+        actors,
+        {n: local for n in local},
+        {r.node_id: r for r in raylets if r.node_id in local},
+    )
+
+
+def node_diagnostics(
+    explicit_gcs: Optional[str],
+    timeout_s: float,
+    clock: Callable[[], float] = time.time,
+    gpus: bool = False,
+) -> NodeDiagnostics:
+    """``rayscope node``: this host's raylets, GPUs and host; their booking if the GCS answers.
+
+    ``gpus``: also read the actor table and attribute this host's GPU memory to the actors
+    of its raylets (bookings are ``NA`` where the GCS does not answer).
+    """
+    raylets, raylet_status = raylet.find_raylets()
+    sources = [raylet_status]
+    booking = {}
+    actors: Optional[list[ActorBooking]] = None
+    address: Optional[str] = None
+    try:
+        address = resolve_gcs(explicit_gcs, raylets, raylet_status=raylet_status)
+    except AgentError as err:
+        sources.append(SourceStatus(name="gcs", ok=False, reason=str(err)))
+    if address is not None:
+        python = gcs_child.gcs_python(raylets, address, gcs.ray_importable())
+        views, actors, gcs_statuses = gcs_child.read_cluster(address, timeout_s, python, actors=gpus)
+        sources += gcs_statuses
+        local_ids = {r.node_id for r in raylets}
+        mine = [v for v in views if v.node_id in local_ids]
+        status = merge(scheduler_nodes(mine), {}, now=clock(), stale_after_s=math.inf, view="gcs")
+        booking = dict(status.nodes)
+    report = local_report(None, clock())
+    agents, agents_status = find_agents()
+    diag = NodeDiagnostics(
+        generated_at=clock(),
+        gcs_address=address,
+        raylets=raylets,
+        host=report.host,
+        driver_version=report.driver_version,
+        gpus=report.gpus,
+        booking=booking,
+        sources=sources + report.sources + [agents_status],
+        processes=report.processes,
+        agents=agents,
+    )
+    if gpus and report.gpus is not None:
+        diag.gpus, diag.attribution = attribute_node(
+            report.gpus,
+            report.processes,
+            actors,
+            {r.node_id for r in raylets},
+            total_vram_mb=ray_round(sum(n.total_vram_mb for n in booking.values())),
+            used_vram_mb=ray_round(sum(n.used_vram_mb for n in booking.values())),
+        )
+    return diag

@@ -1,0 +1,186 @@
+"""The one-shot GCS read of the CLI (``status``, ``node``, ``fit``): ``gcs_read`` run as a
+child process under a deadline — no thread left blocked in Ray's C++ client, Ray's C++ log
+lines kept off the terminal, Ray's import cost and process-wide state kept out of
+rayscope's own process — under this Python or, when it cannot import ray, the Ray node's.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, Callable, Optional
+
+from rayscope.net.addresses import DEFAULT_TIMEOUT_S
+from rayscope.schema.pending import PendingRead
+from rayscope.schema.report import RayletInfo, SourceStatus
+from rayscope.schema.status import ActorBooking, RayNode
+from rayscope.sources import trust
+from rayscope.sources.gcs import prestart as gcs_prestart
+from rayscope.sources.gcs import raycompat
+from rayscope.sources.gcs import read as gcs_read
+from rayscope.sources.gcs import reader as gcs
+
+
+def _runnable(path: str) -> bool:
+    return os.path.isabs(path) and os.access(path, os.X_OK)
+
+
+def gcs_python(
+    raylets: Sequence[RayletInfo],
+    address: str,
+    ray_here: bool,
+    runnable: Callable[[str], bool] = _runnable,
+    ray_here_version: Callable[[], Optional[str]] = raycompat.reader_ray_version,
+) -> Optional[str]:
+    """The interpreter to run the GCS read under: the Ray node's own Python (the first word
+    of a local raylet's worker command; raylets of the cluster at ``address`` first, then any
+    other: a Ray node's Python can import ray) when this one cannot import ray, or when it
+    can but its Ray is another release than the one that raylet of this cluster runs;
+    else this one. ``None`` when there is neither."""
+    ordered = [
+        r
+        for r in sorted(raylets, key=lambda r: r.gcs_address != address)
+        if r.python_executable and runnable(r.python_executable)
+    ]
+    if ray_here:
+        mine = next((r for r in ordered if r.gcs_address == address and r.ray_version), None)
+        if mine is not None and mine.ray_version != ray_here_version():
+            return mine.python_executable
+        return sys.executable
+    return ordered[0].python_executable if ordered else None
+
+
+def _no_ray_reason() -> str:
+    return (
+        f"ray is not importable by this Python ({sys.executable}) and no local raylet"
+        " names the Ray node's Python: run rayscope with a Python that has ray"
+    )
+
+
+child_script = gcs_prestart.child_script
+
+
+def _run_child(address: str, timeout_s: float, python: str, *extra: str) -> dict[str, Any]:
+    """``gcs_read`` as a script under ``python``, the port check and the child under one
+    deadline of ``timeout_s``: its whole JSON answer. Read again with ``import ray`` whole
+    when the light import does not work under this Ray (``retry_whole``)."""
+    deadline = time.monotonic() + timeout_s
+    gcs.check_port(address, timeout_s)
+    answer = _child_answer(address, timeout_s, python, gcs.remaining_s(deadline, address, timeout_s), extra)
+    if answer.get("retry_whole"):
+        left = gcs.remaining_s(deadline, address, timeout_s)
+        answer = _child_answer(address, timeout_s, python, left, (*extra, "whole"))
+    if not answer.get("ok"):
+        raise gcs.GcsUnavailable(
+            gcs.explain(RuntimeError(answer.get("error", "")), address, timeout_s, gcs.token_source())
+        )
+    return answer
+
+
+def _child_answer(
+    address: str, timeout_s: float, python: str, left: float, extra: Sequence[str]
+) -> dict[str, Any]:
+    """One child's JSON answer, under the ``left`` seconds of the read's deadline: the one
+    started early (:mod:`gcs_prestart`) when it is the child this read would start."""
+    source = gcs_prestart.script_for(python)
+    words = [address, f"{left:.3f}", *extra]
+    started = gcs_prestart.take(python, source) if "whole" not in extra else None
+    try:
+        if started is not None:
+            done = gcs_prestart.finish(started, words, left)
+        else:
+            done = subprocess.run(  # isolated (SECURITY.md rule 1): -I, cwd /, Ray's variables only
+                [python, "-I", "-c", source, *words],
+                cwd="/",
+                env=trust.child_env(os.environ),
+                capture_output=True,
+                timeout=left,
+                text=True,
+                check=False,
+            )
+    except subprocess.TimeoutExpired as err:
+        raise gcs.GcsUnavailable(_child_timeout(err, address, timeout_s, python)) from None
+    except OSError as err:
+        raise gcs.GcsUnavailable(f"cannot run {python} for the GCS read: {err.strerror}") from None
+    try:
+        answer = json.loads(done.stdout)
+    except ValueError:
+        said = [line for line in done.stderr.strip().splitlines() if line != gcs_read.IMPORTED]
+        last = (said or [f"exit code {done.returncode}"])[-1]
+        raise gcs.GcsUnavailable(f"GCS read under {python} failed: {last}") from None
+    return answer  # type: ignore[no-any-return]
+
+
+def _child_timeout(err: subprocess.TimeoutExpired, address: str, timeout_s: float, python: str) -> str:
+    """Why the child ran past the deadline: still importing ray (a loaded host, a slow
+    filesystem), or waiting on a GCS whose port took the connection but did not answer."""
+    stderr = err.stderr or b""
+    text = stderr.decode("utf-8", "replace") if isinstance(stderr, bytes) else stderr
+    if gcs_read.IMPORTED in text:
+        return gcs.not_a_gcs(address) or f"GCS unreachable at {address} (timeout {timeout_s:g} s)"
+    return (
+        f"GCS read stopped at its deadline (timeout {timeout_s:g} s) while {python} was still"
+        " importing ray (a loaded host or a slow file system): the GCS was not asked; raise --timeout"
+    )
+
+
+def read_pending_too(
+    address: str, timeout_s: float, python: Optional[str], actors: bool
+) -> tuple[list[RayNode], Optional[list[ActorBooking]], Optional[PendingRead], list[SourceStatus]]:
+    """:func:`read_cluster` plus what waits to be placed, in the same child process (one
+    deadline); the pending demand's status (``gcs_pending``) comes last."""
+    box: list[Any] = []
+    views, booked, statuses = read_cluster(address, timeout_s, python, actors, _answer=box)
+    if not box:
+        return views, booked, None, statuses
+    answer = box[0]
+    if "pending" not in answer:
+        error = answer.get("pending_error", "no pending demand in the answer")
+        reason = gcs.explain(RuntimeError(error), address, timeout_s, gcs.token_source())
+        return views, booked, None, [*statuses, SourceStatus(name="gcs_pending", ok=False, reason=reason)]
+    pending, status = gcs.to_pending(answer["pending"], address)
+    return views, booked, pending, [*statuses, status]
+
+
+def read_cluster(
+    address: str,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    python: Optional[str] = None,
+    actors: bool = False,
+    _answer: Optional[list[Any]] = None,
+) -> tuple[list[RayNode], Optional[list[ActorBooking]], list[SourceStatus]]:
+    """One-shot read of every node (the CLI's path), in a child process under ``python``
+    (default: this interpreter, which must then import ray). ``actors``: the live actors too,
+    in the same child process (one deadline). Never raises.
+
+    Statuses: the nodes' (``gcs``) first, then with ``actors`` the actor table's
+    (``gcs_actors``), then the Ray releases of cluster and reader (``ray``) once the GCS
+    answered; actors are ``None`` when not asked for or when the actor table did not
+    answer, even if the nodes did.
+    """
+    python = python or sys.executable
+    if python == sys.executable and not gcs.ray_importable():
+        return [], None, [SourceStatus(name="gcs", ok=False, reason=_no_ray_reason(), detail=address)]
+    try:
+        extra = (["actors"] if actors else []) + (["pending"] if _answer is not None else [])
+        answer = _run_child(address, timeout_s, python, *extra)
+    except gcs.GcsUnavailable as err:
+        return [], None, [SourceStatus(name="gcs", ok=False, reason=str(err), detail=address)]
+    if _answer is not None:  # read_pending_too takes the rest of the answer
+        _answer.append(answer)
+    views, status = gcs.to_nodes(answer["nodes"], address, f"{address} via {python}")
+    versions = gcs.ray_versions_status(
+        answer.get("ray_version"),
+        answer.get("cluster_ray_version"),
+        answer.get("cluster_ray_version_error", ""),
+    )
+    if not actors:
+        return views, None, [status, versions]
+    if "actors" not in answer:
+        error = answer.get("actors_error", "no actor table in the answer")
+        reason = gcs.explain(RuntimeError(error), address, timeout_s, gcs.token_source())
+        return views, None, [status, SourceStatus(name="gcs_actors", ok=False, reason=reason), versions]
+    booked, actors_status = gcs.to_actors(answer["actors"], address)
+    return views, booked, [status, actors_status, versions]

@@ -1,0 +1,136 @@
+"""What kind of device NVML talks to: virtualization mode, compute mode, MPS clients.
+
+Reads through the real ``pynvml`` binding, one GPU handle at a time, in the convention of
+:mod:`rayscope.sources.nvml.devices`: a read that fails becomes ``None`` plus the reason in that GPU's
+``errors`` dict; a driver that does not have the query (Not Supported, Function Not Found,
+or a pynvml too old to name it) leaves the field absent (``None``) with no error, never a
+guess. Values are bounded strings, never NVML's raw codes.
+
+Why it matters (issue 20): on an NVIDIA vGPU guest, NVML's ``memory used`` is what the vGPU
+manager hands the guest, not a measurement. BioEngine found an idle A40-16C time-sliced slice
+reporting about 14.5 GiB used of 16 GiB (a fixed phantom offset; the total stays right).
+:func:`memory_used_reliable` (defined in :mod:`rayscope.core.gpu.memory`, where the head judges
+reports by it too) says, per virtualization mode, whether NVML's used figure may be shown as
+measured.
+
+Command line equivalent: ``nvidia-smi -q`` (``GPU Virtualization Mode``, ``Compute Mode``)
+and ``nvidia-smi --query-compute-apps`` on an MPS server (the clients appear in the MPS list).
+"""
+
+from typing import Any, Callable, Optional, TypeVar
+
+import pynvml
+
+# The rule lives beside the rollup's judgement of reports (the head has no pynvml to import).
+from rayscope.core.gpu.memory import memory_used_reliable
+from rayscope.sources.nvml.calls import LIBRARY_TOO_OLD as _LIBRARY_TOO_OLD
+from rayscope.sources.nvml.calls import newest_list
+from rayscope.sources.nvml.calls import text as _text
+
+__all__ = [
+    "COMPUTE_MODES",
+    "UNKNOWN",
+    "VIRTUALIZATION_MODES",
+    "compute_mode",
+    "memory_used_reliable",
+    "mps_processes",
+    "virtualization_mode",
+]
+
+T = TypeVar("T")
+
+VIRTUALIZATION_MODES: dict[int, str] = {
+    pynvml.NVML_GPU_VIRTUALIZATION_MODE_NONE: "none",
+    pynvml.NVML_GPU_VIRTUALIZATION_MODE_PASSTHROUGH: "passthrough",
+    pynvml.NVML_GPU_VIRTUALIZATION_MODE_VGPU: "vgpu_guest",
+    pynvml.NVML_GPU_VIRTUALIZATION_MODE_HOST_VGPU: "host_vgpu",
+    pynvml.NVML_GPU_VIRTUALIZATION_MODE_HOST_VSGA: "host_vsga",
+}
+"""NVML's ``nvmlGpuVirtualizationMode_t`` → the name rayscope reports. ``none`` is bare
+metal; ``vgpu_guest`` a VM on a vGPU (NVML's ``VGPU``); ``host_vgpu``/``host_vsga`` the
+hypervisor host serving vGPU or vSGA guests."""
+
+COMPUTE_MODES: dict[int, str] = {
+    pynvml.NVML_COMPUTEMODE_DEFAULT: "default",
+    pynvml.NVML_COMPUTEMODE_EXCLUSIVE_THREAD: "exclusive_thread",
+    pynvml.NVML_COMPUTEMODE_PROHIBITED: "prohibited",
+    pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS: "exclusive_process",
+}
+"""NVML's ``nvmlComputeMode_t`` → the name rayscope reports. ``exclusive_process``: one
+process (or one MPS server) may hold a context; ``prohibited``: none may. ``exclusive_thread``
+is gone from current drivers but still a value."""
+
+UNKNOWN = "unknown"
+"""A mode NVML reported with a code this rayscope has no name for."""
+
+MPS_LIST_VERSIONS = (3, 2)
+"""The MPS process-list calls, newest first (same struct as the compute list; ``_v3`` on
+drivers >= 510, ``_v2`` before)."""
+
+_ABSENT = {pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND}
+
+
+def _optional(errors: dict[str, str], name: str, read: Callable[[], T]) -> Optional[T]:
+    """A field the driver may lack: its value; ``None`` quietly when the driver or pynvml has
+    no such query; ``None`` with the reason in ``errors`` when the query failed."""
+    try:
+        return read()
+    except pynvml.NVMLError as err:
+        if err.value not in _ABSENT:
+            errors[name] = _text(err)
+        return None
+    except _LIBRARY_TOO_OLD:
+        return None
+    except AttributeError:  # this pynvml predates the call
+        return None
+
+
+def _named(errors: dict[str, str], name: str, code: Optional[int], names: dict[int, str]) -> Optional[str]:
+    """A code read from NVML as its bounded name. A code this rayscope does not know (a newer
+    driver's) is :data:`UNKNOWN`, the code kept in ``errors``: the driver said something, so
+    it is not absent, and it is never passed on raw."""
+    if code is None:
+        return None
+    known = names.get(int(code))
+    if known is None:
+        errors[name] = f"unknown value {int(code)} (driver newer than this rayscope)"
+        return UNKNOWN
+    return known
+
+
+def virtualization_mode(handle: Any, errors: dict[str, str]) -> Optional[str]:
+    """``none``, ``passthrough``, ``vgpu_guest``, ``host_vgpu``, ``host_vsga`` (or
+    :data:`UNKNOWN`), from
+    ``nvmlDeviceGetVirtualizationMode``; ``None`` when the driver does not say (error, if
+    any, under ``errors["virtualization_mode"]``)."""
+    code = _optional(
+        errors, "virtualization_mode", lambda: int(pynvml.nvmlDeviceGetVirtualizationMode(handle))
+    )
+    return _named(errors, "virtualization_mode", code, VIRTUALIZATION_MODES)
+
+
+def compute_mode(handle: Any, errors: dict[str, str]) -> Optional[str]:
+    """``default``, ``exclusive_thread``, ``prohibited``, ``exclusive_process`` (or
+    :data:`UNKNOWN`), from
+    ``nvmlDeviceGetComputeMode``; ``None`` when the driver does not say (error, if any, under
+    ``errors["compute_mode"]``)."""
+    code = _optional(errors, "compute_mode", lambda: int(pynvml.nvmlDeviceGetComputeMode(handle)))
+    return _named(errors, "compute_mode", code, COMPUTE_MODES)
+
+
+def mps_processes(handle: Any, errors: dict[str, str]) -> tuple[Optional[list[Any]], Optional[int]]:
+    """The MPS clients on this GPU (``nvmlDeviceGetMPSComputeRunningProcesses_v3``, ``_v2`` on
+    older drivers) and the call version that answered.
+
+    Entries are pynvml's (``pid``, ``usedGpuMemory`` (``None`` when not available),
+    ``gpuInstanceId``, ``computeInstanceId``), the same shape as the compute list's, so
+    :func:`rayscope.sources.nvml.devices.merge_processes` takes them. ``[]``: the call answered and no
+    MPS client runs (the answer on every GPU without MPS). ``(None, None)``: the driver has no
+    such call or it is Not Supported (quiet), or it failed (``errors["mps_processes"]``).
+    """
+    try:
+        return newest_list(handle, "nvmlDeviceGetMPSComputeRunningProcesses", MPS_LIST_VERSIONS)
+    except pynvml.NVMLError as err:
+        if err.value != pynvml.NVML_ERROR_NOT_SUPPORTED:
+            errors["mps_processes"] = _text(err)
+        return None, None

@@ -295,26 +295,27 @@ def _kill_writers(
     until ``budget_s`` is spent. A reader process polls the file all along (its own process,
     so its JSON parsing does not slow the test's process starts)."""
     rng = random.Random(6)
-    reader = _python(READER, str(target), stdin=True)
-    assert reader.stdout is not None and reader.stdin is not None
-    assert reader.stdout.readline() == "ready\n"
     done = 0
     deadline = time.monotonic() + budget_s
-    try:
-        while done < runs and time.monotonic() < deadline:
-            writer = _python(script, str(target), *docs)
-            assert writer.stdout is not None
-            assert writer.stdout.readline() == "ready\n"
-            time.sleep(rng.uniform(0.0, 0.03))
-            writer.kill()
-            writer.wait(timeout=10)
-            writer.stdout.close()
-            done += 1
-    finally:
-        reader.stdin.close()
-        summary: dict[str, Any] = json.loads(reader.stdout.readline())
-        reader.wait(timeout=30)
-        reader.stdout.close()
+    # Each Popen in a with-block: a failed assert still kills, reaps and closes its pipes
+    # (a leaked pipe was a ResourceWarning in whichever test ran next).
+    with _python(READER, str(target), stdin=True) as reader:
+        assert reader.stdout is not None and reader.stdin is not None
+        try:
+            assert reader.stdout.readline() == "ready\n"
+            while done < runs and time.monotonic() < deadline:
+                with _python(script, str(target), *docs) as writer:
+                    try:
+                        assert writer.stdout is not None
+                        assert writer.stdout.readline() == "ready\n"
+                        time.sleep(rng.uniform(0.0, 0.03))
+                    finally:
+                        writer.kill()
+                done += 1
+        finally:
+            reader.stdin.close()
+            summary: dict[str, Any] = json.loads(reader.stdout.readline() or "{}")
+            reader.wait(timeout=30)
     return done, summary
 
 

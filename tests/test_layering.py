@@ -99,3 +99,25 @@ def test_no_module_is_too_big_and_the_cli_is_thin() -> None:
     sizes = {name: len(path.read_text().splitlines()) for name, path in modules().items()}
     assert {n: s for n, s in sizes.items() if s > MAX_MODULE_LINES} == {}
     assert sizes["rayscope.cli.app"] <= MAX_CLI_LINES
+
+
+MAX_TOP_LEVEL = 16
+"""Entries at the top of the package, modules and subpackages together: the top level shows
+the architecture (docs/architecture.md's folders), not 36 modules side by side."""
+
+
+def test_the_top_of_the_package_shows_its_parts() -> None:
+    """Positive control: ``touch agent/rayscope/a{1..2}.py`` makes 17 entries."""
+    entries = sorted(
+        p.name for p in AGENT.iterdir() if p.name != "__pycache__" and not p.name.startswith(".")
+    )
+    assert len(entries) <= MAX_TOP_LEVEL, entries
+
+
+def test_no_module_named_agent_is_importable_from_the_source_root() -> None:
+    """``pip install`` must not add a top-level ``agent`` (a distribution of that name exists
+    on the package index): the source root ``agent/`` holds the one package ``rayscope``."""
+    importable = [
+        p.name for p in AGENT.parent.iterdir() if p.suffix == ".py" or (p / "__init__.py").is_file()
+    ]
+    assert importable == ["rayscope"]

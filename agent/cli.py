@@ -28,6 +28,7 @@ from agent.options import (
     GpusOption,
     GpuTotalOption,
     HeadOption,
+    HttpHostOption,
     HttpOption,
     IntervalOption,
     JsonOption,
@@ -217,6 +218,7 @@ def node(
 def head_agent(
     listen: ListenOption = "127.0.0.1:7531",
     http: HttpOption = "127.0.0.1:7532",
+    http_host: HttpHostOption = None,
     gcs: GcsOption = None,
     interval: IntervalOption = 5.0,
     token_file: TokenFileOption = None,
@@ -256,6 +258,7 @@ def head_agent(
             remove=remove,
             usage_window_s=usage_window,
             usage_state=usage_state,
+            http_hosts=tuple(http_host or ()),
         )
         if said:
             typer.echo(said)

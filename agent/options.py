@@ -316,6 +316,33 @@ HttpOption = Annotated[
     ),
 ]
 
+
+def _host_names(values: Optional[list[str]]) -> Optional[list[str]]:
+    """``--http-host NAME``: each a host name or an IP address (agent/head/origin.py)."""
+    if not values:
+        return values
+    from agent.head.origin import check_name
+
+    try:
+        return [check_name(v) for v in values]
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+
+
+HttpHostOption = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--http-host",
+        metavar="NAME",
+        callback=_host_names,
+        help=(
+            "A name clients use for the HTTP port (a DNS name, a proxy's; repeatable). The port"
+            " answers only requests whose Host is an IP address, localhost, --http's name or one"
+            " of these (421 otherwise: DNS rebinding)."
+        ),
+    ),
+]
+
 ReadTokenFileOption = Annotated[
     Optional[str],
     typer.Option(

@@ -57,8 +57,7 @@ def test_a_token_shorter_than_16_bytes_is_refused_in_one_line(tmp_path: Path) ->
             tokens.read_token_file(str(path))
         said = str(err.value)
         assert said == (
-            f"token file {path} holds a token of {size} bytes: a token has at least 16"
-            f" ({tokens.MAKE_ONE})"
+            f"token file {path} holds a token of {size} bytes: a token has at least 16 ({tokens.MAKE_ONE})"
         )
     assert tokens.read_token_file(str(token_file(tmp_path / "t16", b"k" * 16 + b"\n"))) == b"k" * 16
 

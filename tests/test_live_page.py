@@ -318,7 +318,25 @@ class OtherPort(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def test_a_login_replayed_alone_from_another_port_opens_nothing(tmp_path: Path, wire_token: Path) -> None:
+@pytest.fixture(scope="module")
+def bare_head(wire_token: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HeadDaemon]:
+    """A head with a read token and no cluster (its GCS a closed port): the page's frame,
+    login and session need no Ray."""
+    root = tmp_path_factory.mktemp("bare-head")
+    read = root / "read-token"
+    read.write_text(READ_TOKEN + "\n")
+    read.chmod(0o600)
+    extra = ["--gcs", f"127.0.0.1:{free_port()}", "--interval", "1", "--read-token-file", str(read)]
+    head = HeadDaemon(base_env(RAY_AUTH_MODE="disabled"), root / "head.log", extra, wire_token)
+    try:
+        yield head
+    finally:
+        head.stop()
+
+
+def test_a_login_replayed_alone_from_another_port_opens_nothing(
+    bare_head: HeadDaemon, tmp_path: Path
+) -> None:
     """Issue 30: a browser sends a host's cookies to every port of that host, so after a
     login Ray's dashboard or Grafana on the head's host received ``rayscope_page=...`` and
     could replay it for 12 h. Now the login leaves its session in the tab's
@@ -327,11 +345,7 @@ def test_a_login_replayed_alone_from_another_port_opens_nothing(tmp_path: Path, 
     login form (401), its own origin's storage is empty, and the head's tab still shows the
     page. Before: the other port heard the cookie and its replay got the page (200).
     Positive control: the session as a cookie again (the code before issue 30)."""
-    read = tmp_path / "read-token"
-    read.write_text(READ_TOKEN + "\n")
-    read.chmod(0o600)
-    extra = ["--gcs", f"127.0.0.1:{free_port()}", "--interval", "1", "--read-token-file", str(read)]
-    head = HeadDaemon(base_env(RAY_AUTH_MODE="disabled"), tmp_path / "head.log", extra, wire_token)
+    head = bare_head
     OtherPort.head_url, OtherPort.heard, OtherPort.replays = head.url, [], []
     server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), OtherPort)
     other = f"http://127.0.0.1:{server.server_address[1]}"
@@ -350,7 +364,28 @@ def test_a_login_replayed_alone_from_another_port_opens_nothing(tmp_path: Path, 
         browser.close()
         server.shutdown()
         server.server_close()
-        head.stop()
     assert heard, "the other port was never asked"
     heads_cookies = [cookies for cookies in heard if "rayscope" in cookies]
     assert (replays, heads_cookies) == ([401] * len(heard), [])
+
+
+def test_a_headless_browser_opens_the_page_with_a_bearer_header(
+    bare_head: HeadDaemon, tmp_path: Path
+) -> None:
+    """docs/page.md's recipe for a script: DevTools' ``Network.setExtraHTTPHeaders`` (what
+    Playwright's ``extra_http_headers`` sends) with the read token as a bearer token opens
+    the page and its refreshes, no login; a wrong token gets the form."""
+    browser = Browser(tmp_path)
+    try:
+        wrong = {"Authorization": "Bearer wrong-token-0123456789"}
+        browser.page("Network.setExtraHTTPHeaders", headers=wrong)
+        browser.navigate(bare_head.url + "/")
+        assert browser.evaluate("document.querySelector('form.login') !== null")
+        browser.page("Network.setExtraHTTPHeaders", headers={"Authorization": f"Bearer {READ_TOKEN}"})
+        browser.navigate(bare_head.url + "/?marked=1")
+        browser.wait_for(PAGE_SHOWN)
+        browser.wait_for("document.getElementById('age').textContent.startsWith('updated')", timeout_s=20)
+        refreshes = [status for url, status in browser.responses() if "fragment=1" in url]
+    finally:
+        browser.close()
+    assert refreshes and set(refreshes) == {200}, refreshes

@@ -3,17 +3,21 @@ a request whose ``Host`` names another site is refused (DNS rebinding), and a cl
 offering wrong tokens is answered 429 without a check. Unit tests on the routes, then the same
 over a real head's port."""
 
+import http.server
 import logging
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from email.message import Message
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import pytest
 
+from agent import client
+from agent.errors import AgentError
 from agent.head import guesses, origin, session
 from agent.head.guesses import Guesses
 from agent.head.origin import Hosts
@@ -276,3 +280,45 @@ def test_a_real_head_answers_wrong_tokens_slowly(tmp_path: Path, token: Path) ->
         assert done.stderr.startswith(f"rayscope: head agent at {head.url} refuses tokens from this address")
     finally:
         head.stop()
+
+
+class Refusing(http.server.BaseHTTPRequestHandler):
+    """A head's refusals as the CLI receives them: 421 for its ``Host``, 429 for its address."""
+
+    def do_GET(self) -> None:
+        status, extra = (421, {}) if "misdirected" in self.path else (429, {"Retry-After": "7"})
+        body = b"refused\n"
+        self.send_response(status)
+        for name, value in {"Content-Length": str(len(body)), **extra}.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def version_string(self) -> str:
+        return "rayscope-head"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_the_cli_says_what_a_421_and_a_429_mean() -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        with pytest.raises(AgentError) as misdirected:
+            client.head_get(url, "/misdirected", b"", 5.0)
+        with pytest.raises(AgentError) as throttled:
+            client.head_get(url, "/v1/status", READ, 5.0)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert str(misdirected.value) == (
+        f"head agent at {url} does not answer to the name 127.0.0.1: start it with --http-host"
+        " 127.0.0.1 (or use its IP address)"
+    )
+    assert str(throttled.value) == (
+        f"head agent at {url} refuses tokens from this address for now (too many wrong ones):"
+        " try again in 7 s"
+    )

@@ -96,7 +96,7 @@ JS = """
     setTimeout(refresh, every);
   }
   if (!form) { start(); return; }
-  if (!sessionStorage.getItem(KEY)) { return; }
+  if (!sessionStorage.getItem(KEY) || location.pathname !== "/") { return; }
   form.hidden = true;  /* the login form in a tab that holds a session: the page, read with it */
   get(false).then(function (text) {
     var page = new DOMParser().parseFromString(text, "text/html"), main = page.getElementById("view");

@@ -23,8 +23,8 @@ from typing import Callable, NamedTuple
 BURST = 10
 """Wrong tokens a peer may send in a row (an operator mistyping a few times is never held)."""
 REFILL_S = 1.0
-"""Then one more per second: 86,400 guesses a day per peer, against at least 2**64 tokens
-(:data:`agent.tokens.MIN_TOKEN_BYTES` hex digits)."""
+"""Then one more per second: 86,400 guesses a day per peer, against tokens of at least
+:data:`agent.tokens.MIN_TOKEN_BYTES` bytes (``openssl rand -hex 32``: 2**128 of them)."""
 MAX_PEERS = 4096
 """Peers remembered; each entry is a few hundred bytes."""
 

@@ -40,6 +40,10 @@ QUIET = (
 )
 
 
+NAVIGATED = ("Inspected target navigated or closed", "Execution context was destroyed")
+"""DevTools' errors for an evaluation whose page went away under it."""
+
+
 class Browser:
     """One Chromium with one page (a tab), its profile in ``root``."""
 
@@ -159,10 +163,16 @@ class Browser:
         return result["result"].get("value")
 
     def wait_for(self, expression: str, timeout_s: Optional[float] = None) -> Any:
-        """Poll a JavaScript expression until it is truthy; its value."""
+        """Poll a JavaScript expression until it is truthy; its value. A page that navigates
+        meanwhile (a form sent, ``location.replace``) is asked again in the next one."""
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
         while time.monotonic() < deadline:
-            value = self.evaluate(expression)
+            try:
+                value = self.evaluate(expression)
+            except AssertionError as err:
+                if not any(gone in str(err) for gone in NAVIGATED):
+                    raise
+                value = None
             if value:
                 return value
             self._pump(time.monotonic() + 0.2)

@@ -286,7 +286,7 @@ def test_status_head_at_a_gcs_says_grpc(speaks_http2_first: int) -> None:
 def test_a_missing_token_and_a_wrong_token_are_told_apart(head_daemon: Any, tmp_path: Path) -> None:
     """Before: both ``requires its token: pass --token-file``, even with one passed."""
     wrong = tmp_path / "wrong"
-    wrong.write_text("not-the-token\n")
+    wrong.write_text("not-the-token-0123456789\n")
     wrong.chmod(0o600)
     missing = run_rayscope("status", "--head", head_daemon.url)
     assert (one_line(missing), missing.returncode) == (

@@ -216,7 +216,7 @@ def test_a_wrong_token_is_named_once_and_backed_off(tmp_path: Path, token: Path,
     )
     head = Head(tmp_path / "head.log", token)
     wrong = tmp_path / "wrong"
-    wrong.write_text("not the token\n")
+    wrong.write_text("not the token, 0123456789\n")
     wrong.chmod(0o600)
     agent = push_agent(head.listen_port, NODE, ENV, tmp_path / "push.log", wrong, 0.5)
     try:

@@ -14,7 +14,15 @@ import msgspec
 
 from rayscope.core.gpu.placement import place_devices
 from rayscope.render.page.assets import CSP
-from rayscope.render.page.document import PAGE_NODES, PageQuery, page_html, page_query, view_html
+from rayscope.render.page.document import (
+    PAGE_NODES,
+    PageQuery,
+    login_html,
+    page_html,
+    page_query,
+    session_html,
+    view_html,
+)
 from rayscope.schema.report import GpuHealth, SourceStatus
 from rayscope.schema.status import ClusterStatus
 from tests.golden import check_golden
@@ -109,14 +117,19 @@ def test_the_page_loads_nothing_but_itself_and_the_csp_allows_exactly_its_code()
     the login form's ``/login``); the CSP's hashes are those of its one style and one script.
     Positive control: a changed script without a new hash would be blocked by the browser
     (and this test fails)."""
-    html = page_html(head_seed(), PageQuery(), 5.0)
-    assert not re.search(r"\bsrc=", html)
-    assert set(re.findall(r'href="([^"]*)"', html)) <= {"?marked=1", "?page=1"}
-    assert "http://" not in html and "https://" not in html and "//" not in html.replace("://", "")
-    for tag in ("style", "script"):
-        (body,) = re.findall(f"<{tag}>(.*?)</{tag}>", html, re.S)
-        digest = base64.b64encode(hashlib.sha256(body.encode()).digest()).decode()
-        assert f"{tag}-src 'sha256-{digest}'" in CSP
+    pages = {
+        "page": (page_html(head_seed(), PageQuery(), 5.0), {"?marked=1", "?page=1"}),
+        "login form": (login_html("wrong token"), set()),
+        "login's answer": (session_html("123.abc"), {"/"}),
+    }
+    for name, (html, links) in pages.items():
+        assert not re.search(r"\bsrc=", html), name
+        assert set(re.findall(r'href="([^"]*)"', html)) <= links, name
+        assert "http://" not in html and "https://" not in html and "//" not in html.replace("://", ""), name
+        for tag in ("style", "script"):
+            (body,) = re.findall(f"<{tag}>(.*?)</{tag}>", html, re.S)
+            digest = base64.b64encode(hashlib.sha256(body.encode()).digest()).decode()
+            assert f"{tag}-src 'sha256-{digest}'" in CSP, (name, tag)
     assert "default-src 'none'" in CSP and "connect-src 'self'" in CSP
 
 

@@ -39,7 +39,8 @@ def test_a_token_file_open_to_others_is_refused_with_the_chmod(tmp_path: Path, m
 
 
 def test_a_private_token_file_is_read(tmp_path: Path) -> None:
-    assert tokens.read_token_file(str(token_file(tmp_path / "t", b"  secret token\n"))) == b"secret token"
+    secret = b"secret token 0123456789"
+    assert tokens.read_token_file(str(token_file(tmp_path / "t", b"  " + secret + b"\n"))) == secret
     assert tokens.read_token_file(None) == b""
     with pytest.raises(ValueError, match="is empty"):
         tokens.read_token_file(str(token_file(tmp_path / "empty", b"\n")))
@@ -47,10 +48,25 @@ def test_a_private_token_file_is_read(tmp_path: Path) -> None:
         tokens.read_token_file(str(tmp_path / "missing"))
 
 
+def test_a_token_shorter_than_16_bytes_is_refused_in_one_line(tmp_path: Path) -> None:
+    """Issue 30: a head ran with a 1-byte token, which a throttled guesser still finds at
+    once. Positive control: drop the length check in ``tokens.read_token_file``."""
+    for size in (1, 8, 15):
+        path = token_file(tmp_path / f"t{size}", b"k" * size + b"\n")
+        with pytest.raises(ValueError) as err:
+            tokens.read_token_file(str(path))
+        said = str(err.value)
+        assert said == (
+            f"token file {path} holds a token of {size} bytes: a token has at least 16 ({tokens.MAKE_ONE})"
+        )
+    assert tokens.read_token_file(str(token_file(tmp_path / "t16", b"k" * 16 + b"\n"))) == b"k" * 16
+
+
 BAD_TOKENS = {
     "two-lines": b"\n".join(SECRET_LINES) + b"\n",
     "binary": SECRET_LINES[0] + b"\xff\xfe\x00" + SECRET_LINES[1],
     "world-readable": SECRET_LINES[0],
+    "short": SECRET_LINES[0][:8] + b"\n",  # 8 bytes: issue 30's probe ran a head on 1
 }
 
 

@@ -18,8 +18,18 @@ import typer
 from rayscope import SUPPORTED_PYTHON, SUPPORTED_RAY, __version__
 from rayscope.cli import argv as cmdline
 from rayscope.cli import output
-from rayscope.cli.options import (
+from rayscope.cli.daemon_options import (
     AgentsOption,
+    HttpHostOption,
+    HttpOption,
+    ListenOption,
+    MaxPendingOption,
+    NodeIdOption,
+    PushHeadOption,
+    ReadTokenFileOption,
+    RemoveOption,
+)
+from rayscope.cli.options import (
     AllNodesOption,
     AppendFileOption,
     FormatOption,
@@ -28,18 +38,11 @@ from rayscope.cli.options import (
     GpusOption,
     GpuTotalOption,
     HeadOption,
-    HttpOption,
     IntervalOption,
     JsonOption,
-    ListenOption,
-    MaxPendingOption,
     MemoryMbOption,
-    NodeIdOption,
     NumCpusOption,
     OutputFileOption,
-    PushHeadOption,
-    ReadTokenFileOption,
-    RemoveOption,
     ReplicasOption,
     ShapeOption,
     Sizing,
@@ -220,6 +223,7 @@ def node(
 def head_agent(
     listen: ListenOption = "127.0.0.1:7531",
     http: HttpOption = "127.0.0.1:7532",
+    http_host: HttpHostOption = None,
     gcs: GcsOption = None,
     interval: IntervalOption = 5.0,
     token_file: TokenFileOption = None,
@@ -259,6 +263,7 @@ def head_agent(
             remove=remove,
             usage_window_s=usage_window,
             usage_state=usage_state,
+            http_hosts=tuple(http_host or ()),
         )
         if said:
             typer.echo(said)

@@ -22,8 +22,6 @@ from rayscope.core import limits
 from rayscope.core.limits import Limit, Number
 from rayscope.net.addresses import (
     DEFAULT_GCS_PORT,
-    DEFAULT_HTTP_PORT,
-    DEFAULT_REPORT_PORT,
     GCS_ADDRESS_ENV,
     parse_address,
     with_port,
@@ -297,84 +295,11 @@ SizingOption = Annotated[
     ),
 ]
 
-ListenOption = Annotated[
-    str,
-    typer.Option(
-        "--listen",
-        metavar="HOST:PORT",
-        callback=endpoint(DEFAULT_REPORT_PORT),
-        help="Where node agents connect.",
-    ),
-]
-
-HttpOption = Annotated[
-    str,
-    typer.Option(
-        "--http",
-        metavar="HOST:PORT",
-        callback=endpoint(DEFAULT_HTTP_PORT),
-        help="GET /v1/status, /v1/usage, /metrics, /healthz.",
-    ),
-]
-
-ReadTokenFileOption = Annotated[
-    Optional[str],
-    typer.Option(
-        "--read-token-file",
-        metavar="FILE",
-        envvar="RAYSCOPE_READ_TOKEN_FILE",
-        help=(
-            "A read-only token: GET /v1/status and /metrics only (dashboards, status --head),"
-            " never accepted for reports. Must differ from --token-file."
-        ),
-    ),
-]
-
-MaxPendingOption = Annotated[
-    int,
-    typer.Option(
-        "--max-pending",
-        metavar="N",
-        callback=within(limits.CONNECTIONS),
-        help="Connections per source address before their first good frame.",
-    ),
-]
-
 ReplicasOption = Annotated[
     int,
     typer.Option(
         "--replicas", metavar="N", callback=within(limits.REPLICAS), help="How many replicas to place."
     ),
-]
-
-AgentsOption = Annotated[
-    str,
-    typer.Option(
-        "--agents",
-        metavar="none|ray",
-        click_type=click.Choice(["none", "ray"]),
-        help="ray: keep a node agent on every alive node, placed through Ray (removed at shutdown).",
-    ),
-]
-
-RemoveOption = Annotated[
-    bool,
-    typer.Option("--remove", help="With --agents ray: remove every agent placed through Ray, then exit."),
-]
-
-PushHeadOption = Annotated[
-    str,
-    typer.Option(
-        "--head",
-        metavar="HOST:PORT",
-        callback=endpoint(DEFAULT_REPORT_PORT),
-        help=f"The head agent's report port (its --listen; {DEFAULT_REPORT_PORT} when not given).",
-    ),
-]
-
-NodeIdOption = Annotated[
-    Optional[str],
-    typer.Option("--node-id", metavar="ID", help="The Ray node to report for (default: the local raylet's)."),
 ]
 
 AllNodesOption = Annotated[

@@ -16,6 +16,7 @@ from rayscope.net.addresses import DEFAULT_HTTP_PORT
 from rayscope.net.tls import NO_TLS, TlsFiles
 from rayscope.schema.status import DOCUMENT_SCHEMA, ClusterStatus
 from rayscope.schema.usage import UsageDocument
+from rayscope.units import is_count
 
 
 def head_status(
@@ -107,6 +108,19 @@ def head_get(
         raise AgentError(
             f"{url} is an HTTP server but not a rayscope head agent (HTTP {response.status}): status --head"
             f" wants the head's --http address ({DEFAULT_HTTP_PORT} by default)",
+            EXIT_NO_DATA,
+        )
+    if response.status == 421:
+        raise AgentError(
+            f"head agent at {url} does not answer to the name {host}: start it with --http-host {host}"
+            " (or use its IP address)",
+            EXIT_NO_DATA,
+        )
+    if response.status == 429:
+        retry = response.getheader("Retry-After") or ""  # the peer's text: a number or nothing
+        raise AgentError(
+            f"head agent at {url} refuses tokens from this address for now (too many wrong ones):"
+            f" try again in {retry if is_count(retry) else 'a few'} s",
             EXIT_NO_DATA,
         )
     if response.status == 404 and path.startswith("/v1/usage"):

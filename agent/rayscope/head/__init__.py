@@ -11,7 +11,10 @@ report per node, stamped with the head's own receive time, and the latest schedu
   restarted if it dies;
 * :mod:`rayscope.head.http` — ``GET /v1/status`` (the JSON of ``status --json``), ``GET
   /metrics`` (Prometheus text), ``GET /healthz`` (counters), from the standard library's HTTP
-  server with a bounded number of workers;
+  server with a bounded number of workers; :mod:`rayscope.head.routes` says what each path
+  answers and to whom: only a request whose ``Host`` names the head (:mod:`rayscope.head.origin`),
+  a token checked unless its client has been wrong too often (:mod:`rayscope.head.guesses`), the
+  page's login kept by its script in the tab (:mod:`rayscope.head.session`);
 * :mod:`rayscope.head.daemon` — the servers together, and the ``rayscope head`` command's
   wiring (options, agents placed through Ray, ``--remove``).
 

@@ -13,6 +13,7 @@ from typing import Optional
 from rayscope.errors import EXIT_FAILED, EXIT_NO_DATA, AgentError
 from rayscope.head import admission, ingest
 from rayscope.head.http import HTTP_WORKERS, REQUEST_DEADLINE_S, HttpPort
+from rayscope.head.origin import Hosts
 from rayscope.head.poller import PollerGuard
 from rayscope.head.routes import Routes
 from rayscope.head.state import HeadState
@@ -73,6 +74,7 @@ class Head:
         max_pending_per_address: int = admission.MAX_UNAUTH_PER_HOST,
         agents: Optional[RayAgents] = None,
         usage: Optional[UsageStore] = None,
+        http_hosts: tuple[str, ...] = (),
     ) -> None:
         for host, _ in (listen, http):
             if not token and not is_loopback(host):
@@ -83,6 +85,7 @@ class Head:
         if read_token and (not token or hmac.compare_digest(read_token, token)):
             raise ValueError("the read-only token must differ from the agents' token (--token-file)")
         self.listen, self.http, self.token, self.read_token = listen, http, token, read_token
+        self.hosts = Hosts(http_hosts, http[0])
         if max_pending_per_address < 1:
             raise ValueError(f"--max-pending must be at least 1, not {max_pending_per_address}")
         self.ssl_context = server_context(tls)
@@ -100,10 +103,12 @@ class Head:
     async def _start_http(self) -> asyncio.AbstractServer:
         """The HTTP port in this event loop: requests read here, answered by its workers."""
         read_tokens = tuple(t for t in (self.token, self.read_token) if t)
-        routes = Routes(self.state, read_tokens, self.throttle, tls=self.ssl_context is not None)
+        tls = self.ssl_context is not None
+        routes = Routes(self.state, read_tokens, self.throttle, tls=tls, hosts=self.hosts)
         port = HttpPort(routes, self.throttle)
         self.http_port = port
         self.state.more_health.append(port.counters.as_dict)
+        self.state.more_health.append(routes.counters)
         return await asyncio.get_running_loop().create_server(
             port.connection,
             *self.http,
@@ -204,6 +209,7 @@ def run(
     remove: bool,
     usage_window_s: float = DEFAULT_WINDOW_S,
     usage_state: Optional[str] = None,
+    http_hosts: tuple[str, ...] = (),
 ) -> Optional[str]:
     """``rayscope head``: serve until a signal, or with ``remove`` remove the agents placed
     through Ray and return what to print. :class:`AgentError` for what an operator fixes
@@ -231,6 +237,7 @@ def run(
             max_pending,
             agents=keeper,
             usage=usage,
+            http_hosts=http_hosts,
         )
         asyncio.run(server.serve())
     except ValueError as err:

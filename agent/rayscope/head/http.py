@@ -215,7 +215,8 @@ class HttpConnection(asyncio.Protocol):
             return
         head = self._head
         self._finish_reading()
-        request = Request(head.command, head.path, head.headers, bytes(self._buffer[: self._body_bytes]))
+        body = bytes(self._buffer[: self._body_bytes])
+        request = Request(head.command, head.path, head.headers, body, peer=self.host)
         self.port.serve(self, request)
 
     def _finish_reading(self) -> None:

@@ -1,8 +1,9 @@
 """Token files: the shared secret of a head and its agents, and the head's read-only token.
 
 One reader for every command (SECURITY.md, rule 5). A token is one line of printable ASCII
-(surrounding whitespace stripped) in a file that only its owner can read or write; anything
-else is refused in one line that names the file and the fix, never the token or a part of it.
+(surrounding whitespace stripped), at least :data:`MIN_TOKEN_BYTES` long, in a file that only
+its owner can read or write; anything else is refused in one line that names the file and the
+fix, never the token or a part of it.
 """
 
 import os
@@ -13,11 +14,16 @@ from rayscope.errors import EXIT_NO_DATA, AgentError
 
 MAX_TOKEN_FILE_BYTES = 64 * 1024
 MAKE_ONE = "e.g. `openssl rand -hex 32 > FILE && chmod 600 FILE`"
+MIN_TOKEN_BYTES = 16
+"""The shortest token taken: 16 printable bytes (128 bits from ``openssl rand -hex 16``).
+The head answers wrong tokens slowly (:mod:`rayscope.head.guesses`), but a token of a few
+bytes is guessed anyway; every reader refuses it, so the head does not start with one."""
 
 
 def read_token_file(path: Optional[str]) -> bytes:
     """The token in ``path``; ``b""`` when no file is given; ``ValueError`` (one line) when
-    the file is unreadable, open to group or others, empty, or not one printable line."""
+    the file is unreadable, open to group or others, empty, not one printable line, or
+    shorter than :data:`MIN_TOKEN_BYTES`."""
     if path is None:
         return b""
     try:  # O_NONBLOCK: a FIFO at the path is refused below, never waited on
@@ -51,6 +57,11 @@ def read_token_file(path: Optional[str]) -> bytes:
         raise ValueError(
             f"token file {path} holds bytes that are not printable ASCII: a token is one line"
             f" of printable ASCII ({MAKE_ONE})"
+        )
+    if len(token) < MIN_TOKEN_BYTES:
+        raise ValueError(
+            f"token file {path} holds a token of {len(token)} bytes: a token has at least"
+            f" {MIN_TOKEN_BYTES} ({MAKE_ONE})"
         )
     return token
 

@@ -33,7 +33,7 @@ def _push_arguments(argv: Sequence[str]) -> Optional[list[str]]:
 
     rayscope is the program (``rayscope push``), or the script or module a Python runs
     (``python3 rayscope.pyz push``, ``python -m rayscope push``, and for one release the old
-    module name, ``python -m agent push``): an editor open on ``rayscope.pyz`` is not an agent."""
+    module name, ``python -m rayscope push``): an editor open on ``rayscope.pyz`` is not an agent."""
     python = bool(argv) and os.path.basename(argv[0]).startswith("python")
     for i, word in enumerate(argv):
         if i > 0 and not (python and all(w.startswith("-") for w in argv[1:i] if w not in MODULE_NAMES)):

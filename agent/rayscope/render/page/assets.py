@@ -53,8 +53,26 @@ form.login input[type=password]{width:100%;padding:4px;margin:6px 0}
 
 JS = """
 (function () {
+  var KEY = "rayscope_session", HEADER = "X-Rayscope-Session";
+  var given = document.getElementById("session");
+  if (given) {  /* a login's answer: the session stays in this tab, for this origin only */
+    sessionStorage.setItem(KEY, given.dataset.value);
+    location.replace("/");
+    return;
+  }
   var view = document.getElementById("view"), age = document.getElementById("age");
+  var form = view.querySelector("form.login");
   var every = 1000 * Number(view.dataset.refresh), last = Date.now(), failed = "", tried = false;
+  function get(fragment) {
+    var url = new URL(location.href), headers = {}, session = sessionStorage.getItem(KEY);
+    if (fragment) { url.searchParams.set("fragment", "1"); } else { url.searchParams.delete("fragment"); }
+    if (session) { headers[HEADER] = session; }
+    return fetch(url, {headers: headers, credentials: "same-origin", cache: "no-store"}).then(function (r) {
+      if (r.status === 401) { sessionStorage.removeItem(KEY); }
+      if (!r.ok) { throw new Error("HTTP " + r.status + (r.status === 401 ? ", reload to log in" : "")); }
+      return r.text();
+    });
+  }
   function tick() {
     if (!tried) { return; }
     var s = Math.round((Date.now() - last) / 1000);
@@ -63,14 +81,9 @@ JS = """
     document.body.classList.toggle("old", Date.now() - last > 3 * every);
   }
   function refresh() {
-    var url = new URL(location.href);
-    url.searchParams.set("fragment", "1");
     var shut = Array.prototype.map.call(view.querySelectorAll("details.node:not([open])"),
                                         function (d) { return d.id; });
-    fetch(url, {credentials: "same-origin", cache: "no-store"}).then(function (r) {
-      if (!r.ok) { throw new Error("HTTP " + r.status + (r.status === 401 ? ", reload to log in" : "")); }
-      return r.text();
-    }).then(function (text) {
+    get(true).then(function (text) {
       view.innerHTML = text;
       shut.forEach(function (id) { var d = document.getElementById(id); if (d) { d.open = false; } });
       last = Date.now(); failed = "";
@@ -78,8 +91,29 @@ JS = """
       tried = true; tick(); setTimeout(refresh, every);
     });
   }
-  setInterval(tick, 1000);
-  setTimeout(refresh, every);
+  function start() {
+    setInterval(tick, 1000);
+    setTimeout(refresh, every);
+  }
+  if (!form) { start(); return; }
+  if (!sessionStorage.getItem(KEY) || location.pathname !== "/") { return; }
+  form.hidden = true;  /* the login form in a tab that holds a session: the page, read with it */
+  get(false).then(function (text) {
+    var page = new DOMParser().parseFromString(text, "text/html"), main = page.getElementById("view");
+    document.title = page.title;
+    document.querySelector("header").innerHTML = page.querySelector("header").innerHTML;
+    age = document.getElementById("age");
+    every = 1000 * Number(main.dataset.refresh);
+    view.innerHTML = main.innerHTML;
+    last = Date.now();
+    start();
+  }).catch(function (err) {
+    var said = document.createElement("p");
+    said.className = "banner";
+    said.textContent = "session not taken (" + err.message + "): log in again";
+    form.insertBefore(said, form.querySelector("label"));
+    form.hidden = false;
+  });
 })();
 """.strip()
 

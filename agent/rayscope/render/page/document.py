@@ -25,6 +25,7 @@ from rayscope.render.page.usage import apps_html
 from rayscope.render.status import cluster_line, demand_line, node_line, node_markers
 from rayscope.schema.status import ClusterStatus, NodeStatus
 from rayscope.schema.usage import UsageDocument
+from rayscope.units import parse_count
 
 PAGE_NODES = 100
 """Nodes on one page: 100 nodes of 8 GPUs stay one page; 1,000 are ten."""
@@ -40,8 +41,10 @@ class PageQuery(NamedTuple):
 
 def page_query(query: Mapping[str, Sequence[str]]) -> PageQuery:
     """The page's query string (parsed); anything unreadable is the default, never an error."""
-    raw = (query.get("page") or ["1"])[0]
-    page = int(raw) if raw.isdigit() and 0 < len(raw) < 7 else 1
+    try:
+        page = parse_count((query.get("page") or ["1"])[0], "page", maximum=999_999)
+    except ValueError:
+        page = 1
     yes = ("1", "true", "yes")
     marked = (query.get("marked") or ["0"])[0] in yes
     return PageQuery(max(1, page), marked, (query.get("fragment") or ["0"])[0] in yes)
@@ -215,16 +218,36 @@ def page_html(
     )
 
 
-def login_html(message: str = "") -> str:
-    """The form ``GET /`` answers (401) when the head has a token and the request none."""
+def login_html(message: str = "", refresh_s: float = 5.0) -> str:
+    """The form ``GET /`` answers (401) when the head has a token and the request none: the
+    page's frame with the form in its ``<main>``. Where this tab holds a session (a login
+    kept it, :func:`session_html`), the page's script hides the form and reads the page
+    with it (agent/rayscope/head/session.py)."""
     note = f'<p class="banner">{esc(message)}</p>' if message else ""
     return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>rayscope · log in</title>'
-        f"<style>{CSS}</style></head><body>"
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width,initial-scale=1"><title>rayscope · log in</title>'
+        f'<style>{CSS}</style></head>\n<body><header><h1>rayscope</h1><span class="where"></span>'
+        f'<span id="age"></span></header>\n<main id="view" data-refresh="{refresh_s:.0f}">'
         '<form class="login" method="post" action="/login"><h1>rayscope</h1>'
         f"{note}<label>The head's read token (or its agents' token)"
         '<input type="password" name="token" autocomplete="current-password" autofocus required>'
         '</label><button type="submit">Log in</button>'
-        '<p class="note">Sets a cookie for this page only (HttpOnly, SameSite=Strict, 12 h).</p>'
-        "</form></body></html>\n"
+        '<p class="note">Keeps a session in this tab only, for 12 h: no cookie.</p>'
+        "<noscript><p>The login needs JavaScript; without it, send"
+        " <code>Authorization: Bearer TOKEN</code>.</p></noscript>"
+        f"</form></main>\n{HATCH}<script>{JS}</script></body></html>\n"
+    )
+
+
+def session_html(value: str) -> str:
+    """A login's answer: the session ``value`` (agent/rayscope/head/session.py) for the page's script
+    to keep in this tab's ``sessionStorage``, before it opens ``/`` with it."""
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>rayscope · logged in</title>'
+        f'<style>{CSS}</style></head>\n<body><p class="note" id="session" data-value="{esc(value)}">'
+        'logged in: <a href="/">the page</a></p>'
+        "<noscript><p>The login needs JavaScript; without it, send"
+        " <code>Authorization: Bearer TOKEN</code>.</p></noscript>"
+        f"<script>{JS}</script></body></html>\n"
     )

@@ -1,0 +1,112 @@
+"""The options only the daemons take: the head agent's ports, names, tokens and caps
+(``rayscope head``) and the node agent's head and node (``rayscope push``), declared once
+like :mod:`rayscope.cli.options`' and checked at parse time the same way."""
+
+from typing import Annotated, Optional
+
+import click
+import typer
+
+from rayscope.cli.options import endpoint, within
+from rayscope.core import limits
+from rayscope.net.addresses import DEFAULT_HTTP_PORT, DEFAULT_REPORT_PORT
+
+ListenOption = Annotated[
+    str,
+    typer.Option(
+        "--listen",
+        metavar="HOST:PORT",
+        callback=endpoint(DEFAULT_REPORT_PORT),
+        help="Where node agents connect.",
+    ),
+]
+
+HttpOption = Annotated[
+    str,
+    typer.Option(
+        "--http",
+        metavar="HOST:PORT",
+        callback=endpoint(DEFAULT_HTTP_PORT),
+        help="GET /v1/status, /v1/usage, /metrics, /healthz.",
+    ),
+]
+
+
+def _host_names(values: Optional[list[str]]) -> Optional[list[str]]:
+    """``--http-host NAME``: each a host name or an IP address (agent/head/origin.py)."""
+    if not values:
+        return values
+    from rayscope.head.origin import check_name
+
+    try:
+        return [check_name(v) for v in values]
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+
+
+HttpHostOption = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--http-host",
+        metavar="NAME",
+        callback=_host_names,
+        help=(
+            "A name clients use for the HTTP port (a DNS name, a proxy's; repeatable). The port"
+            " answers only requests whose Host is an IP address, localhost, --http's name or one"
+            " of these (421 otherwise: DNS rebinding)."
+        ),
+    ),
+]
+
+ReadTokenFileOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--read-token-file",
+        metavar="FILE",
+        envvar="RAYSCOPE_READ_TOKEN_FILE",
+        help=(
+            "A read-only token: GET /v1/status and /metrics only (dashboards, status --head),"
+            " never accepted for reports. Must differ from --token-file."
+        ),
+    ),
+]
+
+MaxPendingOption = Annotated[
+    int,
+    typer.Option(
+        "--max-pending",
+        metavar="N",
+        callback=within(limits.CONNECTIONS),
+        help="Connections per source address before their first good frame.",
+    ),
+]
+
+AgentsOption = Annotated[
+    str,
+    typer.Option(
+        "--agents",
+        metavar="none|ray",
+        click_type=click.Choice(["none", "ray"]),
+        help="ray: keep a node agent on every alive node, placed through Ray (removed at shutdown).",
+    ),
+]
+
+RemoveOption = Annotated[
+    bool,
+    typer.Option("--remove", help="With --agents ray: remove every agent placed through Ray, then exit."),
+]
+
+PushHeadOption = Annotated[
+    str,
+    typer.Option(
+        "--head",
+        metavar="HOST:PORT",
+        callback=endpoint(DEFAULT_REPORT_PORT),
+        help=f"The head agent's report port (its --listen; {DEFAULT_REPORT_PORT} when not given).",
+    ),
+]
+
+NodeIdOption = Annotated[
+    Optional[str],
+    typer.Option("--node-id", metavar="ID", help="The Ray node to report for (default: the local raylet's)."),
+]

@@ -2,7 +2,8 @@
 Python that has none of rayscope's dependencies (a venv made ``--without-pip``, ``-I``),
 with every CPython found on this machine, against the live Ray cluster.
 
-The pyz is built once per session (``build/pyz.py build``, as ``make pyz`` does).
+The pyz is built once per session (``build/pyz.py build``, as ``make pyz`` does: the ``pyz``
+fixture of tests/conftest.py, which the systemd units' live test shares).
 """
 
 import contextlib
@@ -26,10 +27,9 @@ import pytest
 
 from agent import __version__
 from agent.sources.raylet import find_raylets
-from tests.conftest import REPO, LiveCluster, base_env, free_port
+from tests.conftest import REPO, LiveCluster, base_env, build_pyz, free_port
 from tests.waiting import eventually
 
-BUILD_TIMEOUT_S = 900.0
 RUN_TIMEOUT_S = 120.0
 MAX_SIZE_BYTES = 10 * 1024 * 1024
 ELF_MACHINE = {"x86_64": 62, "aarch64": 183}
@@ -54,23 +54,6 @@ def version_key(version: str) -> tuple[int, ...]:
 
 
 HEAD_LINE = "  127.0.0.1 [HEAD] G GPU: 0.04/1 booked: 20480/24576 MB  VRAM: NA/NA GB  CPU: 8/8"
-
-
-def build_pyz(source: Path, out: Path) -> Path:
-    done = subprocess.run(
-        [sys.executable, str(source / "build" / "pyz.py"), "build", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=BUILD_TIMEOUT_S,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return out / "rayscope.pyz"
-
-
-@pytest.fixture(scope="session")
-def pyz(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_pyz(REPO, tmp_path_factory.mktemp("dist"))
 
 
 @pytest.fixture(scope="session")

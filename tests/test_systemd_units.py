@@ -52,7 +52,9 @@ def systemd_analyze(*args: str) -> "subprocess.CompletedProcess[str]":
     """``systemd-analyze ARGS``; a failure (not a skip) where it is not installed."""
     path = shutil.which("systemd-analyze")
     if path is None:
-        pytest.fail("systemd-analyze not found: Debian's systemd package gives it; `make debian-deps` installs it")
+        pytest.fail(
+            "systemd-analyze not found: Debian's systemd package gives it; `make debian-deps` installs it"
+        )
     return subprocess.run([path, *args], capture_output=True, text=True, timeout=120, check=False)
 
 
@@ -92,7 +94,9 @@ def verify_root(tmp_path: Path, units: Mapping[str, str]) -> Path:
     for name, text in units.items():
         (root / "etc/systemd/system" / name).write_text(text)
         if name.endswith(".service"):
-            program = root / shlex.split(unit_sandbox.parse_unit(UNITS_DIR / name)["ExecStart"][-1])[0].lstrip("/")
+            program = root / shlex.split(unit_sandbox.parse_unit(UNITS_DIR / name)["ExecStart"][-1])[
+                0
+            ].lstrip("/")
             program.parent.mkdir(parents=True, exist_ok=True)
             program.write_text("#!/bin/sh\n")
             program.chmod(0o755)
@@ -171,6 +175,7 @@ class StandIns:
         self.pyz = self.root / "rayscope.pyz"
         shutil.copyfile(pyz, self.pyz)
         self.pyz.chmod(0o644)
+        (self.root / "nvml").mkdir(mode=0o755)
         self.nvml = fake.build(self.root / "nvml")
         self.runs = 0
 
@@ -246,7 +251,9 @@ class Sandboxed:
         self.env.update(LOOPBACK_ENV, RAY_AUTH_MODE="disabled", **(env or {}))
 
     def run(self, timeout_s: float = 120.0) -> "subprocess.CompletedProcess[str]":
-        return subprocess.run(self.argv, env=self.env, capture_output=True, text=True, timeout=timeout_s, check=False)
+        return subprocess.run(
+            self.argv, env=self.env, capture_output=True, text=True, timeout=timeout_s, check=False
+        )
 
     def start(self) -> "SandboxedDaemon":
         return SandboxedDaemon(self)
@@ -304,7 +311,11 @@ def raylet_uid(node_id: str) -> int:
 
 def gpu_scenario(files: StandIns, cluster: LiveCluster) -> dict[str, str]:
     """The fake NVML's environment: one RTX 3090 whose processes are the seed's actors."""
-    text = fake.HEADER + "count 1\n" + fake.gpu(0, fake.RTX_3090, pci="00000000:01:00.0", total_gib=24, used_gib=9)
+    text = (
+        fake.HEADER
+        + "count 1\n"
+        + fake.gpu(0, fake.RTX_3090, pci="00000000:01:00.0", total_gib=24, used_gib=9)
+    )
     for actor in cluster.state["actors"]:
         text += fake.process("gpu0", actor["pid"], 1.0)
     path = files.root / "scenario.txt"
@@ -356,9 +367,19 @@ def test_the_sandboxed_head_and_node_agent_report_the_seed_cluster(
             if done.returncode not in (0, 1):
                 return None
             node: dict[str, Any] = json.loads(done.stdout)["nodes"].get(head_id, {})
-            return node if node.get("agent") == "reporting" and node.get("gpus") and node.get("in_scheduler") else None
+            return (
+                node
+                if node.get("agent") == "reporting" and node.get("gpus") and node.get("in_scheduler")
+                else None
+            )
 
-        node = eventually(reporting, 90, "the sandboxed agent's report at the sandboxed head", retry=(OSError,), detail=lambda: head.log_text() + push.log_text() if push else "")
+        node = eventually(
+            reporting,
+            90,
+            "the sandboxed agent's report at the sandboxed head",
+            retry=(OSError,),
+            detail=lambda: head.log_text() + push.log_text() if push else "",
+        )
         assert node["total_gpu_memory"] == 24 * fake.GIB
         assert node["total_vram_mb"] == 24576  # the head's GCS read: Europa's VRAM_MB
     finally:
@@ -371,8 +392,14 @@ def test_the_sandboxed_head_and_node_agent_report_the_seed_cluster(
     assert any((p / "site-packages").is_dir() for p in cache.iterdir()), "the single file did not unpack"
 
 
-def node_json(sandboxed: Optional[Sandboxed], command: Sequence[str], env: Mapping[str, str]) -> dict[str, Any]:
-    done = sandboxed.run() if sandboxed else subprocess.run(command, env=dict(env), capture_output=True, text=True, timeout=120, check=False)
+def node_json(
+    sandboxed: Optional[Sandboxed], command: Sequence[str], env: Mapping[str, str]
+) -> dict[str, Any]:
+    done = (
+        sandboxed.run()
+        if sandboxed
+        else subprocess.run(command, env=dict(env), capture_output=True, text=True, timeout=120, check=False)
+    )
     assert done.returncode == 0, done.stderr
     doc: dict[str, Any] = json.loads(done.stdout)
     return doc
@@ -421,7 +448,9 @@ def test_the_sandboxed_node_agent_sees_what_it_sees_unsandboxed(
     assert all(job and actor for _pid, _node, job, actor in sandboxed["processes"])
 
     private_tmp = {**inside.properties, "PrivateTmp": ["yes"]}
-    hidden = Sandboxed("rayscope-push.service", stand_ins, uid, {}, env=gpu, properties=private_tmp, command=command)
+    hidden = Sandboxed(
+        "rayscope-push.service", stand_ins, uid, {}, env=gpu, properties=private_tmp, command=command
+    )
     without_logs = seen(node_json(hidden, command, hidden.env), head_id)
     assert [(job, actor) for _pid, _node, job, actor in without_logs["processes"]] == [(None, None)] * len(
         live_cluster.state["actors"]
@@ -437,9 +466,17 @@ def raylet_of_nobody(files: StandIns, node_id: str) -> Iterator[int]:
     link.parent.chmod(0o755)
     with contextlib.suppress(FileExistsError):
         link.symlink_to("/usr/bin/python3")
-    argv = [str(link), "-c", "import time; time.sleep(300)", f"--node_id={node_id}", "--static_resource_list=GPU,1"]
+    argv = [
+        str(link),
+        "-c",
+        "import time; time.sleep(300)",
+        f"--node_id={node_id}",
+        "--static_resource_list=GPU,1",
+    ]
     setpriv = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--inh-caps=-all"]
-    proc = subprocess.Popen([*setpriv, *argv], env={"CUDA_VISIBLE_DEVICES": "1", "PATH": "/usr/bin:/bin"}, cwd="/")
+    proc = subprocess.Popen(
+        [*setpriv, *argv], env={"CUDA_VISIBLE_DEVICES": "1", "PATH": "/usr/bin:/bin"}, cwd="/"
+    )
     try:
         eventually(lambda: psutil.Process(proc.pid).name() == "raylet", 10, "the raylet of uid 65534")
         yield proc.pid
@@ -516,13 +553,20 @@ def test_the_sandbox_refuses_writes_outside_the_units_directories(name: str, sta
         str(stand_ins.root / "rayscope-probe"),
     ]
     tmp = f"/tmp/rayscope-probe-{os.getpid()}"
-    own = [f"{parent}/{properties[key][0]}/probe" for key, parent in unit_sandbox.UNIT_DIRS.items() if key in properties]
+    own = [
+        f"{parent}/{properties[key][0]}/probe"
+        for key, parent in unit_sandbox.UNIT_DIRS.items()
+        if key in properties
+    ]
     command = [sys.executable, "-I", "-c", PROBE, *outside, tmp, *own]
     sandboxed = Sandboxed(name, stand_ins, 0, {}, command=command)
     done = sandboxed.run()
     assert done.returncode == 0, done.stderr
     found = json.loads(done.stdout)
-    assert found["status"] == {"NoNewPrivs": "1", **{k: "0000000000000000" for k in ("CapPrm", "CapEff", "CapBnd", "CapAmb")}}
+    assert found["status"] == {
+        "NoNewPrivs": "1",
+        **{k: "0000000000000000" for k in ("CapPrm", "CapEff", "CapBnd", "CapAmb")},
+    }
     assert {p: found["writes"][p] for p in outside} == {p: "Read-only file system" for p in outside}
     private_tmp = properties.get("PrivateTmp") == ["yes"]
     assert found["writes"][tmp] == ("0o600" if private_tmp else "Read-only file system")
@@ -549,9 +593,7 @@ def test_the_status_timer_writes_its_snapshot_under_its_sandbox(
     (the GCS read then runs under the Ray node's own Python, a child the sandbox lets run),
     writes the seed cluster into its StateDirectory, private to its user."""
     uid = raylet_uid(live_cluster.node_id("head"))
-    sandboxed = Sandboxed(
-        "rayscope-status.service", stand_ins, uid, {}, ["--gcs", live_cluster.gcs_address]
-    )
+    sandboxed = Sandboxed("rayscope-status.service", stand_ins, uid, {}, ["--gcs", live_cluster.gcs_address])
     assert sandboxed.command[0] == "/usr/bin/python3"
     done = sandboxed.run()
     assert done.returncode == 0, done.stderr

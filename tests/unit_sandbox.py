@@ -38,7 +38,7 @@ import resource
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -211,9 +211,76 @@ def device_nodes(allow: Sequence[str]) -> list[tuple[str, str]]:
                     st = os.stat(path, follow_symlinks=False)
                 except OSError:
                     continue
-                if path == spec or (wanted and (st.st_mode & 0o170000) == 0o020000 and os.major(st.st_rdev) in wanted):
+                if path == spec or (
+                    wanted and (st.st_mode & 0o170000) == 0o020000 and os.major(st.st_rdev) in wanted
+                ):
                     nodes.append((path, mode or "rw"))
     return sorted(set(nodes))
+
+
+YES = frozenset({"yes", "true", "1", "on"})
+
+
+def _last(properties: Mapping[str, Sequence[str]], key: str, default: str = "no") -> str:
+    return (properties.get(key) or [default])[-1]
+
+
+def _mounts(
+    properties: Mapping[str, Sequence[str]], directories: Mapping[str, Path], stand_ins: Sequence[Path]
+) -> list[str]:
+    """bwrap's options for the file-system lines (ProtectSystem, ProtectHome, PrivateTmp,
+    the devices, the unit's directories)."""
+    if _last(properties, "ProtectSystem") != "strict":
+        raise UnitError("ProtectSystem: the sandbox applies strict (the whole tree read-only)")
+    argv = ["--ro-bind", "/", "/"]
+    home = _last(properties, "ProtectHome")
+    if home in YES or home == "tmpfs":
+        for hidden in ("/home", "/root", "/run/user"):
+            if os.path.isdir(hidden):
+                argv += ["--tmpfs", hidden, "--remount-ro", hidden]
+    elif home != "read-only":  # read-only: the read-only root already is
+        raise UnitError(f"ProtectHome={home}: the sandbox applies yes, tmpfs or read-only")
+    if _last(properties, "PrivateTmp") in YES:
+        argv += ["--tmpfs", "/tmp", "--tmpfs", "/var/tmp"]
+        for stand_in in stand_ins:  # what a real node keeps in /opt and /etc, here in a test's /tmp
+            argv += ["--ro-bind", str(stand_in), str(stand_in)]
+    return argv + _devices_and_directories(properties, directories)
+
+
+def _devices_and_directories(
+    properties: Mapping[str, Sequence[str]], directories: Mapping[str, Path]
+) -> list[str]:
+    """bwrap's options for PrivateDevices/DevicePolicy/DeviceAllow and the unit's directories."""
+    argv = []
+    devices = device_nodes(properties.get("DeviceAllow", []))
+    if _last(properties, "PrivateDevices") in YES:
+        devices = []
+    elif _last(properties, "DevicePolicy", "auto") != "closed":
+        raise UnitError("the sandbox applies PrivateDevices=yes or DevicePolicy=closed")
+    argv += ["--dev", "/dev"]
+    for node, mode in devices:
+        argv += ["--dev-bind" if "w" in mode else "--ro-bind", node, node]
+    for key, parent in UNIT_DIRS.items():
+        if properties.get(key):
+            argv += ["--tmpfs", parent]
+            for name in properties[key]:
+                argv += ["--bind", str(directories[key]), f"{parent}/{name}"]
+            argv += ["--remount-ro", parent]
+    return argv
+
+
+def _privileges(properties: Mapping[str, Sequence[str]], uid: int, gid: int) -> list[str]:
+    """prlimit's and setpriv's commands for LimitNOFILE, User=, the capabilities and
+    NoNewPrivileges."""
+    if _last(properties, "NoNewPrivileges") not in YES or properties.get("CapabilityBoundingSet", []) != []:
+        raise UnitError("the sandbox applies NoNewPrivileges=yes with an empty CapabilityBoundingSet=")
+    argv = []
+    nofile = _last(properties, "LimitNOFILE", "")
+    if nofile:  # at most this host's hard limit: a container may not raise it (no CAP_SYS_RESOURCE)
+        limit = min(int(nofile), resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+        argv += ["prlimit", f"--nofile={limit}:{limit}", "--"]
+    argv += ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups"]
+    return [*argv, "--bounding-set=-all", "--inh-caps=-all", "--ambient-caps=-all", "--no-new-privs", "--"]
 
 
 def sandbox_argv(
@@ -226,7 +293,7 @@ def sandbox_argv(
     stand_ins: Sequence[Path] = (),
     python: str = sys.executable,
 ) -> list[str]:
-    """``bwrap ... prlimit ... setpriv ... python unit_sandbox.py exec SPEC -- COMMAND``.
+    """``bwrap ... -- prlimit ... -- setpriv ... -- python unit_sandbox.py exec SPEC -- COMMAND``.
 
     ``directories``: where the unit's ``StateDirectory``/``CacheDirectory`` live on this
     host (bound at ``/var/lib/NAME`` and ``/var/cache/NAME`` inside). ``stand_ins``: the
@@ -235,54 +302,12 @@ def sandbox_argv(
     ``/tmp`` (``spec_file`` must be in one of them: this module is copied beside it and run
     there by ``python``, which ``uid`` must be able to run)."""
     check_covered(properties)
-    yes = {"yes", "true", "1", "on"}
-
-    def last(key: str, default: str = "no") -> str:
-        return (properties.get(key) or [default])[-1]
-
-    if last("ProtectSystem") != "strict":
-        raise UnitError("ProtectSystem: the sandbox applies strict (the whole tree read-only)")
-    if last("NoNewPrivileges") not in yes or properties.get("CapabilityBoundingSet", []) != []:
-        raise UnitError("the sandbox applies NoNewPrivileges=yes with an empty CapabilityBoundingSet=")
-    argv = ["bwrap", "--die-with-parent", "--ro-bind", "/", "/"]
-    home = last("ProtectHome")
-    if home in yes or home == "tmpfs":
-        for path in ("/home", "/root", "/run/user"):
-            if os.path.isdir(path):
-                argv += ["--tmpfs", path, "--remount-ro", path]
-    elif home != "read-only":  # read-only: the read-only root already is
-        raise UnitError(f"ProtectHome={home}: the sandbox applies yes, tmpfs or read-only")
-    if last("PrivateTmp") in yes:
-        argv += ["--tmpfs", "/tmp", "--tmpfs", "/var/tmp"]
-        for path in stand_ins:  # what a real node keeps in /opt and /etc, here in a test's /tmp
-            argv += ["--ro-bind", str(path), str(path)]
-    devices = device_nodes(properties.get("DeviceAllow", []))
-    if last("PrivateDevices") in yes:
-        devices = []
-    elif last("DevicePolicy", "auto") != "closed":
-        raise UnitError("the sandbox applies PrivateDevices=yes or DevicePolicy=closed")
-    argv += ["--dev", "/dev"]
-    for node, mode in devices:
-        argv += ["--dev-bind" if "w" in mode else "--ro-bind", node, node]
-    for key, parent in UNIT_DIRS.items():
-        names = properties.get(key, [])
-        if not names:
-            continue
-        argv += ["--tmpfs", parent]
-        for name in names:
-            argv += ["--bind", str(directories[key]), f"{parent}/{name}"]
-        argv += ["--remount-ro", parent]
-    nofile = last("LimitNOFILE", "")
-    if nofile:  # at most this host's hard limit: a container may not raise it (no CAP_SYS_RESOURCE)
-        limit = min(int(nofile), resource.getrlimit(resource.RLIMIT_NOFILE)[1])
-        argv += ["--", "prlimit", f"--nofile={limit}:{limit}"]
-    argv += ["--", "setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups"]
-    argv += ["--bounding-set=-all", "--inh-caps=-all", "--ambient-caps=-all", "--no-new-privs"]
+    argv = ["bwrap", "--die-with-parent", *_mounts(properties, directories, stand_ins), "--"]
+    argv += _privileges(properties, uid, gid)
     spec_file.write_text(json.dumps(seccomp_spec(properties)))
     helper = spec_file.with_name("unit_sandbox.py")
     shutil.copyfile(__file__, helper)
-    argv += ["--", python, "-I", str(helper), "exec", str(spec_file), "--", *command]
-    return argv
+    return [*argv, python, "-I", str(helper), "exec", str(spec_file), "--", *command]
 
 
 def unit_environment(properties: Mapping[str, Sequence[str]], home: str, user: str) -> dict[str, str]:
@@ -315,6 +340,8 @@ NAMESPACE_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0
 PROT_WRITE, PROT_EXEC, SHM_EXEC = 0x2, 0x4, 0o100000
 S_ISUID, S_ISGID, O_CREAT = 0o4000, 0o2000, 0o100
 MAX_FAMILY = 63
+EPERM = 0x00050000 | 1
+"""``SCMP_ACT_ERRNO(EPERM)``."""
 
 
 def scmp_errno(number: int) -> int:
@@ -365,52 +392,67 @@ class _Filter:
             raise OSError(-rc, f"seccomp_load: {os.strerror(-rc)}")
 
 
+def _families(f: _Filter, allowed: Sequence[int]) -> None:
+    for family in range(MAX_FAMILY + 1):
+        if family not in allowed:
+            f.rule(scmp_errno(97), "socket", (0, SCMP_CMP_EQ, family, 0))  # EAFNOSUPPORT
+    f.rule(scmp_errno(97), "socket", (0, SCMP_CMP_GT, MAX_FAMILY, 0))
+
+
+def _namespaces(f: _Filter) -> None:
+    for flag in NAMESPACE_FLAGS:
+        for call in ("unshare", "clone"):
+            f.rule(EPERM, call, (0, SCMP_CMP_MASKED_EQ, flag, flag))
+    f.rule(EPERM, "setns")
+    f.rule(scmp_errno(38), "clone3")  # ENOSYS: libc falls back to clone, filtered above
+
+
+def _write_execute(f: _Filter) -> None:
+    both = PROT_WRITE | PROT_EXEC
+    f.rule(EPERM, "mmap", (2, SCMP_CMP_MASKED_EQ, both, both))
+    for call in ("mprotect", "pkey_mprotect"):
+        f.rule(EPERM, call, (2, SCMP_CMP_MASKED_EQ, PROT_EXEC, PROT_EXEC))
+    f.rule(EPERM, "shmat", (2, SCMP_CMP_MASKED_EQ, SHM_EXEC, SHM_EXEC))
+
+
+def _personality(f: _Filter) -> None:
+    f.rule(EPERM, "personality", (0, SCMP_CMP_NE, 0, 0))  # PER_LINUX, this process's
+
+
+def _realtime(f: _Filter) -> None:
+    for policy in (1, 2, 6):  # SCHED_FIFO, SCHED_RR, SCHED_DEADLINE
+        f.rule(EPERM, "sched_setscheduler", (1, SCMP_CMP_EQ, policy, 0))
+
+
+def _suid(f: _Filter) -> None:
+    for bit in (S_ISUID, S_ISGID):
+        for call, arg in (("chmod", 1), ("fchmod", 1), ("fchmodat", 2), ("creat", 1)):
+            f.rule(EPERM, call, (arg, SCMP_CMP_MASKED_EQ, bit, bit))
+        created = (SCMP_CMP_MASKED_EQ, O_CREAT, O_CREAT)
+        f.rule(EPERM, "open", (1, *created), (2, SCMP_CMP_MASKED_EQ, bit, bit))
+        f.rule(EPERM, "openat", (2, *created), (3, SCMP_CMP_MASKED_EQ, bit, bit))
+
+
 def load_filters(spec: Mapping[str, Any]) -> None:
-    """The unit's seccomp filters, as systemd's seccomp-util builds them."""
+    """The unit's seccomp filters, as systemd's seccomp-util builds them: one per setting,
+    each allowing what it does not deny, and the allow list of system calls last (the calls
+    that load the others need not be on it)."""
     lib = ctypes.CDLL("libseccomp.so.2", use_errno=True)
-    eperm = scmp_errno(1)
-    filters: list[_Filter] = []
-    if spec["families"]:
-        f = _Filter(lib, SCMP_ACT_ALLOW)
-        for family in range(MAX_FAMILY + 1):
-            if family not in spec["families"]:
-                f.rule(scmp_errno(97), "socket", (0, SCMP_CMP_EQ, family, 0))  # EAFNOSUPPORT
-        f.rule(scmp_errno(97), "socket", (0, SCMP_CMP_GT, MAX_FAMILY, 0))
-        filters.append(f)
-    if spec["namespaces"]:
-        f = _Filter(lib, SCMP_ACT_ALLOW)
-        for flag in NAMESPACE_FLAGS:
-            for call in ("unshare", "clone"):
-                f.rule(eperm, call, (0, SCMP_CMP_MASKED_EQ, flag, flag))
-        f.rule(eperm, "setns")
-        f.rule(scmp_errno(38), "clone3")  # ENOSYS: libc falls back to clone, filtered above
-        filters.append(f)
-    if spec["mdwe"]:
-        f = _Filter(lib, SCMP_ACT_ALLOW)
-        both = PROT_WRITE | PROT_EXEC
-        f.rule(eperm, "mmap", (2, SCMP_CMP_MASKED_EQ, both, both))
-        for call in ("mprotect", "pkey_mprotect"):
-            f.rule(eperm, call, (2, SCMP_CMP_MASKED_EQ, PROT_EXEC, PROT_EXEC))
-        f.rule(eperm, "shmat", (2, SCMP_CMP_MASKED_EQ, SHM_EXEC, SHM_EXEC))
-        filters.append(f)
-    if spec["personality"]:
-        f = _Filter(lib, SCMP_ACT_ALLOW)
-        f.rule(eperm, "personality", (0, SCMP_CMP_NE, 0, 0))  # PER_LINUX, this process's
-        filters.append(f)
-    if spec["realtime"]:
-        f = _Filter(lib, SCMP_ACT_ALLOW)
-        for policy in (1, 2, 6):  # SCHED_FIFO, SCHED_RR, SCHED_DEADLINE
-            f.rule(eperm, "sched_setscheduler", (1, SCMP_CMP_EQ, policy, 0))
-        filters.append(f)
-    if spec["suid"]:
-        f = _Filter(lib, SCMP_ACT_ALLOW)
-        for bit in (S_ISUID, S_ISGID):
-            for call, arg in (("chmod", 1), ("fchmod", 1), ("fchmodat", 2), ("creat", 1)):
-                f.rule(eperm, call, (arg, SCMP_CMP_MASKED_EQ, bit, bit))
-            f.rule(eperm, "open", (1, SCMP_CMP_MASKED_EQ, O_CREAT, O_CREAT), (2, SCMP_CMP_MASKED_EQ, bit, bit))
-            f.rule(eperm, "openat", (2, SCMP_CMP_MASKED_EQ, O_CREAT, O_CREAT), (3, SCMP_CMP_MASKED_EQ, bit, bit))
-        filters.append(f)
-    if spec["allow"]:  # last: the calls that load the others need not be on it
+    settings: list[tuple[bool, Callable[[_Filter], None]]] = [
+        (bool(spec["families"]), lambda f: _families(f, spec["families"])),
+        (spec["namespaces"], _namespaces),
+        (spec["mdwe"], _write_execute),
+        (spec["personality"], _personality),
+        (spec["realtime"], _realtime),
+        (spec["suid"], _suid),
+    ]
+    filters = []
+    for wanted, build in settings:
+        if wanted:
+            f = _Filter(lib, SCMP_ACT_ALLOW)
+            build(f)
+            filters.append(f)
+    if spec["allow"]:
         f = _Filter(lib, scmp_errno(spec["errno"]))
         for call in spec["allow"]:
             f.rule(SCMP_ACT_ALLOW, call)

@@ -285,6 +285,13 @@ class Pod:
     def __init__(self, spec: dict[str, Any], pyz: Path) -> None:
         self.spec = spec
         self.root = Path(tempfile.mkdtemp(prefix="rs-pod-", dir="/tmp"))
+        try:
+            self._lay_out(pyz)
+        except BaseException:
+            self.close()
+            raise
+
+    def _lay_out(self, pyz: Path) -> None:
         self.root.chmod(0o755)
         self.pyz = self.root / "rayscope.pyz"
         shutil.copyfile(pyz, self.pyz)

@@ -171,13 +171,17 @@ class StandIns:
 
     def __init__(self, pyz: Path) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="rs-units-", dir="/tmp"))
-        self.root.chmod(0o755)
-        self.pyz = self.root / "rayscope.pyz"
-        shutil.copyfile(pyz, self.pyz)
-        self.pyz.chmod(0o644)
-        (self.root / "nvml").mkdir(mode=0o755)
-        self.nvml = fake.build(self.root / "nvml")
         self.runs = 0
+        try:
+            self.root.chmod(0o755)
+            self.pyz = self.root / "rayscope.pyz"
+            shutil.copyfile(pyz, self.pyz)
+            self.pyz.chmod(0o644)
+            (self.root / "nvml").mkdir(mode=0o755)
+            self.nvml = fake.build(self.root / "nvml")
+        except BaseException:
+            self.close()
+            raise
 
     def token(self, uid: int) -> Path:
         path = self.root / f"token-{uid}"

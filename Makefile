@@ -34,12 +34,14 @@ demo: setup  ## a Ray cluster on 127.0.0.1, the seed's bookings, `rayscope statu
 
 # Debian packages some tests run besides .venv (`make setup` installs none of them): prometheus
 # gives promtool and prometheus (tests/test_promtool.py, tests/test_live_prometheus.py fail
-# without them); chromium drives the head's page (tests/test_live_page.py). Only the missing
-# ones are installed: nothing to do, no apt, when all are.
-DEBIAN_PACKAGES := prometheus chromium
+# without them); chromium drives the head's page (tests/test_live_page.py); systemd gives
+# systemd-analyze and libseccomp, bubblewrap gives bwrap (tests/test_systemd_units.py scores,
+# verifies and runs the units' sandboxes; tests/test_kuberay_manifest.py runs the sidecar's
+# pod). Only the missing ones are installed: nothing to do, no apt, when all are.
+DEBIAN_PACKAGES := prometheus chromium systemd bubblewrap
 
 .PHONY: debian-deps
-debian-deps:  ## Debian packages the tests need beyond .venv (prometheus: promtool; chromium); as root or with sudo
+debian-deps:  ## Debian packages the tests need beyond .venv (prometheus: promtool; chromium; systemd: systemd-analyze; bubblewrap); as root or with sudo
 	@missing=$$(for p in $(DEBIAN_PACKAGES); do \
 		dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed$$' || echo $$p; done); \
 	[ -z "$$missing" ] && exit 0; \

@@ -199,6 +199,29 @@ def live_cluster() -> Iterator[LiveCluster]:
         yield cluster
 
 
+BUILD_TIMEOUT_S = 900.0
+
+
+def build_pyz(source: Path, out: Path) -> Path:
+    """``build/pyz.py build`` of the sources at ``source``, as ``make pyz`` runs it."""
+    done = subprocess.run(
+        [sys.executable, str(source / "build" / "pyz.py"), "build", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=BUILD_TIMEOUT_S,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return out / "rayscope.pyz"
+
+
+@pytest.fixture(scope="session")
+def pyz(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This checkout's rayscope.pyz, built once per session (the zipapp's tests and the
+    systemd units' live test run it)."""
+    return build_pyz(REPO, tmp_path_factory.mktemp("dist"))
+
+
 @pytest.fixture(scope="session")
 def rayscope_env(live_cluster: LiveCluster) -> dict[str, str]:
     """Environment for running rayscope against the live cluster."""

@@ -2,7 +2,8 @@
 Python that has none of rayscope's dependencies (a venv made ``--without-pip``, ``-I``),
 with every CPython found on this machine, against the live Ray cluster.
 
-The pyz is built once per session (``build/pyz.py build``, as ``make pyz`` does).
+The pyz is built once per session (``build/pyz.py build``, as ``make pyz`` does: the ``pyz``
+fixture of tests/conftest.py, which the systemd units' live test shares).
 """
 
 import contextlib
@@ -26,10 +27,9 @@ import pytest
 
 from rayscope import __version__
 from rayscope.sources.raylet import find_raylets
-from tests.conftest import REPO, LiveCluster, base_env, free_port
+from tests.conftest import REPO, LiveCluster, base_env, build_pyz, free_port
 from tests.waiting import eventually
 
-BUILD_TIMEOUT_S = 900.0
 RUN_TIMEOUT_S = 120.0
 MAX_SIZE_BYTES = 10 * 1024 * 1024
 ELF_MACHINE = {"x86_64": 62, "aarch64": 183}
@@ -54,23 +54,6 @@ def version_key(version: str) -> tuple[int, ...]:
 
 
 HEAD_LINE = "  127.0.0.1 [HEAD] G GPU: 0.04/1 booked: 20480/24576 MB  VRAM: NA/NA GB  CPU: 8/8"
-
-
-def build_pyz(source: Path, out: Path) -> Path:
-    done = subprocess.run(
-        [sys.executable, str(source / "build" / "pyz.py"), "build", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=BUILD_TIMEOUT_S,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return out / "rayscope.pyz"
-
-
-@pytest.fixture(scope="session")
-def pyz(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_pyz(REPO, tmp_path_factory.mktemp("dist"))
 
 
 @pytest.fixture(scope="session")
@@ -147,11 +130,7 @@ def test_bundles_native_libraries_for_every_python_and_machine_and_never_ray(pyz
 def test_two_clean_builds_are_byte_identical(pyz: Path, tmp_path: Path) -> None:
     """A second build from a copy of the sources elsewhere, with its own wheel downloads."""
     source = tmp_path / "src"
-    shutil.copytree(
-        REPO / "agent" / "rayscope",
-        source / "agent" / "rayscope",
-        ignore=shutil.ignore_patterns("__pycache__"),
-    )
+    shutil.copytree(REPO / "agent", source / "agent", ignore=shutil.ignore_patterns("__pycache__"))
     (source / "build").mkdir()
     for name in ("pyz.py", "launcher.py", "zipmain.py", "pyz-lock.txt"):
         shutil.copy(REPO / "build" / name, source / "build" / name)
@@ -359,7 +338,7 @@ def test_eight_copies_started_at_once_unpack_once(pyz: Path, tmp_path: Path) -> 
     assert all(out == f"rayscope {__version__}\n" and err == "" for out, err in results)
     build_id = build_info(pyz)["build_id"][:16]
     assert builds_in(cache) == [build_id]  # no .tmp, no second copy
-    assert (cache / build_id / "site-packages" / "rayscope" / "cli" / "app.py").is_file()
+    assert (cache / build_id / "site-packages" / "agent" / "cli.py").is_file()
 
 
 def test_default_cache_is_under_xdg_cache_home(pyz: Path, tmp_path: Path) -> None:

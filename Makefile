@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed-stamp
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup test lint demo golden schema lock clean bench fuzz bench-agents
+.PHONY: setup test test-fast lint demo golden schema lock clean bench fuzz bench-agents
 
 setup: $(STAMP)  ## .venv with rayscope (editable), ray and the test tools, pinned by constraints.txt
 
@@ -23,6 +23,9 @@ $(STAMP): pyproject.toml constraints.txt requirements-dev.txt
 
 test: setup  ## the whole suite, live Ray cluster included
 	$(BIN)/python -m pytest
+
+test-fast: setup  ## the inner loop: no live cluster, not the slowest files (make test runs everything)
+	$(BIN)/python -m pytest -q -m "not live and not slow"
 
 lint: setup  ## ruff + mypy (strict)
 	$(BIN)/ruff check agent tests build

@@ -382,3 +382,23 @@ def token(tmp_path: Path) -> Path:
     path.write_text("0123456789abcdef0123456789abcdef\n")
     path.chmod(0o600)
     return path
+
+
+SLOW_FILES = frozenset(
+    {
+        "test_cli_messages.py",  # ~200 s: a fresh interpreter per message checked
+        "test_pyz.py",  # ~190 s: builds the single file, runs it under every Python here
+        "test_cron_output.py",  # ~90 s: 150 writers killed mid-write under a polling reader
+        "test_fast_status.py",  # ~80 s: the fast path and the CLI, each in its own process
+        "test_usage_memory.py",  # ~60 s: a full usage window at its memory bound
+    }
+)
+"""The five files that took 72% of the suite's time without the live cluster (pytest
+--durations, under load): marked ``slow`` so that ``make test-fast`` is an inner loop.
+``make test`` (CI) runs them all."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name in SLOW_FILES:
+            item.add_marker(pytest.mark.slow)

@@ -30,7 +30,7 @@ from agent.schema.status import (
     RayNode,
     ReceivedReport,
 )
-from agent.units import ray_round
+from agent.units import is_count, ray_round
 
 STALE_INTERVALS = 3
 """A report older than this many reporting intervals is stale (docs/architecture.md, agents)."""
@@ -290,10 +290,11 @@ def _apply_memory(node: NodeStatus, memory: MeasuredMemory, report_age_s: float,
 
 
 def sort_key(node: NodeStatus) -> tuple[int, tuple[int, ...], str, str]:
-    """Head first, then by IP numerically (names after addresses), then node id."""
+    """Head first, then by IP numerically (names after addresses), then node id. An IPv4
+    address is four ASCII counts (:func:`is_count`): ``10.0.0.²`` sorts as a name."""
     ip = node.node_ip or ""
     parts = ip.split(".")
-    if len(parts) == 4 and all(p.isdigit() for p in parts):
+    if len(parts) == 4 and all(is_count(p) for p in parts):
         return (0 if node.head else 1, tuple(map(int, parts)), "", node.node_id)
     return (0 if node.head else 1, (256,), ip, node.node_id)
 

@@ -25,7 +25,7 @@ from typing import Optional
 from agent.actors import app_name, short_class_name
 from agent.limits import HEADROOM
 from agent.schema.usage import ActorUsage, AppUsage, UsageDocument
-from agent.units import MIB
+from agent.units import MIB, parse_amount
 from agent.usage import EMPTY, ActorSeries, UsageWindow, slot_count
 
 STEP_MB = 256
@@ -46,7 +46,7 @@ def parse_window(text: str) -> float:
     spec = text.strip().lower()
     scale = _UNITS.get(spec[-1:], 0)
     try:
-        number = float(spec[:-1] if scale else spec)
+        number = parse_amount(spec[:-1] if scale else spec, "window")
     except ValueError:
         raise ValueError(f"{text!r} is not a window (3600, 90s, 30m, 1h, 7d)") from None
     seconds = number * (scale or 1)

@@ -32,6 +32,7 @@ from agent.render.page_assets import PAGE_HEADERS
 from agent.render.status import status_json_bytes
 from agent.render.usage import usage_json, usage_metrics
 from agent.schema.status import ClusterStatus
+from agent.units import parse_amount
 from agent.usage_summary import DEFAULT_HEADROOM_PCT, checked_headroom, parse_window
 
 log = logging.getLogger("rayscope.head")
@@ -136,7 +137,8 @@ class Routes:
         """``/v1/usage?window=SPAN&headroom=PCT``: the usage document (400 for a bad query)."""
         try:
             window_s = parse_window(query["window"][0]) if "window" in query else None
-            headroom = checked_headroom(float(query.get("headroom", [DEFAULT_HEADROOM_PCT])[0]))
+            given = query.get("headroom", [f"{DEFAULT_HEADROOM_PCT:g}"])[0]
+            headroom = checked_headroom(parse_amount(given, "headroom"))
         except ValueError as err:
             return text(400, f"bad query: {err}")
         usage = self.state.usage.document(time.monotonic(), window_s, headroom)

@@ -19,6 +19,7 @@ from agent.addresses import parse_address, split_address
 from agent.cuda_samples import interval_from_env
 from agent.errors import AgentError
 from agent.schema.report import GpuDevice, RayletInfo
+from agent.schema.status import NodeStatus
 from agent.sources.procs import parse_core_log_name, parse_worker_log_name
 from agent.sources.raylet import parse_resource_list
 from agent.units import is_count, parse_amount, parse_count
@@ -85,7 +86,7 @@ def test_an_amount(text: str, value: float) -> None:
     assert parse_amount(text, "x") == value
 
 
-def node_at(ip: str) -> rollup.NodeStatus:
+def node_at(ip: str) -> NodeStatus:
     status = head_view([view(T4, ip, {"CPU": 1}, {"CPU": 1})], {})
     return status.nodes[T4]
 

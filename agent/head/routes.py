@@ -25,6 +25,7 @@ from agent import output
 from agent.head import session
 from agent.head.answers import Answers, Rendered, status_headers
 from agent.head.state import HeadState
+from agent.isolation import per_node, recording
 from agent.logs import LogThrottle
 from agent.render.metrics import metrics_text
 from agent.render.page import login_html, page_html, page_query
@@ -154,7 +155,8 @@ class Routes:
         status = self.state.status(time.monotonic(), gpus=True, wall_now=time.time())
         refresh_s = max(5.0, self.state.interval_s)
         usage = self.state.usage.document(time.monotonic())
-        body = page_html(status, page_query(parse_qs(query_text)), refresh_s, usage)
+        with recording(self.state.failures):
+            body = per_node(page_html)(status, page_query(parse_qs(query_text)), refresh_s, usage)
         return Response(200, HTML, body.encode(), PAGE_HEADERS)
 
     def login(self, request: Request) -> Response:

@@ -20,6 +20,8 @@ from agent.attribution import attribute_cluster
 from agent.head.admission import IngestCounters
 from agent.head.reports import ReportTable
 from agent.head.usage_store import DEFAULT_WINDOW_S, UsageStore
+from agent.isolation import NodeFailures, recording
+from agent.logs import LogThrottle
 from agent.rollup import STALE_INTERVALS, merge, scheduler_nodes, scheduler_sums
 from agent.schema.pending import PendingRead
 from agent.schema.report import REPORT_SCHEMA, NodeReport, SourceStatus
@@ -100,6 +102,8 @@ class HeadState:
         self.net: Optional[IngestCounters] = None  # the report port's, once it serves
         self.more_health: list[Callable[[], dict[str, int]]] = []
         """Counters of parts beside ingest (agents placed through Ray) for ``/healthz``."""
+        self.failures = NodeFailures(LogThrottle(log))
+        """Merges and renders that failed for a node (agent.isolation), for ``/healthz``."""
         self.more_sources: list[Callable[[], SourceStatus]] = []
         """Statuses of parts beside the GCS (agents placed through Ray), in every status."""
         self.version = 0
@@ -176,6 +180,7 @@ class HeadState:
         counts["scheduler_view_age_s"] = age
         counts["scheduler_view_stale"] = age is not None and age > STALE_INTERVALS * self.interval_s
         counts["gcs_poller"] = self.poller.snapshot(time.monotonic(), self.interval_s)
+        counts.update(self.failures.snapshot())
         return counts
 
     def take(self, payload: bytes, received_at: float, conn: Hashable, peer: str) -> Optional[str]:
@@ -245,25 +250,26 @@ class HeadState:
             sources = [gcs_status, actors_status] if gpus else [gcs_status]
             sources += [self.ray_versions] if self.ray_versions else []
         sources += [more() for more in self.more_sources]
-        status = merge(
-            base,
-            reports,
-            now=now,
-            stale_after_s=STALE_INTERVALS * self.interval_s,
-            view="head",
-            gcs_address=self.gcs_address,
-            sources=sources,
-            scheduler_read_at=read_at,
-            wall_now=wall_now,
-            sums=sums,
-        )
-        if pending_status is not None:
-            status.sources.append(pending_status)
-        status = pending.attach(status, waiting)
-        if not gpus:
-            return status
-        fresh = {node_id: r.report for node_id, r in reports.items() if not status.nodes[node_id].stale}
-        return attribute_cluster(status, fresh, actors, co_hosted(fresh))
+        with recording(self.failures):  # a node that cannot be merged is counted for /healthz
+            status = merge(
+                base,
+                reports,
+                now=now,
+                stale_after_s=STALE_INTERVALS * self.interval_s,
+                view="head",
+                gcs_address=self.gcs_address,
+                sources=sources,
+                scheduler_read_at=read_at,
+                wall_now=wall_now,
+                sums=sums,
+            )
+            if pending_status is not None:
+                status.sources.append(pending_status)
+            status = pending.attach(status, waiting)
+            if not gpus:
+                return status
+            fresh = {node_id: r.report for node_id, r in reports.items() if not status.nodes[node_id].stale}
+            return attribute_cluster(status, fresh, actors, co_hosted(fresh))
 
 
 def co_hosted(reports: dict[str, NodeReport]) -> dict[str, set[str]]:

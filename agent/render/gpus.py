@@ -5,6 +5,7 @@ from typing import Optional
 
 from agent.gpu_memory import gpu_used, nvml_trusted
 from agent.health import health_flags
+from agent.isolation import UNREADABLE, per_node
 from agent.render.fmt import gib, has_gpus, visible_nodes
 from agent.schema.report import GpuDevice, GpuUser, known
 from agent.schema.status import ClusterStatus, DeviceFree, NodeAttribution, NodeStatus
@@ -303,6 +304,7 @@ def placement_lines(node: NodeStatus) -> list[str]:
     return lines
 
 
+@per_node
 def status_gpu_lines(status: ClusterStatus, include_dead: bool = False) -> list[str]:
     """``status --gpus``: after the status, per GPU node its GPUs, bookings and processes."""
     lines: list[str] = []
@@ -311,7 +313,9 @@ def status_gpu_lines(status: ClusterStatus, include_dead: bool = False) -> list[
             continue
         role = "[HEAD]" if node.head else "[worker]"
         lines += ["", f"GPUs of {node.node_ip or node.hostname or ''} {role} {node.node_id[:12]}:"]
-        if node.gpus is None:
+        if known(node.unreadable) is not None:
+            lines.append(f"  {UNREADABLE}: {known(node.unreadable)}")
+        elif node.gpus is None:
             lines.append("  NA: no NVML report for this node")
         elif not node.gpus:
             lines.append("  none: NVML found no GPU")

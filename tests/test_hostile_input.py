@@ -1,0 +1,112 @@
+"""Issue 30, rule 1 and rule 2 on a real head: a token holder's report with non-ASCII digits
+in every string field takes no view down, and every other node is still served.
+
+The reports (tests/hostile.py) go through the head's real report port, sealed with the
+token, as an agent sends them; the views are asked of the head's real routes. Before (in
+SECURITY.md): every view that merges answered HTTP 500 (``int('¹⁰')`` in ``rollup.sort_key``
+for a node at ``¹⁰.⁰.⁰.⁵``; ``int('²')`` in ``placement.match_visible`` for a known node whose
+``CUDA_VISIBLE_DEVICES`` is ``²,³``), while ``/healthz`` said ok.
+"""
+
+import json
+import logging
+import time
+from collections.abc import Iterator
+from email.message import Message
+
+import msgspec
+import pytest
+
+from agent.head.routes import Request, Routes
+from agent.logs import LogThrottle
+from agent.schema.report import NodeReport, SourceStatus
+from agent.schema.status import ActorBooking
+from tests.hostile import DIGITS, filled_strings, full_report, hostile_reports, string_fields
+from tests.scenarios import EUROPA, SEED_REPORTS, SEED_VIEWS, T4, view
+from tests.test_head_trust import Agent
+from tests.test_ingest import Port
+
+KNOWN = ("f1" * 28, "f2" * 28)
+"""Two-GPU nodes the scheduler knows; hostile reports are sent for them."""
+GOOD = {EUROPA: "172.17.0.3", T4: "10.0.0.5"}
+"""Nodes with honest reports: every view must still show them."""
+VIEWS = (
+    "/v1/status",
+    "/v1/status?gpus=1",
+    "/v1/status?all=1&gpus=1",
+    "/v1/status?format=lines",
+    "/v1/status?format=lines&gpus=1",
+    "/metrics",
+    "/metrics?gpus=1",
+    "/",
+    "/v1/usage",
+    "/healthz",
+)
+
+
+@pytest.fixture
+def port() -> Iterator[Port]:
+    p = Port()
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+def test_the_hostile_report_fills_every_string_field_of_the_schema() -> None:
+    """The generator's control: a string field added to the report schema and not filled by
+    tests/hostile.py fails here (so the head test below covers it)."""
+    assert filled_strings(full_report("ab" * 28, "10.0.0.5")) == string_fields(NodeReport)
+
+
+def get(routes: Routes, target: str) -> tuple[int, str]:
+    response = routes.answer(Request("GET", target, Message()))
+    return response.status, response.body.decode()
+
+
+def serves_the_good_nodes(target: str, body: str) -> bool:
+    if target.startswith(("/v1/usage", "/healthz")):
+        return True
+    if target.startswith("/v1/status") and "format=lines" not in target:
+        return set(GOOD) <= set(json.loads(body)["nodes"])
+    return all(ip in body for ip in GOOD.values())
+
+
+@pytest.mark.parametrize("digits", list(DIGITS.values()), ids=list(DIGITS))
+def test_non_ascii_digits_in_every_string_field_take_no_view_down(port: Port, digits: str) -> None:
+    """Before: 500 on every view that merges (``/v1/status``, ``?gpus=1``, ``/metrics``,
+    ``format=lines``, the page) for the superscript set; now 200 everywhere, the honest
+    nodes served, and ``/healthz`` says so if a node could not be merged or rendered."""
+    state = port.state
+    views = [
+        *SEED_VIEWS,
+        *(
+            view(k, f"10.0.8.{i + 1}", {"CPU": 8, "GPU": 2}, {"CPU": 8, "GPU": 1})
+            for i, k in enumerate(KNOWN)
+        ),
+    ]
+    state.set_view(views, SourceStatus(name="gcs", ok=True))
+    actor = ActorBooking(
+        actor_id="0123456789abcdef0123456702000000",
+        node_id=KNOWN[0],
+        pid=5100,
+        required={"GPU": 1.0},
+        gpu_ids=[1],
+        gpu_shares=[(1, 1.0)],
+    )
+    state.set_actors([actor], SourceStatus(name="gcs_actors", ok=True))
+    honest, hostile = Agent(port), Agent(port)
+    acks = [honest.report(SEED_REPORTS[node_id].report) for node_id in GOOD]
+    acks += [hostile.report(r) for r in hostile_reports(digits, KNOWN)]
+    assert [reason for ack in acks for _, reason in ack] == [None] * 6  # every one taken
+    assert state.reports_received == len(GOOD) + 4
+    state.fold_usage(time.monotonic())
+    routes = Routes(state, (), LogThrottle(logging.getLogger("test")))
+    answers = {target: get(routes, target) for target in VIEWS}
+    failed = {target: code for target, (code, _) in answers.items() if code != 200}
+    assert failed == {}
+    assert [t for t, (_, body) in answers.items() if not serves_the_good_nodes(t, body)] == []
+    assert msgspec.json.decode(answers["/v1/status"][1])["nodes"][EUROPA]["node_ip"] == GOOD[EUROPA]
+    assert set(KNOWN) <= set(json.loads(answers["/v1/status?gpus=1"][1])["nodes"])  # shown, not dropped
+    # Nothing in them breaks a merge or a render any more (tests/test_isolation.py: what would).
+    assert json.loads(answers["/healthz"][1])["render_errors"] == 0

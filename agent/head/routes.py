@@ -99,9 +99,7 @@ class Routes:
         if url.path == "/":
             return self.page(request, url.query)
         if url.path == "/healthz":
-            health = self.state.health(time.monotonic())
-            ok = bool(health["gcs_poller"]["ok"])
-            return Response(200, JSON, msgspec.json.encode({"ok": ok, **health}))
+            return Response(200, JSON, msgspec.json.encode(self.state.health(time.monotonic())))
         return self.document(request, url.path, url.query)
 
     def document(self, request: Request, path: str, query_text: str) -> Response:

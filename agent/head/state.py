@@ -41,6 +41,7 @@ class PollerHealth:
         self._lock = threading.Lock()
         self.last_round: Optional[float] = None  # monotonic clock
         self.errors = 0
+        self.read_errors = 0
         self.restarts = 0
         self.last_error = ""
         self.alive = False
@@ -53,6 +54,14 @@ class PollerHealth:
         with self._lock:
             self.errors += 1
             self.last_error = what
+
+    def read(self, status: SourceStatus) -> None:
+        """A round's GCS read: one that failed is counted and its reason kept (a round that
+        completes with every read failing is not a healthy poller)."""
+        if not status.ok:
+            with self._lock:
+                self.read_errors += 1
+                self.last_error = f"GCS read failed: {status.reason}"
 
     def set_alive(self, alive: bool, restarted: bool = False) -> None:
         with self._lock:
@@ -69,6 +78,7 @@ class PollerHealth:
                 "alive": self.alive,
                 "last_round_s_ago": since,
                 "errors": self.errors,
+                "read_errors": self.read_errors,
                 "restarts": self.restarts,
                 "last_error": self.last_error,
             }
@@ -163,10 +173,11 @@ class HeadState:
     def health(self, now: Optional[float] = None) -> dict[str, Any]:
         """Cheap figures for ``/healthz``: is the head taking reports at all, and is its
         scheduler view being refreshed (the GCS poller's state and the view's age)?
-        ``now``: the head's monotonic clock (default: read it)."""
+        ``now``: the head's monotonic clock (default: read it). ``ok``: the poller runs and
+        the scheduler view is fresh; ``problems`` says, in words, what is not."""
         now = time.monotonic() if now is None else now
         with self._lock:
-            read_at = self._view_read_at
+            read_at, gcs = self._view_read_at, self._gcs_status
             counts: dict[str, Any] = {
                 "nodes_reporting": len(self._table),
                 "reports_received": self.reports_received,
@@ -177,11 +188,16 @@ class HeadState:
         for more in self.more_health:
             counts.update(more())
         age = None if read_at is None else round(now - read_at, 1)
+        stale = age is not None and age > STALE_INTERVALS * self.interval_s
+        counts["scheduler_view"] = "missing" if age is None else ("old" if stale else "fresh")
         counts["scheduler_view_age_s"] = age
-        counts["scheduler_view_stale"] = age is not None and age > STALE_INTERVALS * self.interval_s
+        counts["scheduler_view_stale"] = stale
+        counts["scheduler_view_error"] = "" if gcs.ok else gcs.reason
         counts["gcs_poller"] = self.poller.snapshot(time.monotonic(), self.interval_s)
         counts.update(self.failures.snapshot())
-        return counts
+        problems = health_problems(counts, self.interval_s)
+        ok = all(p == UNREADABLE_PROBLEM for p in problems)  # one node's problem is not the head's
+        return {"ok": ok, "problems": problems, **counts}
 
     def take(self, payload: bytes, received_at: float, conn: Hashable, peer: str) -> Optional[str]:
         """:meth:`ingest` for the report port: the node id reported for."""
@@ -270,6 +286,29 @@ class HeadState:
                 return status
             fresh = {node_id: r.report for node_id, r in reports.items() if not status.nodes[node_id].stale}
             return attribute_cluster(status, fresh, actors, co_hosted(fresh))
+
+
+UNREADABLE_PROBLEM = "a node's report could not be merged or rendered (last_render_error says which and why)"
+
+
+def health_problems(health: dict[str, Any], interval_s: float) -> list[str]:
+    """What ``/healthz`` says is wrong, in words: no scheduler view or an old one (and why),
+    a poller that is not running, a node's report that failed a merge or a render lately
+    (the last shows only as a problem: the head serves every other node)."""
+    problems = []
+    why = health["scheduler_view_error"] or health["gcs_poller"]["last_error"] or "no GCS read yet"
+    if health["scheduler_view"] == "missing":
+        problems.append(f"no scheduler view: no GCS read has succeeded ({why})")
+    elif health["scheduler_view"] == "old":
+        problems.append(f"scheduler view {health['scheduler_view_age_s']:.0f} s old ({why})")
+    if not health["gcs_poller"]["ok"]:
+        problems.append(
+            f"GCS poller not running or late ({health['gcs_poller']['last_error'] or 'no round yet'})"
+        )
+    last_at = health["last_render_error_at"]
+    if last_at is not None and time.time() - last_at < STALE_INTERVALS * interval_s:
+        problems.append(UNREADABLE_PROBLEM)
+    return problems
 
 
 def co_hosted(reports: dict[str, NodeReport]) -> dict[str, set[str]]:

@@ -26,14 +26,16 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
 from msgspec import UNSET
 from msgspec.structs import replace
 
-from agent.logs import LogThrottle
 from agent.schema.status import NA, ClusterStatus, NodeStatus
 from agent.text import printable
+
+if TYPE_CHECKING:  # the CLI renders without the daemons' logging
+    from agent.logs import LogThrottle
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -57,7 +59,7 @@ class NodeFailures:
     """What ``/healthz`` says about merges and renders that failed for a node: how many, since
     when, the last one and when (wall clock). Safe across threads."""
 
-    def __init__(self, throttle: Optional[LogThrottle] = None) -> None:
+    def __init__(self, throttle: "Optional[LogThrottle]" = None) -> None:
         self._lock = threading.Lock()
         self._throttle = throttle
         self.count = 0

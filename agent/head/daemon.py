@@ -19,7 +19,7 @@ from agent.head.poller import PollerGuard
 from agent.head.routes import Routes
 from agent.head.state import HeadState
 from agent.head.usage_store import DEFAULT_WINDOW_S, UsageStore, open_store
-from agent.logs import THROTTLE_S, LogThrottle
+from agent.logs import THROTTLE_S, LogThrottle, filter_stderr
 from agent.ray_agents import RayAgents
 from agent.sources import gcs
 from agent.tls import NO_TLS, TlsFiles, server_context
@@ -210,6 +210,7 @@ def run(
     (exit 2: a bad option or file; exit 1: a port that cannot be had)."""
     from agent import collect  # the local raylet's address; psutil, off the CLI's fast path
 
+    filter_stderr()  # before Ray's C++ client is loaded: the GCS's error text is a peer's (rule 11)
     token, read_token = tokens.read_token(token_file), tokens.read_token(read_token_file)
     address = collect.resolve_gcs_here(gcs_address)
     keeper = RayAgents(address, split_address(listen), token, interval_s) if agents == "ray" else None

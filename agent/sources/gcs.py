@@ -28,6 +28,7 @@ from agent.schema.pending import PendingRead
 from agent.schema.report import SourceStatus
 from agent.schema.status import ActorBooking, RayNode
 from agent.sources import gcs_read, raycompat
+from agent.text import printable
 
 T = TypeVar("T")
 
@@ -104,7 +105,8 @@ def not_a_gcs(address: str) -> str:
 
 
 def explain(err: BaseException, address: str, timeout_s: float, token_source: Optional[str]) -> str:
-    """A GCS client error in the operator's words."""
+    """A GCS client error in the operator's words; the error's own text (a peer's: the GCS
+    sends it) printable and cut at 300 characters, as it goes to logs and lines."""
     text = str(err)
     lowered = text.lower()
     if isinstance(err, TimeoutError) or "timed out" in lowered or "deadline" in lowered:
@@ -117,7 +119,7 @@ def explain(err: BaseException, address: str, timeout_s: float, token_source: Op
             " set RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH (and RAY_AUTH_MODE=token)"
         )
     first_line = text.strip().splitlines()[0] if text.strip() else type(err).__name__
-    return f"GCS at {address} failed: {first_line}"
+    return f"GCS at {address} failed: {printable(first_line)[:300]}"
 
 
 class GcsReader:

@@ -13,6 +13,7 @@ import pytest
 import agent.__main__ as entry
 from agent import cli, client, fast_status
 from agent.errors import EXIT_INTERNAL, one_line_errors
+from tests.reliability_plugin import FaultRecord
 
 FAILURES = [MemoryError(), ValueError("invalid literal for int() with base 10: '²'"), KeyError("node_ip")]
 
@@ -34,10 +35,15 @@ def test_an_internal_error_in_a_command_is_exit_70(
     assert err.startswith(f"rayscope: internal error: {type(failure).__name__}") and err.count("\n") == 1
 
 
+@pytest.mark.fault
 def test_an_internal_error_outside_any_command_is_exit_70(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, fault: FaultRecord
 ) -> None:
     """The entry point itself (the fast path's parsing here): before, a traceback and exit 1."""
+    fault.expect(
+        "MemoryError in rayscope status (the fast path's parsing)",
+        "one line on stderr and exit 70, never 1 ('partial' to cron) (before: a traceback and exit 1)",
+    )
 
     def broken(*_: object, **__: object) -> None:
         raise MemoryError
@@ -49,6 +55,7 @@ def test_an_internal_error_outside_any_command_is_exit_70(
     assert done.value.code == 70
     err = capsys.readouterr().err
     assert err == "rayscope: internal error: MemoryError (--verbose shows where)\n"
+    fault.observe(f"exit {done.value.code}: {err.strip()}")
 
 
 def test_an_operators_error_keeps_its_code(capsys: pytest.CaptureFixture[str]) -> None:

@@ -13,12 +13,15 @@ import time
 from email.message import Message
 from typing import Any, Optional
 
+import pytest
+
 from agent.head.poller import PollerGuard
 from agent.head.routes import Request, Routes
 from agent.head.state import HeadState
 from agent.logs import LogThrottle
 from agent.schema.report import SourceStatus
 from agent.schema.status import RayNode
+from tests.reliability_plugin import FaultRecord
 from tests.scenarios import SEED_VIEWS
 from tests.waiting import eventually
 
@@ -60,8 +63,14 @@ def polled(reader: Reader, interval_s: float = 0.05) -> tuple[HeadState, threadi
     return state, stop
 
 
-def test_every_gcs_read_failing_is_no_scheduler_view_and_not_ok() -> None:
+@pytest.mark.fault
+def test_every_gcs_read_failing_is_no_scheduler_view_and_not_ok(fault: FaultRecord) -> None:
     """Before: ``ok`` true, ``errors`` 0, no reason anywhere."""
+    fault.expect(
+        "every GCS read fails (the poller's rounds complete)",
+        "/healthz: ok false, scheduler_view missing, the read's reason in scheduler_view_error,"
+        " gcs_poller.last_error and problems (before: ok true, scheduler_view_age_s null, errors 0)",
+    )
     reader = Reader(up=False)
     state, stop = polled(reader)
     try:
@@ -73,6 +82,10 @@ def test_every_gcs_read_failing_is_no_scheduler_view_and_not_ok() -> None:
     assert health["scheduler_view_error"] == DOWN.reason
     assert health["gcs_poller"]["read_errors"] >= 3 and DOWN.reason in health["gcs_poller"]["last_error"]
     assert health["problems"] == [f"no scheduler view: no GCS read has succeeded ({DOWN.reason})"]
+    fault.observe(
+        f"ok {str(health['ok']).lower()}, scheduler_view {health['scheduler_view']},"
+        f" read_errors {health['gcs_poller']['read_errors']}, problems: {health['problems'][0]}"
+    )
 
 
 def test_a_view_that_went_old_is_not_ok_and_says_why() -> None:

@@ -27,6 +27,7 @@ from agent.render import page as render_page
 from agent.render import status as render_status
 from agent.schema.report import SourceStatus
 from agent.schema.status import ActorBooking, ClusterStatus, NodeStatus
+from tests.reliability_plugin import FaultRecord
 from tests.scenarios import CPU, EUROPA, NOW, SEED_VIEWS, T4, gpu, report
 
 BAD, GOOD = T4, EUROPA
@@ -99,7 +100,15 @@ def assert_isolated(routes: Routes, target: str, stage: str) -> str:
     return body
 
 
-def test_a_report_the_merge_fails_on_is_that_nodes_line(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.fault
+def test_a_report_the_merge_fails_on_is_that_nodes_line(
+    monkeypatch: pytest.MonkeyPatch, fault: FaultRecord
+) -> None:
+    fault.expect(
+        "one node's report raises in the merge (a fault injected into rollup's per-report merge)",
+        "every view answers 200, that node's line says 'report unreadable: <why>', the others are"
+        " served, /healthz counts it (before: HTTP 500 on every view, /healthz silent)",
+    )
     _, routes = a_head(monkeypatch)
     merged = rollup._merged_node
     monkeypatch.setattr(
@@ -108,7 +117,10 @@ def test_a_report_the_merge_fails_on_is_that_nodes_line(monkeypatch: pytest.Monk
     for target in ("/v1/status", "/v1/status?format=lines", "/v1/status?gpus=1", "/metrics", "/"):
         assert_isolated(routes, target, "merge")
     lines = get(routes, "/v1/status?format=lines")[1]
-    assert f"{BAD_IP} [worker] T4 GPU: 0.99/1 VRAM: NA/NA GB  CPU: 6/8  report unreadable: {WHY}" in lines
+    line = f"{BAD_IP} [worker] T4 GPU: 0.99/1 VRAM: NA/NA GB  CPU: 6/8  report unreadable: {WHY}"
+    assert line in lines
+    said = health(routes)
+    fault.observe(f"5 of 5 views 200; its line: {line}; /healthz render_errors {said['render_errors']}")
 
 
 def test_a_node_the_placement_fails_on_is_that_nodes_line(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -22,6 +22,7 @@ import pytest
 from agent.logs import StderrFilter
 from tests.conftest import REPO, HeadDaemon, base_env
 from tests.fake_grpc_gcs import failing_gcs
+from tests.reliability_plugin import FaultRecord
 from tests.waiting import eventually
 
 EVIL = "\x1b[2J\x1b]0;owned\x07peer-text"
@@ -66,10 +67,16 @@ def test_a_gcs_error_text_reaches_stderr_printable_and_once() -> None:
     assert "[2J]0;ownedpeer-text" in reasons[0]
 
 
+@pytest.mark.fault
 @pytest.mark.skipif(sys.platform != "linux", reason="fd 2 as Linux has it")
-def test_the_heads_log_has_no_raw_peer_text(tmp_path: Path) -> None:
+def test_the_heads_log_has_no_raw_peer_text(tmp_path: Path, fault: FaultRecord) -> None:
     """``rayscope head --gcs`` at that GCS, reading every 0.5 s: its stderr (the journal, a
     terminal) gets Ray's line once and printable, and ``/healthz`` says why there is no view."""
+    fault.expect(
+        "a GCS that fails every call with escape sequences in its error text (head reading every 0.5 s)",
+        "no raw ESC or BEL on the head's stderr; Ray's C++ line once per interval, printable"
+        " (before: 15 of 17 log lines in 8 s carried raw ESC)",
+    )
     log = tmp_path / "head.log"
     with failing_gcs(EVIL) as address:
         head = HeadDaemon(base_env(), log, ["--gcs", address, "--interval", "0.5", "--timeout", "20"], None)
@@ -85,6 +92,10 @@ def test_the_heads_log_has_no_raw_peer_text(tmp_path: Path) -> None:
     assert b"\x1b" not in text and b"\x07" not in text, text[-2000:]
     assert text.count(b"Failed to get cluster ID from GCS server") == 1, text[-2000:]
     assert said["ok"] is False and "[2J]0;ownedpeer-text" in said["scheduler_view_error"]
+    lines = text.splitlines()
+    raw = sum(b"\x1b" in line for line in lines)
+    reads = said["gcs_poller"]["read_errors"]
+    fault.observe(f"{raw} of {len(lines)} log lines with raw ESC after {reads} failed reads; Ray's line once")
 
 
 def test_the_filter_holds_back_a_native_line_and_counts_it() -> None:

@@ -1,6 +1,6 @@
 """The daemons' logs: one format, and one line per event kind per interval (a flood of
 connections cannot flood the head's log); and the head's stderr as a whole, native libraries
-included (:func:`filter_stderr`)."""
+included (:func:`filtered_stderr`)."""
 
 import logging
 import os
@@ -8,7 +8,9 @@ import re
 import sys
 import threading
 import time
-from typing import Any, Optional
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 from agent.text import printable
 
@@ -57,6 +59,9 @@ NATIVE_LINE = re.compile(rb"^\[[0-9-]+ [0-9:,.]+ [DIWEF] [0-9]+ [0-9]+\] ([\w./-
 ...``): throttled by its source location."""
 MAX_LINE_BYTES = 4096
 """A longer line (a peer's error text can be anything) is cut."""
+DRAIN_S = 2.0
+"""How long the end of :func:`filtered_stderr` waits for the pipe to be written out (a child
+that inherited fd 2 may hold it open: then it waits no longer)."""
 
 
 class StderrFilter:
@@ -78,6 +83,10 @@ class StderrFilter:
         for line in lines:
             self._line(line)
 
+    def pending(self) -> bool:
+        """Whether a line without its newline is held."""
+        return bool(self._partial)
+
     def _line(self, line: bytes) -> None:
         native = NATIVE_LINE.match(line)
         more = ""
@@ -93,12 +102,15 @@ class StderrFilter:
         self._write((text + "\n").encode("utf-8", "replace"))
 
 
-def filter_stderr(interval_s: float = THROTTLE_S) -> Optional[threading.Thread]:
-    """Route this process's fd 2 through :class:`StderrFilter` (SECURITY.md, issue 30 rule
-    11): the head's in-process GCS client (Ray's C++) writes the GCS's error text, escape
-    sequences and all, to fd 2 on every failed read, where no Python code sees it. A thread
-    copies the pipe to the real stderr; should it fail, fd 2 is the real stderr again (a
-    writer never blocks on a pipe nobody reads). ``None`` when fd 2 cannot be redirected."""
+@contextmanager
+def filtered_stderr(interval_s: float = THROTTLE_S) -> Iterator[None]:
+    """While in the block, this process's fd 2 goes through :class:`StderrFilter` (SECURITY.md,
+    issue 30 rule 11): the head's in-process GCS client (Ray's C++) writes the GCS's error
+    text, escape sequences and all, to fd 2 on every failed read, where no Python code sees it.
+    A thread copies the pipe to the real stderr; should it fail, fd 2 is the real stderr again
+    (a writer never blocks on a pipe nobody reads). On the way out fd 2 is the real stderr again
+    and what the pipe holds is written first, so a last error line is never lost. Unfiltered
+    when fd 2 cannot be redirected."""
     sys.stderr.flush()
     try:
         real = os.dup(2)
@@ -106,7 +118,8 @@ def filter_stderr(interval_s: float = THROTTLE_S) -> Optional[threading.Thread]:
         os.dup2(write_end, 2)
         os.close(write_end)
     except OSError:
-        return None
+        yield
+        return
 
     def write(data: bytes) -> None:
         while data:
@@ -117,9 +130,19 @@ def filter_stderr(interval_s: float = THROTTLE_S) -> Optional[threading.Thread]:
         try:
             while data := os.read(read_end, 65536):
                 lines.feed(data)
+            if lines.pending():
+                lines.feed(b"\n")
         except Exception:  # the filter's own failure: stderr unfiltered rather than blocked
             os.dup2(real, 2)
 
     thread = threading.Thread(target=copy, name="rayscope-stderr", daemon=True)
     thread.start()
-    return thread
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(real, 2)  # the pipe's last write end: the thread drains it and ends
+        thread.join(DRAIN_S)
+        if not thread.is_alive():
+            os.close(read_end)
+            os.close(real)

@@ -6,7 +6,7 @@ sequences. Ray's C++ client in the head's process writes it to fd 2 on every rea
 code sees it; the read's reason (logged by the poller, shown in ``/healthz``) carried it too.
 
 Before (SECURITY.md): raw ESC and BEL on the head's stderr, one line per read, and in the
-reason. Now: fd 2 passes :func:`agent.logs.filter_stderr` (printable lines, a native line once
+reason. Now: fd 2 passes :func:`agent.logs.filtered_stderr` (printable lines, a native line once
 per location per interval) and :func:`agent.sources.gcs.explain` makes the reason printable.
 The part of the run before the filter is installed is the positive control: there the raw
 bytes still arrive.
@@ -29,7 +29,7 @@ EVIL = "\x1b[2J\x1b]0;owned\x07peer-text"
 MARK = "--- filtered from here ---"
 READS = """
 import sys, time
-from agent.logs import filter_stderr
+from agent.logs import filtered_stderr
 from agent.sources.gcs import GcsReader
 
 reader = GcsReader(sys.argv[1], 20.0)
@@ -37,10 +37,10 @@ print(repr(reader.read()[1].reason), flush=True)
 time.sleep(0.5)
 sys.stderr.write("MARK\\n")
 sys.stderr.flush()
-filter_stderr(interval_s=600.0)
-for _ in range(3):
-    print(repr(reader.read()[1].reason), flush=True)
-time.sleep(1.0)
+with filtered_stderr(interval_s=600.0):
+    for _ in range(3):
+        print(repr(reader.read()[1].reason), flush=True)
+    time.sleep(1.0)
 """.replace("MARK", MARK)
 
 

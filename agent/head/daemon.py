@@ -19,7 +19,7 @@ from agent.head.poller import PollerGuard
 from agent.head.routes import Routes
 from agent.head.state import HeadState
 from agent.head.usage_store import DEFAULT_WINDOW_S, UsageStore, open_store
-from agent.logs import THROTTLE_S, LogThrottle, filter_stderr
+from agent.logs import THROTTLE_S, LogThrottle, filtered_stderr
 from agent.ray_agents import RayAgents
 from agent.sources import gcs
 from agent.tls import NO_TLS, TlsFiles, server_context
@@ -210,7 +210,6 @@ def run(
     (exit 2: a bad option or file; exit 1: a port that cannot be had)."""
     from agent import collect  # the local raylet's address; psutil, off the CLI's fast path
 
-    filter_stderr()  # before Ray's C++ client is loaded: the GCS's error text is a peer's (rule 11)
     token, read_token = tokens.read_token(token_file), tokens.read_token(read_token_file)
     address = collect.resolve_gcs_here(gcs_address)
     keeper = RayAgents(address, split_address(listen), token, interval_s) if agents == "ray" else None
@@ -220,20 +219,21 @@ def run(
         return f"removed {remove_agents(keeper, strict=True)} agent(s) placed through Ray"
     usage = open_store(usage_window_s, interval_s, usage_state, time.monotonic(), time.time())
     try:
-        server = Head(
-            split_address(listen),
-            split_address(http),
-            address,
-            interval_s,
-            token,
-            timeout_s,
-            read_token,
-            tls,
-            max_pending,
-            agents=keeper,
-            usage=usage,
-        )
-        asyncio.run(server.serve())
+        with filtered_stderr():  # Ray's C++ client writes the GCS's error text to fd 2 (rule 11)
+            server = Head(
+                split_address(listen),
+                split_address(http),
+                address,
+                interval_s,
+                token,
+                timeout_s,
+                read_token,
+                tls,
+                max_pending,
+                agents=keeper,
+                usage=usage,
+            )
+            asyncio.run(server.serve())
     except ValueError as err:
         raise AgentError(str(err), EXIT_NO_DATA) from None
     except OSError as err:

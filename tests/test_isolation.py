@@ -120,6 +120,9 @@ def test_a_report_the_merge_fails_on_is_that_nodes_line(
     line = f"{BAD_IP} [worker] T4 GPU: 0.99/1 VRAM: NA/NA GB  CPU: 6/8  report unreadable: {WHY}"
     assert line in lines
     said = health(routes)
+    headers = dict(routes.answer(Request("GET", "/v1/status", Message())).headers)
+    assert headers["X-Rayscope-Exit"] == "1"  # partial: status --head says which node and why
+    assert json.loads(headers["X-Rayscope-Note"]) == f"partial: report unreadable from 1 node(s): {BAD_IP}"
     fault.observe(f"5 of 5 views 200; its line: {line}; /healthz render_errors {said['render_errors']}")
 
 

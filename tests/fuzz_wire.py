@@ -9,7 +9,11 @@ authentic frames around mutated or generated report payloads. Invariants, checke
 * nothing escapes the protocol's callbacks (an exception there is an *unhandled* input);
 * every connection the head closes has exactly one counted rejection (``/healthz`` counts),
   and every frame it took was acknowledged;
-* ``HeadState.ingest`` raises nothing but ``ReportError`` for any payload.
+* ``HeadState.ingest`` raises nothing but ``ReportError`` for any payload;
+* a head holding such reports answers every view (``/v1/status``, ``?gpus=1``, ``format=lines``,
+  ``/metrics``, the page) with 200 and counts no merge or render as failed: one input in 100
+  sends reports with non-ASCII digits (``'²'``, ``'٢'``, ``'５'``) in every string field
+  (tests/hostile.py), or mutated ones, to a head that knows two of their nodes.
 
 Prints one line per outcome with its count; exits 1 on any unhandled input. ``--json``
 also writes the figures (the counts, the run's time and interpreter) for RELIABILITY.md
@@ -37,7 +41,8 @@ from rayscope.head.admission import ConnectionGuard
 from rayscope.head.state import HeadState
 from rayscope.logs import LogThrottle
 from rayscope.net import wire
-from tests.scenarios import SEED_REPORTS
+from tests import hostile
+from tests.scenarios import SEED_REPORTS, SEED_VIEWS, view
 
 TOKEN = b"fuzz-token-0123456789abcdef"
 REPORTS = [msgspec.msgpack.encode(r.report) for r in SEED_REPORTS.values()]
@@ -108,9 +113,25 @@ def random_msgpack(rng: random.Random, depth: int = 0) -> Any:
     return rng.choice(makers)()
 
 
+KNOWN = ("f1" * 28, "f2" * 28)
+"""Two-GPU nodes the views target's head knows; hostile reports are sent for them too."""
+
+
+def hostile_payload(rng: random.Random) -> bytes:
+    """A report with non-ASCII digits in every string field (tests/hostile.py): one digit
+    set, digits rewritten or whole strings replaced, for a known node or a new one."""
+    digits = rng.choice(list(hostile.DIGITS.values()))
+    node_id = rng.choice((*KNOWN, "07" * 28))
+    base = hostile.full_report(node_id, f"10.0.{rng.randrange(256)}.{rng.randrange(256)}", "gpu-07")
+    rewrite = rng.choice((hostile.foreign, hostile.all_foreign))
+    return bytes(msgspec.msgpack.encode(rewrite(base, digits, keep_node_id=node_id in KNOWN)))
+
+
 def payload(rng: random.Random) -> bytes:
-    """A report payload: real, mutated, or generated."""
-    kind = rng.randrange(4)
+    """A report payload: real, mutated, generated, or with non-ASCII digits everywhere."""
+    kind = rng.randrange(5)
+    if kind == 4:
+        return hostile_payload(rng) if rng.randrange(2) else mutate(rng, hostile_payload(rng))
     if kind == 0:
         return rng.choice(REPORTS)
     if kind == 1:
@@ -198,15 +219,61 @@ def fuzz_decoder(rng: random.Random, counts: "Counter[str]") -> Optional[str]:
     return None
 
 
+VIEWS = ("/v1/status", "/v1/status?gpus=1", "/v1/status?format=lines&gpus=1", "/metrics?gpus=1", "/")
+
+
+def fuzz_views(rng: random.Random, counts: "Counter[str]") -> Optional[str]:
+    """One to three payloads (half of them hostile, the rest any :func:`payload`) into a head
+    that knows the seed cluster and :data:`KNOWN`, with the actor table read; then every
+    view. A view that is not 200, or a node counted unreadable, is an unhandled input."""
+    from email.message import Message
+
+    from rayscope.head.routes import Request, Routes
+    from rayscope.schema.report import SourceStatus
+    from rayscope.schema.status import ActorBooking
+
+    state = HeadState(5.0, None)
+    two = {"CPU": 8.0, "GPU": 2.0}
+    known = [view(k, f"10.0.8.{i + 1}", two, {**two, "GPU": 1.0}) for i, k in enumerate(KNOWN)]
+    state.set_view([*SEED_VIEWS, *known], SourceStatus(name="gcs", ok=True))
+    actor = ActorBooking(
+        actor_id="a" * 32, node_id=KNOWN[0], pid=5100, required={"GPU": 1.0}, gpu_shares=[(1, 1.0)]
+    )
+    state.set_actors([actor], SourceStatus(name="gcs_actors", ok=True))
+    sent = [hostile_payload(rng) if rng.randrange(2) else payload(rng) for _ in range(rng.randint(1, 3))]
+    taken = 0
+    for data in sent:
+        try:
+            state.ingest(data, time.monotonic())
+            taken += 1
+        except ReportError:
+            pass
+        except Exception as err:  # the invariant under test
+            return f"report views: ingest: {type(err).__name__}: {err} on {data[:64].hex()}"
+    routes = Routes(state, (), LogThrottle(ingest.log, interval_s=3600))
+    for target in VIEWS:
+        code = routes.answer(Request("GET", target, Message())).status
+        if code != 200:
+            return f"report views: {target} answered {code} on {b'|'.join(d[:32] for d in sent).hex()}"
+    if state.failures.count:
+        return f"report views: a node counted unreadable: {state.failures.last}"
+    counts[f"report views -> {'taken' if taken else 'all refused'}, every view 200"] += 1
+    return None
+
+
 def fuzz(inputs: int, seed: int = 0) -> tuple["Counter[str]", list[str]]:
-    """Run ``inputs`` inputs (nine in ten streams, one in ten bare payloads)."""
+    """Run ``inputs`` inputs (nine in ten streams, one in ten bare payloads, one in a hundred
+    of those a head's views over hostile reports)."""
     rng = random.Random(seed)
     counts: Counter[str] = Counter()
     failures: list[str] = []
 
     async def main() -> None:
         for i in range(inputs):
-            failure = fuzz_decoder(rng, counts) if i % 10 == 9 else await run_one(rng, counts)
+            if i % 100 == 99:
+                failure = fuzz_views(rng, counts)
+            else:
+                failure = fuzz_decoder(rng, counts) if i % 10 == 9 else await run_one(rng, counts)
             if failure is not None:
                 failures.append(failure)
 

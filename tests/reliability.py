@@ -62,9 +62,11 @@ def fuzz_section(path: Optional[Path]) -> list[str]:
         f" (Python {f['python']}, {f['machine']}, {f['seconds']:g} s), by `make fuzz` (tests/fuzz_wire.py):"
         " nine in ten are byte streams fed in random chunks to the head's report port (authentic"
         " version-1 and version-2 frames, then mutated, replayed, reordered, with a wrong token or"
-        " generated payloads), one in ten a payload fed to the report decoder alone. Checked on each:"
-        " nothing escapes the protocol, every connection the head closes has exactly one counted"
-        " rejection, every frame it took was acknowledged, the decoder raises nothing but a rejection.",
+        " generated payloads), one in ten a payload fed to the report decoder alone, one in a hundred"
+        " reports with non-ASCII digits in every string field (or mutated ones) held by a head whose"
+        " views are then asked. Checked on each: nothing escapes the protocol, every connection the"
+        " head closes has exactly one counted rejection, every frame it took was acknowledged, the"
+        " decoder raises nothing but a rejection, every view answers 200 with no node unreadable.",
         "",
         "| Input -> what the head did | Inputs |",
         "| --- | --- |",

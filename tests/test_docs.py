@@ -2,7 +2,7 @@
 module of ``agent/`` and no other, the README stays an operator's page (under 300 lines),
 and every link in the README and docs/ resolves inside the repository.
 
-Positive controls: add ``agent/new_part.py`` (or delete a row of the table) and
+Positive controls: add ``agent/rayscope/new_part.py`` (or delete a row of the table) and
 :func:`test_the_module_table_lists_every_module` names it; link ``https://example.org`` or
 ``docs/gone.md`` from a page and :func:`test_links_stay_inside_the_repository` names it.
 """

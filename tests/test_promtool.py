@@ -18,6 +18,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from rayscope.core.isolation import unreadable
 from rayscope.render.metrics import RENAMED, family_names, metrics_text
 from rayscope.schema.report import GpuDevice, GpuHealth
 from rayscope.schema.status import ClusterStatus, DeviceFree, NodePlacement
@@ -27,6 +28,8 @@ from tests.scenarios import a100_worker, pending_status
 REPO = Path(__file__).resolve().parent.parent
 RULES_DIR = REPO / "deploy" / "prometheus"
 NODE = "4a" * 28
+BROKEN = "b0" * 28
+"""A node whose report could not be merged or rendered (rayscope.core.isolation)."""
 UUID = "GPU-00000000-5f1c-4d3e-9a7b-000000000000"
 GIB = 1024**3
 
@@ -95,7 +98,11 @@ def every_family_status() -> ClusterStatus:
         shared_gpus={UUID: ["another-node"]},
     )
     status = pending_status()
-    return msgspec.structs.replace(status, nodes={**status.nodes, NODE: worker}, scheduler_age_s=2.0)
+    broken = unreadable(
+        a100_worker(BROKEN), BROKEN, "ValueError: invalid literal for int() with base 10: '²'"
+    )
+    nodes = {**status.nodes, NODE: worker, BROKEN: broken}
+    return msgspec.structs.replace(status, nodes=nodes, scheduler_age_s=2.0)
 
 
 def families(text: str) -> list[str]:

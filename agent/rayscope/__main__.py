@@ -12,13 +12,17 @@ if sys.version_info < (3, 9):  # noqa: UP036
 
 def main() -> None:
     """The command line: answered by :func:`rayscope.cli.fast_status.run` when it can (it exits),
-    else by the CLI."""
-    from rayscope.cli import fast_status
+    else by the CLI. Whatever escapes both is one line and exit 70 (an internal error),
+    never a traceback and exit 1 ("partial" to cron)."""
+    from rayscope.errors import one_line_errors
 
-    fast_status.run(sys.argv[1:])
-    from rayscope.cli.app import main as cli_main
+    with one_line_errors(verbose=bool({"--verbose", "-v"} & set(sys.argv[1:]))):
+        from rayscope.cli import fast_status
 
-    cli_main()
+        fast_status.run(sys.argv[1:])
+        from rayscope.cli.app import main as cli_main
+
+        cli_main()
 
 
 if __name__ == "__main__":

@@ -12,6 +12,10 @@ EXIT_NO_DATA = 2
 """The cluster could not be read at all, or bad usage (click's code for usage errors)."""
 EXIT_CANNOT_WRITE = 3
 """``status``: the ``--output`` or ``--append`` file could not be written."""
+EXIT_INTERNAL = 70
+"""An internal error of rayscope: a bug, memory exhausted, something it read and could not
+handle. ``EX_SOFTWARE`` of sysexits.h, so that a cron job never reads it as an answer
+("partial" is 1, "no data" 2)."""
 EXIT_INTERRUPTED = 130
 """Ctrl-C, as a shell reports it (128 + SIGINT)."""
 
@@ -20,7 +24,8 @@ class AgentError(Exception):
     """A failure the operator can act on: ``str(err)`` is the whole message.
 
     ``exit_code`` follows the CLI contract: 1 = failed / partial, 2 = no data
-    (the cluster could not be read at all) or bad usage, 3 = an output file not written.
+    (the cluster could not be read at all) or bad usage, 3 = an output file not written;
+    anything else raised is an internal error, 70.
     """
 
     def __init__(self, message: str, exit_code: int = 1) -> None:
@@ -38,7 +43,8 @@ def say(message: str) -> None:
 @contextmanager
 def one_line_errors(verbose: bool) -> Iterator[None]:
     """AgentError → ``rayscope: <message>`` and its exit code; anything else (a bug of
-    ours) → one line and exit 1; Ctrl-C → exit 130. ``verbose``: the traceback too."""
+    ours, MemoryError) → one line and :data:`EXIT_INTERNAL`; Ctrl-C → exit 130.
+    ``verbose``: the traceback too."""
     try:
         yield
     except AgentError as err:
@@ -51,5 +57,6 @@ def one_line_errors(verbose: bool) -> Iterator[None]:
     except Exception as err:
         if verbose:
             traceback.print_exc()
-        say(f"internal error: {type(err).__name__}: {err} (--verbose shows where)")
-        raise SystemExit(EXIT_FAILED) from None
+        said = f": {err}" if str(err) else ""
+        say(f"internal error: {type(err).__name__}{said} (--verbose shows where)")
+        raise SystemExit(EXIT_INTERNAL) from None

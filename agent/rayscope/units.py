@@ -8,7 +8,16 @@ Ray keeps every resource amount as a fixed-point number with a resolution of 1e-
 ``FixedPoint``): ``1 - 0.96`` comes back from the GCS as ``0.040000000000000036``, and any
 digit past the fourth is float noise. :func:`ray_round` is the one rounding rule for amounts
 shown or compared; :func:`ray_units` counts whole units, as Ray's scheduler compares them.
+
+Numbers from outside (a peer's report, a header, a GCS field, ``CUDA_VISIBLE_DEVICES``, a
+file, an environment variable) become numbers here and nowhere else: :func:`parse_count` for
+counts and indices, :func:`parse_amount` for amounts and durations. Both take ASCII digits
+only (``str.isdigit()``, ``int()`` and ``float()`` take ``'²'``, ``'٢'``, ``'５'``, and
+``float()`` takes ``nan``, ``inf`` and ``1_0``), refuse the rest by name, and bound the text
+before converting it (SECURITY.md, rule 1 of issue 30).
 """
+
+import math
 
 MIB = 1024**2
 GIB = 1024**3
@@ -57,3 +66,34 @@ def parse_count(text: str, what: str, maximum: int = 2**63 - 1) -> int:
 def is_count(text: str) -> bool:
     """Whether :func:`parse_count` takes ``text``: ASCII digits only, at most 19 of them."""
     return bool(text) and len(text) <= MAX_DIGITS and ASCII_DIGITS.issuperset(text)
+
+
+MAX_AMOUNT_CHARS = 64
+"""The longest text :func:`parse_amount` converts: a float's 17 significant digits, a point
+and an exponent, with room for leading zeros."""
+
+
+def _is_amount(text: str) -> bool:
+    """``DIGITS[.DIGITS][e[+-]DIGITS]`` (a digit on one side of the point at least), ASCII
+    only; without ``re``, which the CLI's fast path does not import."""
+    mantissa, e, exponent = text.replace("E", "e").partition("e")
+    whole, _, fraction = mantissa.partition(".")
+    if not (whole or fraction) or not ASCII_DIGITS.issuperset(whole + fraction):
+        return False
+    if e:
+        digits = exponent[1:] if exponent[:1] in ("+", "-") else exponent
+        return 0 < len(digits) <= 3 and ASCII_DIGITS.issuperset(digits)
+    return True
+
+
+def parse_amount(text: str, what: str, maximum: float = 1.7976931348623157e308) -> float:
+    """``text`` as a finite, non-negative number (``24576``, ``0.5``, ``1e3``), ASCII digits
+    only, at most ``maximum``: the one parser for every amount that comes from outside (a
+    raylet's resource list, a duration in an environment variable, a query's percentage).
+    No sign, no ``nan``/``inf``, no ``_``, no spaces: ``ValueError`` naming ``what``."""
+    if len(text) > MAX_AMOUNT_CHARS or not _is_amount(text):
+        raise ValueError(f"{what}: {text[:40]!r} is not a number (digits 0-9, a point, an exponent)")
+    value = float(text)
+    if not math.isfinite(value) or value > maximum:
+        raise ValueError(f"{what}: {text[:40]!r} is over {maximum:g}")
+    return value

@@ -3,7 +3,7 @@ into the module that does the work, inside :func:`~rayscope.errors.one_line_erro
 
 Errors are one line on stderr and a non-zero exit code, never a traceback (``--verbose``
 shows one). Exit codes: 0 = answered, 1 = failed, 2 = no data (the cluster could not be
-read) or bad usage.
+read) or bad usage, 70 = an internal error (errors.EXIT_INTERNAL).
 """
 
 import sys

@@ -3,9 +3,10 @@ one line that says why, from one rule (:func:`assess`). Pure.
 
 * 0 = complete: a scheduler's view no older than 3 intervals, and every alive scheduler
   node whose agent was reporting is fresh;
-* 1 = partial: an alive scheduler node's agent was reporting but its report is stale, or
-  the scheduler's view is older than 3 intervals (the GCS stopped answering), or there is
-  no scheduler view while agent reports are there;
+* 1 = partial: an alive scheduler node's agent was reporting but its report is stale, or a
+  node's report could not be merged (``unreadable``, rayscope.core.isolation), or the scheduler's
+  view is older than 3 intervals (the GCS stopped answering), or there is no scheduler view
+  while agent reports are there;
 * 2 = no data: neither a scheduler view nor an agent report.
 
 A node that simply runs no agent (the embedded default, or a node never set up) is not
@@ -20,6 +21,7 @@ from typing import NamedTuple, Optional
 from rayscope.core.rollup import SchedulerView, schedulable_nodes, scheduler_failure, scheduler_view
 from rayscope.errors import EXIT_FAILED, EXIT_NO_DATA
 from rayscope.labels import node_label, printable
+from rayscope.schema.report import known
 from rayscope.schema.status import ClusterStatus, NodeStatus
 
 EXIT_COMPLETE = 0
@@ -65,6 +67,10 @@ def assess(status: ClusterStatus) -> Completeness:
             f"{node_label(n.node_ip, n.node_id, n.hostname)} ({n.report_age_s or 0:.0f}s)" for n in stale
         )
         reasons.append(f"stale report from {len(stale)} node(s): {names}")
+    unreadable = [n for n in status.nodes.values() if known(n.unreadable) is not None]
+    if unreadable:
+        names = ", ".join(node_label(n.node_ip, n.node_id, n.hostname) for n in unreadable)
+        reasons.append(f"report unreadable from {len(unreadable)} node(s): {names}")
     if reasons:
         return Completeness(EXIT_PARTIAL, printable("partial: " + "; ".join(reasons)))
     return Completeness(EXIT_COMPLETE, None)

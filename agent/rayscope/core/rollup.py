@@ -20,6 +20,7 @@ from rayscope.core.gpu.memory import (
     measured_memory,
     shared_overcount,
 )
+from rayscope.core.isolation import guarded, unreadable_as
 from rayscope.schema.report import NodeReport, SourceStatus
 from rayscope.schema.status import (
     DOCUMENT_SCHEMA,
@@ -30,7 +31,7 @@ from rayscope.schema.status import (
     RayNode,
     ReceivedReport,
 )
-from rayscope.units import ray_round
+from rayscope.units import is_count, ray_round
 
 STALE_INTERVALS = 3
 """A report older than this many reporting intervals is stale (docs/architecture.md, agents)."""
@@ -290,10 +291,10 @@ def _apply_memory(node: NodeStatus, memory: MeasuredMemory, report_age_s: float,
 
 
 def sort_key(node: NodeStatus) -> tuple[int, tuple[int, ...], str, str]:
-    """Head first, then by IP numerically (names after addresses), then node id."""
+    """Head first, then by IP numerically (names, ``10.0.0.²`` too, after addresses), then node id."""
     ip = node.node_ip or ""
     parts = ip.split(".")
-    if len(parts) == 4 and all(p.isdigit() for p in parts):
+    if len(parts) == 4 and all(is_count(p) for p in parts):
         return (0 if node.head else 1, tuple(map(int, parts)), "", node.node_id)
     return (0 if node.head else 1, (256,), ip, node.node_id)
 
@@ -364,17 +365,15 @@ def merge(
     """Merge the latest report per node id into :func:`scheduler_nodes` (left untouched).
 
     ``scheduler_read_at``: when ``base`` was read (the reader's clock; ``None``: never):
-    its age is carried, and past ``stale_after_s`` the view is flagged stale.
+    its age is carried, and past ``stale_after_s`` the view is flagged stale. ``now`` is the
+    clock the receive times are on (the head's monotonic clock); ``wall_now`` the wall clock
+    at the same instant, for ``generated_at`` and the ``received_at`` the document shows
+    (default: ``now``, when both are one clock).
 
-    ``now`` is the clock the receive times are on (the head's monotonic clock); ``wall_now``
-    the wall clock at the same instant, for ``generated_at`` and the ``received_at`` the
-    document shows (default: ``now``, when both are one clock).
-
-    A report for a node the scheduler does not know becomes a node with
-    ``in_scheduler=False``; ``sums``: :func:`scheduler_sums` of ``base``, when the caller
-    keeps them. A report older than ``stale_after_s`` (by the reader's clock,
-    ``now - received_at``; longer for an agent whose own interval is longer) is marked stale
-    and its used figure is not trusted (left out of the cluster's sums).
+    A report for a node the scheduler does not know becomes a node with ``in_scheduler=False``;
+    one that cannot be merged, an ``unreadable`` node (rayscope.core.isolation). ``sums``: those of
+    ``base`` when kept. A report older than ``stale_after_s`` is stale: its used figure is
+    left out of the cluster's sums.
     """
     wall_offset = 0.0 if wall_now is None else wall_now - now
     nodes = dict(base)
@@ -382,7 +381,8 @@ def merge(
     for node_id, received in reports.items():
         known = nodes.get(node_id)
         unknown = unknown or known is None
-        nodes[node_id] = _merged_node(known, received, node_id, now, stale_after_s, wall_offset)
+        args = (known, received, node_id, now, stale_after_s, wall_offset)  # a report that raises: unreadable
+        nodes[node_id] = guarded("merge", node_id, unreadable_as(known, node_id), _merged_node, *args)
     ordered = sorted(nodes.values(), key=sort_key) if unknown else list(nodes.values())
     # Time-slicing: one physical GPU in several nodes' reports is said so, and summed once.
     shared = find_shared_gpus(ordered) if reports else 0

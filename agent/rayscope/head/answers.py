@@ -26,6 +26,7 @@ from collections.abc import Hashable
 from typing import Callable, NamedTuple, Optional
 
 from rayscope.core.completeness import assess
+from rayscope.core.isolation import recording
 from rayscope.head.state import HeadState
 from rayscope.render.status import source_details
 from rayscope.schema.status import DOCUMENT_SCHEMA, ClusterStatus
@@ -102,7 +103,8 @@ class Answers:
             current = age < refresh_s(interval) or (entry.version == version and age < max_age_s(interval))
             if entry.value is None or not current:
                 status = self.state.status(now, gpus=gpus, wall_now=time.time())
-                entry.value, entry.gzipped = render(status), None
+                with recording(self.state.failures):  # a node a renderer fails on: counted
+                    entry.value, entry.gzipped = render(status), None
                 entry.version, entry.rendered_at = version, now
                 self.renders += 1
             value = entry.value

@@ -18,7 +18,7 @@ from rayscope.head.poller import PollerGuard
 from rayscope.head.routes import Routes
 from rayscope.head.state import HeadState
 from rayscope.head.usage_store import DEFAULT_WINDOW_S, UsageStore, open_store
-from rayscope.logs import THROTTLE_S, LogThrottle
+from rayscope.logs import THROTTLE_S, LogThrottle, filtered_stderr
 from rayscope.net import tokens
 from rayscope.net.addresses import DEFAULT_TIMEOUT_S, is_loopback, split_address
 from rayscope.net.tls import NO_TLS, TlsFiles, server_context
@@ -225,21 +225,22 @@ def run(
         return f"removed {remove_agents(keeper, strict=True)} agent(s) placed through Ray"
     usage = open_store(usage_window_s, interval_s, usage_state, time.monotonic(), time.time())
     try:
-        server = Head(
-            split_address(listen),
-            split_address(http),
-            address,
-            interval_s,
-            token,
-            timeout_s,
-            read_token,
-            tls,
-            max_pending,
-            agents=keeper,
-            usage=usage,
-            http_hosts=http_hosts,
-        )
-        asyncio.run(server.serve())
+        with filtered_stderr():  # Ray's C++ client writes the GCS's error text to fd 2 (rule 11)
+            server = Head(
+                split_address(listen),
+                split_address(http),
+                address,
+                interval_s,
+                token,
+                timeout_s,
+                read_token,
+                tls,
+                max_pending,
+                agents=keeper,
+                usage=usage,
+                http_hosts=http_hosts,
+            )
+            asyncio.run(server.serve())
     except ValueError as err:
         raise AgentError(str(err), EXIT_NO_DATA) from None
     except OSError as err:

@@ -28,6 +28,7 @@ def poll_once(
         if status.ok:
             state.set_actors(*reader.read_actors())
             state.set_pending(*reader.read_pending())
+    state.poller.read(status)
     state.set_view(views, status)
     if agents is not None and status.ok:
         agents.reconcile(v.node_id for v in views if v.alive)

@@ -26,6 +26,7 @@ from urllib.parse import parse_qs, urlsplit
 import msgspec
 
 from rayscope.cli import output
+from rayscope.core.isolation import per_node, recording
 from rayscope.core.usage.summary import DEFAULT_HEADROOM_PCT, checked_headroom, parse_window
 from rayscope.head import session
 from rayscope.head.answers import Answers, Rendered, status_headers
@@ -39,6 +40,7 @@ from rayscope.render.page.document import login_html, page_html, page_query, ses
 from rayscope.render.status import status_json_bytes
 from rayscope.render.usage import usage_json, usage_metrics
 from rayscope.schema.status import ClusterStatus
+from rayscope.units import parse_amount
 
 log = logging.getLogger("rayscope.head")
 
@@ -134,9 +136,7 @@ class Routes:
         if url.path == "/":
             return self.page(request, url.query)
         if url.path == "/healthz":
-            health = self.state.health(time.monotonic())
-            ok = bool(health["gcs_poller"]["ok"])
-            return Response(200, JSON, msgspec.json.encode({"ok": ok, **health}))
+            return Response(200, JSON, msgspec.json.encode(self.state.health(time.monotonic())))
         return self.document(request, url.path, url.query)
 
     def document(self, request: Request, path: str, query_text: str) -> Response:
@@ -176,7 +176,8 @@ class Routes:
         """``/v1/usage?window=SPAN&headroom=PCT``: the usage document (400 for a bad query)."""
         try:
             window_s = parse_window(query["window"][0]) if "window" in query else None
-            headroom = checked_headroom(float(query.get("headroom", [DEFAULT_HEADROOM_PCT])[0]))
+            given = query.get("headroom", [f"{DEFAULT_HEADROOM_PCT:g}"])[0]
+            headroom = checked_headroom(parse_amount(given, "headroom"))
         except ValueError as err:
             return text(400, f"bad query: {err}")
         usage = self.state.usage.document(time.monotonic(), window_s, headroom)
@@ -193,7 +194,8 @@ class Routes:
             return Response(401, HTML, login_html(refresh_s=refresh_s).encode(), PAGE_HEADERS)
         status = self.state.status(time.monotonic(), gpus=True, wall_now=time.time())
         usage = self.state.usage.document(time.monotonic())
-        body = page_html(status, page_query(parse_qs(query_text)), refresh_s, usage)
+        with recording(self.state.failures):
+            body = per_node(page_html)(status, page_query(parse_qs(query_text)), refresh_s, usage)
         return Response(200, HTML, body.encode(), PAGE_HEADERS)
 
     def login(self, request: Request) -> Response:

@@ -17,11 +17,13 @@ import msgspec
 from rayscope.core import validate
 from rayscope.core.capacity import pending
 from rayscope.core.gpu.attribution import attribute_cluster
+from rayscope.core.isolation import NodeFailures, recording
 from rayscope.core.rollup import STALE_INTERVALS, merge, scheduler_nodes, scheduler_sums
 from rayscope.core.validate import ReportError
 from rayscope.head.admission import IngestCounters
 from rayscope.head.reports import ReportTable
 from rayscope.head.usage_store import DEFAULT_WINDOW_S, UsageStore
+from rayscope.logs import LogThrottle
 from rayscope.net.addresses import DEFAULT_TIMEOUT_S
 from rayscope.schema.pending import PendingRead
 from rayscope.schema.report import REPORT_SCHEMA, NodeReport, SourceStatus
@@ -40,6 +42,7 @@ class PollerHealth:
         self._lock = threading.Lock()
         self.last_round: Optional[float] = None  # monotonic clock
         self.errors = 0
+        self.read_errors = 0
         self.restarts = 0
         self.last_error = ""
         self.alive = False
@@ -52,6 +55,14 @@ class PollerHealth:
         with self._lock:
             self.errors += 1
             self.last_error = what
+
+    def read(self, status: SourceStatus) -> None:
+        """A round's GCS read: one that failed is counted and its reason kept (a round that
+        completes with every read failing is not a healthy poller)."""
+        if not status.ok:
+            with self._lock:
+                self.read_errors += 1
+                self.last_error = f"GCS read failed: {status.reason}"
 
     def set_alive(self, alive: bool, restarted: bool = False) -> None:
         with self._lock:
@@ -68,6 +79,7 @@ class PollerHealth:
                 "alive": self.alive,
                 "last_round_s_ago": since,
                 "errors": self.errors,
+                "read_errors": self.read_errors,
                 "restarts": self.restarts,
                 "last_error": self.last_error,
             }
@@ -101,6 +113,8 @@ class HeadState:
         self.net: Optional[IngestCounters] = None  # the report port's, once it serves
         self.more_health: list[Callable[[], dict[str, int]]] = []
         """Counters of parts beside ingest (agents placed through Ray) for ``/healthz``."""
+        self.failures = NodeFailures(LogThrottle(log))
+        """Merges and renders that failed for a node (rayscope.core.isolation), for ``/healthz``."""
         self.more_sources: list[Callable[[], SourceStatus]] = []
         """Statuses of parts beside the GCS (agents placed through Ray), in every status."""
         self.version = 0
@@ -160,10 +174,11 @@ class HeadState:
     def health(self, now: Optional[float] = None) -> dict[str, Any]:
         """Cheap figures for ``/healthz``: is the head taking reports at all, and is its
         scheduler view being refreshed (the GCS poller's state and the view's age)?
-        ``now``: the head's monotonic clock (default: read it)."""
+        ``now``: the head's monotonic clock (default: read it). ``ok``: the poller runs and
+        the scheduler view is fresh; ``problems`` says, in words, what is not."""
         now = time.monotonic() if now is None else now
         with self._lock:
-            read_at = self._view_read_at
+            read_at, gcs = self._view_read_at, self._gcs_status
             counts: dict[str, Any] = {
                 "nodes_reporting": len(self._table),
                 "reports_received": self.reports_received,
@@ -174,10 +189,16 @@ class HeadState:
         for more in self.more_health:
             counts.update(more())
         age = None if read_at is None else round(now - read_at, 1)
+        stale = age is not None and age > STALE_INTERVALS * self.interval_s
+        counts["scheduler_view"] = "missing" if age is None else ("old" if stale else "fresh")
         counts["scheduler_view_age_s"] = age
-        counts["scheduler_view_stale"] = age is not None and age > STALE_INTERVALS * self.interval_s
+        counts["scheduler_view_stale"] = stale
+        counts["scheduler_view_error"] = "" if gcs.ok else gcs.reason
         counts["gcs_poller"] = self.poller.snapshot(time.monotonic(), self.interval_s)
-        return counts
+        counts.update(self.failures.snapshot())
+        problems = health_problems(counts, self.interval_s)
+        ok = all(p == UNREADABLE_PROBLEM for p in problems)  # one node's problem is not the head's
+        return {"ok": ok, "problems": problems, **counts}
 
     def take(self, payload: bytes, received_at: float, conn: Hashable, peer: str) -> Optional[str]:
         """:meth:`ingest` for the report port: the node id reported for."""
@@ -246,25 +267,49 @@ class HeadState:
             sources = [gcs_status, actors_status] if gpus else [gcs_status]
             sources += [self.ray_versions] if self.ray_versions else []
         sources += [more() for more in self.more_sources]
-        status = merge(
-            base,
-            reports,
-            now=now,
-            stale_after_s=STALE_INTERVALS * self.interval_s,
-            view="head",
-            gcs_address=self.gcs_address,
-            sources=sources,
-            scheduler_read_at=read_at,
-            wall_now=wall_now,
-            sums=sums,
+        with recording(self.failures):  # a node that cannot be merged is counted for /healthz
+            status = merge(
+                base,
+                reports,
+                now=now,
+                stale_after_s=STALE_INTERVALS * self.interval_s,
+                view="head",
+                gcs_address=self.gcs_address,
+                sources=sources,
+                scheduler_read_at=read_at,
+                wall_now=wall_now,
+                sums=sums,
+            )
+            if pending_status is not None:
+                status.sources.append(pending_status)
+            status = pending.attach(status, waiting)
+            if not gpus:
+                return status
+            fresh = {node_id: r.report for node_id, r in reports.items() if not status.nodes[node_id].stale}
+            return attribute_cluster(status, fresh, actors, co_hosted(fresh))
+
+
+UNREADABLE_PROBLEM = "a node's report could not be merged or rendered (last_render_error says which and why)"
+
+
+def health_problems(health: dict[str, Any], interval_s: float) -> list[str]:
+    """What ``/healthz`` says is wrong, in words: no scheduler view or an old one (and why),
+    a poller that is not running, a node's report that failed a merge or a render lately
+    (the last shows only as a problem: the head serves every other node)."""
+    problems = []
+    why = health["scheduler_view_error"] or health["gcs_poller"]["last_error"] or "no GCS read yet"
+    if health["scheduler_view"] == "missing":
+        problems.append(f"no scheduler view: no GCS read has succeeded ({why})")
+    elif health["scheduler_view"] == "old":
+        problems.append(f"scheduler view {health['scheduler_view_age_s']:.0f} s old ({why})")
+    if not health["gcs_poller"]["ok"]:
+        problems.append(
+            f"GCS poller not running or late ({health['gcs_poller']['last_error'] or 'no round yet'})"
         )
-        if pending_status is not None:
-            status.sources.append(pending_status)
-        status = pending.attach(status, waiting)
-        if not gpus:
-            return status
-        fresh = {node_id: r.report for node_id, r in reports.items() if not status.nodes[node_id].stale}
-        return attribute_cluster(status, fresh, actors, co_hosted(fresh))
+    last_at = health["last_render_error_at"]
+    if last_at is not None and time.time() - last_at < STALE_INTERVALS * interval_s:
+        problems.append(UNREADABLE_PROBLEM)
+    return problems
 
 
 def co_hosted(reports: dict[str, NodeReport]) -> dict[str, set[str]]:

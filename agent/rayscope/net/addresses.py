@@ -1,6 +1,8 @@
 """``HOST:PORT`` addresses and the default deadline: what the CLI validates before it knows
 which source it will read. Pure and light (the CLI's start-up pays for every import)."""
 
+from rayscope.units import is_count, parse_count
+
 DEFAULT_TIMEOUT_S = 5.0
 """Deadline of one read of the GCS or the head agent."""
 GCS_ADDRESS_ENV = "RAYSCOPE_GCS"
@@ -25,17 +27,17 @@ def parse_address(text: str) -> str:
     host, sep, port = text.strip().rpartition(":")
     if not sep or not host:
         raise ValueError(f"{text!r} is not HOST:PORT")
-    if not port.isdigit() or not 0 < int(port) < 65536:
+    if not is_count(port) or not 0 < parse_count(port, "port") < 65536:
         raise ValueError(f"{text!r}: port must be a number from 1 to 65535")
     if any(c.isspace() for c in host) or "/" in host:
         raise ValueError(f"{text!r}: not a host name or IP address")
-    return f"{host}:{int(port)}"
+    return f"{host}:{parse_count(port, 'port')}"
 
 
 def split_address(address: str) -> tuple[str, int]:
     """``"[::1]:6379"`` → ``("::1", 6379)``; the address must have passed :func:`parse_address`."""
     host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
+    return host.strip("[]"), parse_count(port, f"port of {address!r}", 65535)
 
 
 def is_loopback(host: str) -> bool:

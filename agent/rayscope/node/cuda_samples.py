@@ -18,6 +18,7 @@ from rayscope.core.gpu.memory import CudaFigure, nvml_trusted, settle
 from rayscope.errors import EXIT_NO_DATA, AgentError
 from rayscope.schema.report import GpuDevice, SourceStatus, known
 from rayscope.sources.cuda.sample import CudaRequest, CudaSample, CudaSampler
+from rayscope.units import parse_amount
 
 INTERVAL_ENV = "RAYSCOPE_CUDA_SAMPLE_S"
 MIN_INTERVAL_S = 10.0
@@ -35,10 +36,10 @@ def interval_from_env(environ: Mapping[str, str]) -> Optional[float]:
     if text in ("", "0", "off"):
         return None
     try:
-        value = float(text)
+        value = parse_amount(text, INTERVAL_ENV)
     except ValueError:
         value = math.nan
-    if not math.isfinite(value) or not MIN_INTERVAL_S <= value <= 86_400:
+    if not MIN_INTERVAL_S <= value <= 86_400:
         raise AgentError(
             f"{INTERVAL_ENV}={text!r}: seconds between CUDA samples, {MIN_INTERVAL_S:g} to 86400"
             " (or 0 / off)",

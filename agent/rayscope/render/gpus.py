@@ -5,6 +5,7 @@ from typing import Optional
 
 from rayscope.core.gpu.health import health_flags
 from rayscope.core.gpu.memory import gpu_used, nvml_trusted
+from rayscope.core.isolation import UNREADABLE, per_node
 from rayscope.labels import printable_lines
 from rayscope.render.fmt import gib, has_gpus, visible_nodes
 from rayscope.schema.report import GpuDevice, GpuUser, known
@@ -303,6 +304,7 @@ def placement_lines(node: NodeStatus) -> list[str]:
     return lines
 
 
+@per_node
 def status_gpu_lines(status: ClusterStatus, include_dead: bool = False) -> list[str]:
     """``status --gpus``: after the status, per GPU node its GPUs, bookings and processes."""
     lines: list[str] = []
@@ -311,7 +313,9 @@ def status_gpu_lines(status: ClusterStatus, include_dead: bool = False) -> list[
             continue
         role = "[HEAD]" if node.head else "[worker]"
         lines += ["", f"GPUs of {node.node_ip or node.hostname or ''} {role} {node.node_id[:12]}:"]
-        if node.gpus is None:
+        if known(node.unreadable) is not None:
+            lines.append(f"  {UNREADABLE}: {known(node.unreadable)}")
+        elif node.gpus is None:
             lines.append("  NA: no NVML report for this node")
         elif not node.gpus:
             lines.append("  none: NVML found no GPU")

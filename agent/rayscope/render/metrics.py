@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import Optional
 
 from rayscope.core.capacity.pending import shape_text
+from rayscope.core.isolation import per_node
 from rayscope.labels import printable
 from rayscope.schema.report import COMPUTE_MODE_NAMES, VIRTUALIZATION_MODE_NAMES, GpuDevice, known
 from rayscope.schema.status import ClusterStatus, DeviceFree, NodeStatus
@@ -175,6 +176,10 @@ _MODE_METRICS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
         COMPUTE_MODE_NAMES,
     ),
 )
+_UNREADABLE = (
+    "rayscope_node_unreadable",
+    "1 for a node whose report could not be merged or rendered (its report's numbers are left out).",
+)
 _SHARED_GPU = (
     "rayscope_gpu_shared_nodes",
     "Nodes that report this GPU (UUID) where more than one does (time-slicing): divide sums by it.",
@@ -206,7 +211,7 @@ def family_names() -> list[str]:
     value is left out): what dashboards and alert rules may query (deploy/, checked by tests)."""
     gpu = [name for name, _, _ in _GPU_METRICS] + [name for name, *_ in _MODE_METRICS] + [_SHARED_GPU[0]]
     nodes, devices = ([name for name, _, _ in table] for table in (_NODE_METRICS, _DEVICE_METRICS))
-    return nodes + gpu + devices + list(_CLUSTER_FAMILIES)
+    return [*nodes, _UNREADABLE[0], *gpu, *devices, *_CLUSTER_FAMILIES]
 
 
 def _type(name: str) -> str:
@@ -322,6 +327,7 @@ def legacy_families(lines: list[str]) -> list[str]:
     return legacy
 
 
+@per_node
 def metrics_text(status: ClusterStatus, *, legacy_names: bool = False) -> str:
     """Prometheus text exposition (also node_exporter's textfile format): one family per
     quantity, labelled by node; unknown values are absent, not 0, and so are a stale
@@ -337,6 +343,9 @@ def metrics_text(status: ClusterStatus, *, legacy_names: bool = False) -> str:
             value = value_of(node)
             if value is not None:
                 lines.append(f"{name}{{{labels}}} {_sample(value)}")
+    lines += _family(
+        *_UNREADABLE, ((labels, 1.0) for labels, n in labelled if known(n.unreadable) is not None)
+    )
     lines += _gpu_samples(nodes)
     lines += _device_samples(nodes)
     lines += pending_metrics(status)

@@ -13,6 +13,7 @@ from typing import Optional
 import msgspec
 
 from rayscope.core.capacity.pending import shape_text
+from rayscope.core.isolation import UNREADABLE, per_node
 from rayscope.core.rollup import SchedulerView, scheduler_view
 from rayscope.labels import node_label, printable_lines
 from rayscope.render.fmt import (
@@ -28,7 +29,7 @@ from rayscope.render.fmt import (
 )
 from rayscope.render.gpus import device_line, fuller_devices
 from rayscope.schema.pending import PendingDemand
-from rayscope.schema.report import AGENT_STARTERS, SourceStatus
+from rayscope.schema.report import AGENT_STARTERS, SourceStatus, known
 from rayscope.schema.status import ClusterStatus, NodeStatus
 
 
@@ -37,11 +38,12 @@ def node_markers(
 ) -> list[str]:
     """What to append to a node's line so old or missing numbers are never silent.
     ``scheduler_age_s``: set when the scheduler's view is old (its nodes are marked)."""
-    markers = []
+    reason = known(node.unreadable)
+    markers = [] if reason is None else [f"{UNREADABLE}: {reason}"]
     if view == "head" and node.agent in ("reporting", "stale") and node.agent_started_by:
         # How the node is covered; a report's own word, so only a known one is shown.
-        known = node.agent_started_by in AGENT_STARTERS
-        markers.append(f"agent: {node.agent_started_by if known else 'other'}")
+        starter = node.agent_started_by if node.agent_started_by in AGENT_STARTERS else "other"
+        markers.append(f"agent: {starter}")
     if not node.alive:
         markers.append("dead")
     if not node.in_scheduler:
@@ -50,7 +52,7 @@ def node_markers(
         markers.append(f"scheduler view {scheduler_age_s:.0f}s old")
     if node.stale and node.report_age_s is not None:
         markers.append(f"stale {node.report_age_s:.0f}s")
-    if view == "head" and node.agent == "none" and node.alive:
+    if view == "head" and node.agent == "none" and node.alive and reason is None:
         markers.append("no agent")
     if node.gpus_unmeasured:
         markers.append(f"{node.gpus_unmeasured} GPU(s) not measured")
@@ -109,6 +111,7 @@ SUMMARY_NODES = 50
 """Above this many nodes, ``status`` lists only the nodes that need attention (``--all``: every one)."""
 
 
+@per_node
 def status_lines(status: ClusterStatus, include_dead: bool = False, summary: bool = False) -> list[str]:
     """The human status: cluster line, GPU nodes, CPU-only nodes, then notes. ``summary``:
     on a cluster of more than :data:`SUMMARY_NODES` nodes, a node gets its line only when
@@ -182,12 +185,14 @@ def pending_lines(status: ClusterStatus, old_age: Optional[float] = None) -> lis
     return lines
 
 
+@per_node
 def status_json(status: ClusterStatus, include_dead: bool = False, indent: int = 2) -> str:
     """The JSON document: BioEngine's ``{"cluster": ..., "nodes": ...}`` plus our keys.
     ``indent=0`` is compact (what the head agent serves)."""
     return encode(_shown(status, include_dead), indent)
 
 
+@per_node
 def status_json_bytes(status: ClusterStatus, include_dead: bool = False) -> bytes:
     """:func:`status_json`, compact, as the bytes the head serves (52 MB at 10,000 nodes of
     8 GPUs: no round trip through ``str``)."""
@@ -200,6 +205,7 @@ def _shown(status: ClusterStatus, include_dead: bool) -> ClusterStatus:
     return msgspec.structs.replace(status, nodes={n.node_id: n for n in visible_nodes(status, include_dead)})
 
 
+@per_node
 def status_ndjson(status: ClusterStatus, include_dead: bool = False) -> str:
     """One line of ``--append``: the JSON document, compact, led by an ISO-8601 UTC
     ``timestamp`` (``generated_at`` is the same instant in epoch seconds)."""

@@ -238,6 +238,10 @@ class NodeStatus(msgspec.Struct, kw_only=True, gc=False):
     """GPU UUID → the other nodes whose reports list the same GPU (time-slicing: several Ray
     nodes or containers on one physical GPU); absent when none is shared. The cluster's
     ``_bytes`` sums count such a GPU once (rayscope.core.gpu.memory.find_shared_gpus)."""
+    unreadable: Union[str, Unset] = UNSET
+    """Why the node's report could not be merged or rendered (``ValueError: ...``); its
+    report's parts are then left out and the scheduler's numbers kept (rayscope.core.isolation).
+    Absent when it could."""
 
 
 class ClusterTotals(msgspec.Struct, kw_only=True):

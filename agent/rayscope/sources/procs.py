@@ -25,6 +25,7 @@ import psutil
 
 from rayscope.schema.report import ProcessInfo, SourceStatus
 from rayscope.sources.raylet import RAYLET_NAME, parse_raylet_cmdline, raylet_refusal
+from rayscope.units import is_count, parse_count
 
 HOST_PID_NAMESPACE = "pid:[4026531836]"
 """``readlink /proc/self/ns/pid`` in the kernel's initial pid namespace (PROC_PID_INIT_INO)."""
@@ -32,8 +33,9 @@ PID_NAMESPACE_LINK = "/proc/self/ns/pid"
 CORE_LOG_BYTES = 256 * 1024
 """How much of a worker's core log to read: the actor's creation is among its first lines."""
 
-_WORKER_LOG = re.compile(r"^worker-([0-9a-f]+)-([0-9a-f]+)-(\d+)\.(?:out|err)$")
-_CORE_LOG = re.compile(r"^python-core-worker-([0-9a-f]+)_(\d+)\.log$")
+# Pids in [0-9] (``\d`` takes any script's digits) and converted by units.parse_count.
+_WORKER_LOG = re.compile(r"^worker-([0-9a-f]+)-([0-9a-f]+)-([0-9]+)\.(?:out|err)$")
+_CORE_LOG = re.compile(r"^python-core-worker-([0-9a-f]+)_([0-9]+)\.log$")
 _CREATING_ACTOR = re.compile(r"Creating actor\W+actor_id\W+([0-9a-f]{32})")
 _JOB_MARKER = re.compile(r"^:job_id:([0-9a-f]+)$", re.MULTILINE)
 NO_JOB = "ffffffff"
@@ -69,15 +71,20 @@ def parse_title(cmdline: Sequence[str]) -> Optional[str]:
 def parse_worker_log_name(filename: str) -> Optional[tuple[str, str, int]]:
     """``worker-<worker id>-<job id>-<pid>.out`` → (worker id, job id, pid)."""
     match = _WORKER_LOG.match(filename)
-    if match is None:
-        return None
-    return match.group(1), match.group(2), int(match.group(3))
+    pid = _pid(match.group(3)) if match else None
+    return None if match is None or pid is None else (match.group(1), match.group(2), pid)
 
 
 def parse_core_log_name(filename: str) -> Optional[tuple[str, int]]:
     """``python-core-worker-<worker id>_<pid>.log`` → (worker id, pid)."""
     match = _CORE_LOG.match(filename)
-    return (match.group(1), int(match.group(2))) if match else None
+    pid = _pid(match.group(2)) if match else None
+    return None if match is None or pid is None else (match.group(1), pid)
+
+
+def _pid(text: str) -> Optional[int]:
+    """A pid from a file name anyone may create in the session directory; ``None`` past 19 digits."""
+    return parse_count(text, "pid") if is_count(text) else None
 
 
 def parse_worker_log_job(text: str) -> Optional[str]:

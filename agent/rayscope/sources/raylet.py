@@ -20,6 +20,7 @@ import psutil
 from rayscope.schema.report import RayletInfo, SourceStatus
 from rayscope.sources import trust
 from rayscope.sources.gcs import raycompat
+from rayscope.units import parse_amount
 
 RAYLET_NAME = "raylet"
 NOT_RUNNING = frozenset((psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD, psutil.STATUS_STOPPED))
@@ -39,12 +40,13 @@ def _flags(argv: Sequence[str]) -> dict[str, str]:
 
 
 def parse_resource_list(text: str) -> dict[str, float]:
-    """``VRAM_MB,24576,CPU,8`` → ``{"VRAM_MB": 24576.0, "CPU": 8.0}``; bad pairs skipped."""
+    """``VRAM_MB,24576,CPU,8`` → ``{"VRAM_MB": 24576.0, "CPU": 8.0}``; bad pairs skipped
+    (``nan``, ``-1``, ``²``: a report holds finite, non-negative ASCII amounts)."""
     items = text.split(",") if text else []
     resources: dict[str, float] = {}
     for name, value in zip(items[0::2], items[1::2]):
         try:
-            resources[name] = float(value)
+            resources[name] = parse_amount(value, name)
         except ValueError:
             continue
     return resources

@@ -27,8 +27,17 @@ import msgspec
 
 from rayscope.core.actor_names import actor_name
 from rayscope.core.gpu.placement import id_map, place_devices
-from rayscope.schema.report import GpuAttribution, GpuDevice, GpuUser, NodeReport, ProcessInfo, RayletInfo
-from rayscope.schema.status import ActorBooking, ClusterStatus, NodeAttribution
+from rayscope.core.isolation import guarded, unreadable_as
+from rayscope.schema.report import (
+    GpuAttribution,
+    GpuDevice,
+    GpuUser,
+    NodeReport,
+    ProcessInfo,
+    RayletInfo,
+    known,
+)
+from rayscope.schema.status import ActorBooking, ClusterStatus, NodeAttribution, NodeStatus
 from rayscope.units import MIB, ray_round
 
 IdMaps = Mapping[str, Mapping[int, Optional[int]]]
@@ -354,44 +363,46 @@ def attribute_cluster(
     co_hosted: Optional[Mapping[str, Collection[str]]] = None,
     raylets: Optional[Mapping[str, RayletInfo]] = None,
 ) -> ClusterStatus:
-    """``status`` with every reported node's GPUs attributed (a copy; the input is untouched).
+    """``status`` with every reported node's GPUs attributed (a copy; the input is untouched)
+    and, with the actor table read, Ray's placement per device (``placement.place_devices``).
+    A node whose share raises is ``unreadable`` (rayscope.core.isolation); the others go on.
 
     ``reports``: node id → its latest report (GPUs and processes). ``co_hosted``: node id →
-    every node id sharing that node's host and GPUs (several raylets on one machine); a node
-    not named is alone on its host. ``raylets``: node id → its raylet as read on this host
-    (the embedded path), for nodes no report describes.
-
-    With the actor table read, every node also gets Ray's per-device placement
-    (:func:`rayscope.core.gpu.placement.place_devices`); a node shares the NVML devices of its host's
-    report.
-    """
+    every node id sharing that node's host and GPUs (several raylets on one machine, sharing
+    the NVML devices of the host's report). ``raylets``: node id → its raylet as read on this
+    host (the embedded path), for nodes no report describes."""
     nodes = dict(status.nodes)
     id_maps: dict[str, Mapping[int, Optional[int]]] = {}
-    if actors is not None:
-        for node_id, scheduled in nodes.items():
-            group = set((co_hosted or {}).get(node_id, ())) | {node_id}
-            host_reports = [reports[n] for n in sorted(group) if n in reports]
-            own = reports.get(node_id)
-            raylet = (raylets or {}).get(node_id) or (own.raylet if own is not None else None)
-            gpus = next((r.gpus for r in host_reports if r.gpus is not None), None)
-            placement = place_devices(scheduled, actors, raylet, gpus)
-            nodes[node_id] = msgspec.structs.replace(scheduled, placement=placement)
-            if raylet is not None and raylet.environ_read and gpus is not None:
-                id_maps[node_id] = id_map(placement)
-    for node_id, report in reports.items():
-        node = nodes.get(node_id)
-        if node is None or report.gpus is None:
-            continue
-        group = set((co_hosted or {}).get(node_id, ())) | {node_id}
-        members = [nodes[n] for n in group if n in nodes]
+    groups = {n: set((co_hosted or {}).get(n, ())) | {n} for n in nodes}
+
+    def placed(node: NodeStatus, actors: Sequence[ActorBooking]) -> NodeStatus:
+        host_reports = [reports[n] for n in sorted(groups[node.node_id]) if n in reports]
+        own = reports.get(node.node_id)
+        raylet = (raylets or {}).get(node.node_id) or (own.raylet if own is not None else None)
+        gpus = next((r.gpus for r in host_reports if r.gpus is not None), None)
+        placement = place_devices(node, actors, raylet, gpus)
+        if raylet is not None and raylet.environ_read and gpus is not None:
+            id_maps[node.node_id] = id_map(placement)
+        return msgspec.structs.replace(node, placement=placement)
+
+    def attributed(node: NodeStatus, report: NodeReport) -> NodeStatus:
+        members = [nodes[n] for n in groups[node.node_id] if n in nodes]
         gpus, attribution = attribute_node(
-            report.gpus,
+            report.gpus or [],
             report.processes,
             actors,
-            group,
+            groups[node.node_id],
             total_vram_mb=ray_round(sum(m.total_vram_mb for m in members)),
             used_vram_mb=ray_round(sum(m.used_vram_mb for m in members)),
             id_maps=id_maps,
         )
-        nodes[node_id] = msgspec.structs.replace(node, gpus=gpus, attribution=attribution)
+        return msgspec.structs.replace(node, gpus=gpus, attribution=attribution)
+
+    for node_id, each in nodes.items():
+        if actors is not None and known(each.unreadable) is None:
+            nodes[node_id] = guarded("merge", node_id, unreadable_as(each, node_id), placed, each, actors)
+    for node_id, report in reports.items():
+        node = nodes.get(node_id)
+        if node is not None and report.gpus is not None and known(node.unreadable) is None:
+            nodes[node_id] = guarded("merge", node_id, unreadable_as(node, node_id), attributed, node, report)
     return msgspec.structs.replace(status, nodes=nodes)

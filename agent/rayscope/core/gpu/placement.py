@@ -25,7 +25,7 @@ from typing import Optional
 from rayscope.core.gpu.memory import gpu_used
 from rayscope.schema.report import GpuDevice, RayletInfo
 from rayscope.schema.status import ActorBooking, DeviceFree, NodePlacement, NodeStatus
-from rayscope.units import RAY_UNITS_PER_ONE, ray_round
+from rayscope.units import RAY_UNITS_PER_ONE, is_count, parse_count, ray_round
 
 PCI_BUS_ID = "PCI_BUS_ID"
 EPSILON = 1 / RAY_UNITS_PER_ONE
@@ -88,8 +88,8 @@ def match_visible(
             out.append((entry, None, why))
         elif entries is not None and gpu_id >= len(entries):
             out.append((entry, None, f"ambiguous: Ray id {gpu_id} beyond CUDA_VISIBLE_DEVICES"))
-        elif entry.isdigit():
-            out.append((entry, *_by_index(int(entry), order, physical)))
+        elif is_count(entry):  # ASCII digits: CUDA reads "²" as no index (SECURITY.md, issue 30 rule 1)
+            out.append((entry, *_by_index(parse_count(entry, "CUDA_VISIBLE_DEVICES"), order, physical)))
         else:
             out.append((entry, *_by_uuid(entry, physical)))
     return out

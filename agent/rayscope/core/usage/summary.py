@@ -26,7 +26,7 @@ from rayscope.core.actor_names import app_name, short_class_name
 from rayscope.core.limits import HEADROOM
 from rayscope.core.usage.window import EMPTY, ActorSeries, UsageWindow, slot_count
 from rayscope.schema.usage import ActorUsage, AppUsage, UsageDocument
-from rayscope.units import MIB
+from rayscope.units import MIB, parse_amount
 
 STEP_MB = 256
 """Suggestions are rounded up to this many MiB: what an operator would type, and a margin."""
@@ -46,7 +46,7 @@ def parse_window(text: str) -> float:
     spec = text.strip().lower()
     scale = _UNITS.get(spec[-1:], 0)
     try:
-        number = float(spec[:-1] if scale else spec)
+        number = parse_amount(spec[:-1] if scale else spec, "window")
     except ValueError:
         raise ValueError(f"{text!r} is not a window (3600, 90s, 30m, 1h, 7d)") from None
     seconds = number * (scale or 1)

@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional, TypeVar
 
 import msgspec
 
+from rayscope.labels import printable
 from rayscope.net.addresses import DEFAULT_GCS_PORT, DEFAULT_TIMEOUT_S, split_address
 from rayscope.schema.pending import PendingRead
 from rayscope.schema.report import SourceStatus
@@ -105,7 +106,8 @@ def not_a_gcs(address: str) -> str:
 
 
 def explain(err: BaseException, address: str, timeout_s: float, token_source: Optional[str]) -> str:
-    """A GCS client error in the operator's words."""
+    """A GCS client error in the operator's words; the error's own text (a peer's: the GCS
+    sends it) printable and cut at 300 characters, as it goes to logs and lines."""
     text = str(err)
     lowered = text.lower()
     if isinstance(err, TimeoutError) or "timed out" in lowered or "deadline" in lowered:
@@ -118,7 +120,7 @@ def explain(err: BaseException, address: str, timeout_s: float, token_source: Op
             " set RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH (and RAY_AUTH_MODE=token)"
         )
     first_line = text.strip().splitlines()[0] if text.strip() else type(err).__name__
-    return f"GCS at {address} failed: {first_line}"
+    return f"GCS at {address} failed: {printable(first_line)[:300]}"
 
 
 class GcsReader:

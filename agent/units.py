@@ -57,3 +57,21 @@ def parse_count(text: str, what: str, maximum: int = 2**63 - 1) -> int:
 def is_count(text: str) -> bool:
     """Whether :func:`parse_count` takes ``text``: ASCII digits only, at most 19 of them."""
     return bool(text) and len(text) <= MAX_DIGITS and ASCII_DIGITS.issuperset(text)
+
+
+HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
+MAX_HEX_DIGITS = 16
+"""The longest hexadecimal digit string taken (2**64 has 17 hex digits): an HTTP chunk size."""
+
+
+def parse_hex_count(text: str, what: str, maximum: int = 2**63 - 1) -> int:
+    """``text`` as a non-negative hexadecimal integer, ``[0-9a-fA-F]`` only: :func:`parse_count`'s
+    sibling for the numbers that come in hex (an HTTP chunk size). ``int(text, 16)`` would take
+    ``'٢'``, ``'0x1'``, ``'-1'``, ``' 1'`` and ``'1_0'``: none of them is a number here. Raises
+    ``ValueError`` naming ``what`` and the refused text."""
+    if not text or len(text) > MAX_HEX_DIGITS or not HEX_DIGITS.issuperset(text):
+        raise ValueError(f"{what}: {text[:40]!r} is not a hexadecimal number (digits 0-9, a-f only)")
+    value = int(text, 16)
+    if value > maximum:
+        raise ValueError(f"{what}: {value} is over {maximum}")
+    return value

@@ -239,7 +239,7 @@ def test_the_port_check_and_the_child_share_one_deadline(monkeypatch: pytest.Mon
     again. Before: ``subprocess.run(timeout=timeout_s)`` after a full check."""
     seen: dict[str, float] = {}
 
-    def slow_check(address: str, timeout_s: float) -> None:
+    def slow_check(address: str, timeout_s: float, deadline: object = None) -> None:
         time.sleep(0.3)
 
     def fake_run(argv: list[str], **kwargs: object) -> object:

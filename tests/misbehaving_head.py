@@ -44,25 +44,17 @@ MODES = (
 GOOD_HEAD = b"HTTP/1.1 200 OK\r\nServer: rayscope-head\r\nContent-Type: application/json\r\n"
 
 
-def _answer(mode: str) -> tuple[bytes, bytes]:
-    """(what is sent at once, what is dripped after it)."""
-    if mode == "drip-body":
-        return GOOD_HEAD + b"Content-Length: 1000\r\n\r\n", b"x" * 1000
-    if mode == "drip-headers":
-        return b"", GOOD_HEAD + b"X-Pad: " + b"y" * 1000 + b"\r\nContent-Length: 2\r\n\r\n{}"
-    if mode == "huge-length":
-        return GOOD_HEAD + b"Content-Length: 1000000000\r\n\r\n{", b""
-    if mode == "bad-status":
-        return b"HTTP/1.1 2x0 OK\r\nContent-Length: 2\r\n\r\n{}", b""
-    if mode == "digit-status":
-        return b"HTTP/1.1 \xb200 OK\r\nServer: rayscope-head\r\nContent-Length: 2\r\n\r\n{}", b""
-    if mode == "digit-length":
-        return GOOD_HEAD + b"Content-Length: \xb9\xb2\r\n\r\n" + b"{}" + b" " * 10, b""
-    if mode == "bad-header":
-        return GOOD_HEAD + b"no colon here\r\nContent-Length: 2\r\n\r\n{}", b""
-    if mode == "ok":
-        return GOOD_HEAD + b"Content-Length: %d\r\n\r\n%s" % (len(BODY), BODY), b""
-    raise ValueError(f"unknown mode {mode!r}: one of {', '.join(MODES)}")
+ANSWERS: dict[str, tuple[bytes, bytes]] = {
+    "drip-body": (GOOD_HEAD + b"Content-Length: 1000\r\n\r\n", b"x" * 1000),
+    "drip-headers": (b"", GOOD_HEAD + b"X-Pad: " + b"y" * 1000 + b"\r\nContent-Length: 2\r\n\r\n{}"),
+    "huge-length": (GOOD_HEAD + b"Content-Length: 1000000000\r\n\r\n{", b""),
+    "bad-status": (b"HTTP/1.1 2x0 OK\r\nContent-Length: 2\r\n\r\n{}", b""),
+    "digit-status": (b"HTTP/1.1 \xb200 OK\r\nServer: rayscope-head\r\nContent-Length: 2\r\n\r\n{}", b""),
+    "digit-length": (GOOD_HEAD + b"Content-Length: \xb9\xb2\r\n\r\n{}" + b" " * 10, b""),
+    "bad-header": (GOOD_HEAD + b"no colon here\r\nContent-Length: 2\r\n\r\n{}", b""),
+    "ok": (GOOD_HEAD + b"Content-Length: %d\r\n\r\n%s" % (len(BODY), BODY), b""),
+}
+"""Per mode: (what is sent at once, what is dripped after it); ``endless-chunks`` is a loop."""
 
 
 def _read_request(conn: socket.socket) -> None:
@@ -86,7 +78,7 @@ def serve_one(conn: socket.socket, mode: str, stop: threading.Event) -> None:
                 while not stop.is_set():
                     conn.sendall(chunk)
                 return
-            at_once, dripped = _answer(mode)
+            at_once, dripped = ANSWERS[mode]
             conn.sendall(at_once)
             for i in range(len(dripped)):
                 if stop.wait(DRIP_S):

@@ -6,8 +6,9 @@ A fake head serves the contract of ``GET /v1/status?format=lines`` (the lines ``
 prints, ``X-Rayscope-Exit``, ``-Note``, ``-Notes``, ``-Schema``) and of the JSON document,
 rendered by rayscope's own functions from the scenarios' statuses; an "old" head ignores
 ``format=`` and sends no ``X-Rayscope-*`` header, a "chunked" one answers like a proxy that
-re-chunks (both paths read it: one transport). Each case runs the whole entry point (``agent.__main__.main``: the fast path,
-then the CLI when it hands on) beside the CLI alone (``agent.cli.main``), in this process.
+re-chunks (both paths read it: one transport). Each case runs the whole entry point
+(``agent.__main__.main``: the fast path, then the CLI when it hands on) beside the CLI
+alone (``agent.cli.main``), in this process.
 Positive control: print the body without ``printable`` in ``fast_status._lines_text`` (the
 bent wire's escape sequences reach stdout), or drop ``said.note`` (every partial case differs).
 """

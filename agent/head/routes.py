@@ -23,7 +23,7 @@ import msgspec
 
 from agent import output
 from agent.head import session
-from agent.head.answers import Answers, Rendered, status_headers
+from agent.head.answers import Answers, Rendered, accepts_gzip, status_headers
 from agent.head.state import HeadState
 from agent.logs import LogThrottle
 from agent.render.metrics import metrics_text
@@ -115,7 +115,7 @@ class Routes:
     def _status(self, path: str, query: dict[str, list[str]], headers: Message) -> Response:
         """``/metrics``, ``/v1/status`` (JSON) or ``/v1/status?format=lines``, from the cache."""
         gpus = query.get("gpus", ["0"])[0] in YES
-        gzipped = "gzip" in str(headers.get("Accept-Encoding", "")).lower()
+        gzipped = accepts_gzip(", ".join(str(v) for v in headers.get_all("Accept-Encoding") or []))
         if path == "/metrics":
             metrics = self.answers.get(("metrics", gpus), self._metrics, gpus, gzipped)
             return Response(200, PROMETHEUS_TEXT, metrics.body, metrics.headers)

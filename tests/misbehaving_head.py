@@ -12,6 +12,9 @@ must survive (issue 30, rule 3). Each mode answers every connection the same way
   is true, ``int('²')`` raises);
 * ``digit-length``: ``Content-Length: ¹²`` (latin-1 on the wire, as headers are read);
 * ``bad-header``: a header line without a colon;
+* ``late-old``: a well-formed answer of an older head (no ``X-Rayscope-*`` headers, so the
+  fast path hands the command to the CLI, which asks again), each sent whole after
+  :data:`LATE_S`;
 * ``ok``: a well-formed head's answer (the positive control of the harness itself).
 
 Bytes are written raw on a socket (no HTTP library could be made to send these). The server
@@ -29,6 +32,7 @@ from typing import Optional
 DRIP_S = 2.0
 """Between two dripped bytes: under any ``--timeout`` a test gives, so that a deadline per
 ``recv`` never fires and only a deadline for the whole exchange does."""
+LATE_S = 2.0
 BODY = b'{"schema": 1}'
 MODES = (
     "drip-body",
@@ -39,6 +43,7 @@ MODES = (
     "digit-status",
     "digit-length",
     "bad-header",
+    "late-old",
     "ok",
 )
 GOOD_HEAD = b"HTTP/1.1 200 OK\r\nServer: rayscope-head\r\nContent-Type: application/json\r\n"
@@ -52,6 +57,7 @@ ANSWERS: dict[str, tuple[bytes, bytes]] = {
     "digit-status": (b"HTTP/1.1 \xb200 OK\r\nServer: rayscope-head\r\nContent-Length: 2\r\n\r\n{}", b""),
     "digit-length": (GOOD_HEAD + b"Content-Length: \xb9\xb2\r\n\r\n{}" + b" " * 10, b""),
     "bad-header": (GOOD_HEAD + b"no colon here\r\nContent-Length: 2\r\n\r\n{}", b""),
+    "late-old": (b"", b""),
     "ok": (GOOD_HEAD + b"Content-Length: %d\r\n\r\n%s" % (len(BODY), BODY), b""),
 }
 """Per mode: (what is sent at once, what is dripped after it); ``endless-chunks`` is a loop."""
@@ -77,6 +83,10 @@ def serve_one(conn: socket.socket, mode: str, stop: threading.Event) -> None:
                 chunk = b"%x\r\n%s\r\n" % (65536, b"z" * 65536)
                 while not stop.is_set():
                     conn.sendall(chunk)
+                return
+            if mode == "late-old":
+                if not stop.wait(LATE_S):
+                    conn.sendall(ANSWERS["ok"][0])
                 return
             at_once, dripped = ANSWERS[mode]
             conn.sendall(at_once)

@@ -19,6 +19,7 @@ from agent.render.status import SUMMARY_NODES, status_lines
 from agent.rollup import merge, scheduler_nodes, scheduler_sums
 from agent.schema.report import SourceStatus
 from agent.schema.status import ReceivedReport
+from tests.reliability_plugin import FaultRecord
 from tests.scenarios import EUROPA, NOW, SEED_REPORTS, SEED_VIEWS, T4, gpu, report, view
 
 
@@ -215,10 +216,15 @@ def test_accept_encoding_is_read_with_its_weights(header: str, gzipped: bool) ->
     assert answers.accepts_gzip(header) == gzipped
 
 
-def test_gzip_refused_with_q_0_is_not_sent_and_every_answer_says_vary() -> None:
+@pytest.mark.fault
+def test_gzip_refused_with_q_0_is_not_sent_and_every_answer_says_vary(fault: FaultRecord) -> None:
     """Issue 30, rule 12. Before: ``Accept-Encoding: gzip;q=0`` (gzip refused) got gzip,
     and no answer said ``Vary: Accept-Encoding`` (a cache could serve one client's gzip
     body to another). Positive control: test ``"gzip" in header`` again in ``Routes._status``."""
+    fault.expect(
+        "a client that refuses gzip (`Accept-Encoding: gzip;q=0`) asks /v1/status, its lines and /metrics",
+        "no Content-Encoding; `Vary: Accept-Encoding` on every answer, gzipped or not",
+    )
     state, routes = head_with_seed()
     ingest(state, EUROPA, "172.17.0.3", 5.8, NOW)
     for path in ("/v1/status", "/v1/status?format=lines", "/metrics"):
@@ -229,3 +235,4 @@ def test_gzip_refused_with_q_0_is_not_sent_and_every_answer_says_vary() -> None:
         assert zipped_headers["Content-Encoding"] == "gzip" and gzip.decompress(zipped) == plain, path
         for headers in (plain_headers, refused_headers, zipped_headers):
             assert headers["Vary"] == "Accept-Encoding", path
+    fault.observe("gzip;q=0: identity on all 3; gzip;q=0.5: gzip; Vary: Accept-Encoding on all 9 answers")

@@ -20,8 +20,6 @@ after the deadline). Positive control: give ``_Reader._recv`` the whole ``timeou
 import asyncio
 import contextlib
 import http.server
-import os
-import resource
 import socket
 import ssl
 import subprocess
@@ -217,6 +215,7 @@ def tls_port(tmp_path: Path) -> Iterator[int]:
     """A TLS server that drops a plain request without a word (asyncio's, as a head's)."""
     from tests.test_live_wire import make_pki
 
+    tmp_path.mkdir(parents=True, exist_ok=True)
     pki = make_pki(tmp_path)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(str(pki["head.pem"]), str(pki["head.key"]))
@@ -234,28 +233,54 @@ def tls_port(tmp_path: Path) -> Iterator[int]:
         loop.close()
 
 
-@pytest.mark.parametrize("timeout_s", [1.0, 3.0])
-@pytest.mark.parametrize("kind", ["http", "tls"])
+@pytest.mark.fault
 def test_the_gcs_reads_timeout_includes_the_probe_that_names_the_port(
-    kind: str, timeout_s: float, tmp_path: Path
+    tmp_path: Path, fault: FaultRecord
 ) -> None:
     """``status --gcs`` at an HTTP or a TLS port: the port named, and the read over within
     its ``--timeout``. Before: named 2.3-2.6 s after it (the probe ran after the child's
     deadline: 0.5 s waiting for the peer to speak first, then its answer, then a TLS
     handshake). Positive control: probe in ``gcs_child._child_timeout`` as before
     (``peer.described`` after the deadline) and ``took`` is over by a second or more."""
+    fault.expect(
+        "`status --gcs` at an HTTP or a TLS port (no GCS), --timeout 1 and 3",
+        "the port named (an HTTP server, a TLS server) and the read over within --timeout",
+    )
     if not gcs.ray_importable():
         pytest.fail("ray must be importable by the test interpreter for the GCS read")
-    ports = http_port() if kind == "http" else tls_port(tmp_path)
-    with ports as port:
-        address = f"127.0.0.1:{port}"
+    seen = []
+    for kind in ("http", "tls"):
+        for timeout_s in (1.0, 3.0):
+            ports = http_port() if kind == "http" else tls_port(tmp_path / f"{kind}{timeout_s:g}")
+            with ports as port:
+                address = f"127.0.0.1:{port}"
+                started = time.monotonic()
+                with pytest.raises(gcs.GcsUnavailable) as caught:
+                    gcs_child._run_child(address, timeout_s, sys.executable)
+                took = time.monotonic() - started
+            seen.append(f"{kind} --timeout {timeout_s:g}: {took:.2f} s")
+            what = peer.WHAT[peer.HTTP if kind == "http" else peer.TLS]
+            said = f"no GCS at {address}: it is {what}; Ray's GCS listens on 6379 by default"
+            assert str(caught.value) == said
+            assert took < timeout_s + 0.3, (kind, timeout_s, took)
+    fault.observe("named within the timeout: " + ", ".join(seen))
+
+
+def test_what_the_fast_path_hands_on_is_asked_again_within_the_same_timeout(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An older head that answers whole after 2 s, ``--timeout 3``: the fast path's answer
+    (no ``X-Rayscope-*``) goes to the CLI, whose second request gets what is left of the
+    same deadline and times out at 3 s. Without the carried deadline: a new 3 s for the
+    second request, 4 s in all (and 6 s for an answer at 2.9 s). Positive control: drop
+    ``head_request.carry`` in ``fast_status.answer_from_head``."""
+    with MisbehavingHead("late-old") as head:
         started = time.monotonic()
-        with pytest.raises(gcs.GcsUnavailable) as caught:
-            gcs_child._run_child(address, timeout_s, sys.executable)
+        code, out, err = run_entry(["status", "--head", head.url, "--timeout", "3"], capsys, monkeypatch)
         took = time.monotonic() - started
-    what = peer.WHAT[peer.HTTP if kind == "http" else peer.TLS]
-    assert str(caught.value) == f"no GCS at {address}: it is {what}; Ray's GCS listens on 6379 by default"
-    assert took < timeout_s + 0.3, took
+        asked = head.connections
+    assert (code, out, err) == (2, "", f"rayscope: head agent unreachable at {head.url} (timeout 3 s)\n")
+    assert asked == 2 and took < TIMEOUT_S + SLACK_S, (asked, took)
 
 
 def test_a_probe_never_waits_past_its_deadline() -> None:
@@ -272,40 +297,40 @@ def test_a_probe_never_waits_past_its_deadline() -> None:
 # The real cap, in a process of its own: the RELIABILITY.md row ---------------------------
 
 
+MEASURE = """
+import os, subprocess, sys, time
+cap_s = float(sys.argv[1])
+child = subprocess.Popen(sys.argv[2:], stdout=subprocess.DEVNULL)
+until = time.monotonic() + cap_s
+while True:
+    pid, status, usage = os.wait4(child.pid, os.WNOHANG if time.monotonic() < until else 0)
+    if pid:
+        break
+    if time.monotonic() >= until:
+        child.kill()
+    time.sleep(0.02)
+print(os.waitstatus_to_exitcode(status), usage.ru_maxrss)
+"""
+"""Runs a command and says its exit code and peak RSS (``ru_maxrss``). A process of its own
+between the test and the command: a child's ``ru_maxrss`` starts at its parent's peak (the
+memory it was forked or vforked from), which for pytest is far more than a client's."""
+
+
 def _run_measured(argv: list[str], cap_s: float) -> tuple[int, float, float, str]:
     """(exit code, seconds, peak RSS in MiB, stderr) of ``python -m agent ARGV``, killed
     after ``cap_s``."""
-    env = base_env(RAY_AUTH_MODE="disabled")
     started = time.monotonic()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "agent", *argv], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    done = subprocess.run(
+        [sys.executable, "-c", MEASURE, str(cap_s), sys.executable, "-m", "agent", *argv],
+        env=base_env(RAY_AUTH_MODE="disabled"),
+        capture_output=True,
+        text=True,
+        timeout=cap_s + 30,
+        check=True,
     )
-    try:
-        _, status, usage = _wait4_within(process, cap_s)
-    finally:
-        if process.poll() is None:
-            process.kill()
     took = time.monotonic() - started
-    assert process.stderr is not None
-    err = process.stderr.read().decode("utf-8", "replace")
-    process.stderr.close()
-    return os.waitstatus_to_exitcode(status), took, usage.ru_maxrss / 1024, err
-
-
-def _wait4_within(
-    process: "subprocess.Popen[bytes]", cap_s: float
-) -> tuple[int, int, resource.struct_rusage]:
-    until = time.monotonic() + cap_s
-    while time.monotonic() < until:
-        pid, status, usage = os.wait4(process.pid, os.WNOHANG)
-        if pid:
-            process.returncode = os.waitstatus_to_exitcode(status)
-            return pid, status, usage
-        time.sleep(0.05)
-    process.kill()
-    pid, status, usage = os.wait4(process.pid, 0)
-    process.returncode = os.waitstatus_to_exitcode(status)
-    return pid, status, usage
+    code, maxrss_kib = done.stdout.split()
+    return int(code), took, int(maxrss_kib) / 1024, done.stderr
 
 
 @pytest.mark.fault

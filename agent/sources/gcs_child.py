@@ -125,13 +125,17 @@ def _child_timeout(
     python: str,
     naming: "Optional[peer.Naming]" = None,
 ) -> str:
-    """Why the child ran past the deadline: still importing ray (a loaded host, a slow
-    filesystem), or waiting on a GCS whose port took the connection but did not answer
-    (named when the port check's probe told what answers there: ``naming``)."""
+    """Why the child ran past the deadline: the port is plainly no GCS (named when the port
+    check's probe told what answers there, ``naming``: no longer wait would help, imported
+    or not), still importing ray (a loaded host, a slow filesystem), or waiting on a GCS
+    whose port took the connection but did not answer."""
+    wrong = gcs.not_a_gcs(address, naming)
+    if wrong:
+        return wrong
     stderr = err.stderr or b""
     text = stderr.decode("utf-8", "replace") if isinstance(stderr, bytes) else stderr
     if gcs_read.IMPORTED in text:
-        return gcs.not_a_gcs(address, naming) or f"GCS unreachable at {address} (timeout {timeout_s:g} s)"
+        return f"GCS unreachable at {address} (timeout {timeout_s:g} s)"
     return (
         f"GCS read stopped at its deadline (timeout {timeout_s:g} s) while {python} was still"
         " importing ray (a loaded host or a slow file system): the GCS was not asked; raise --timeout"

@@ -223,7 +223,8 @@ def test_gzip_refused_with_q_0_is_not_sent_and_every_answer_says_vary(fault: Fau
     body to another). Positive control: test ``"gzip" in header`` again in ``Routes._status``."""
     fault.expect(
         "a client that refuses gzip (`Accept-Encoding: gzip;q=0`) asks /v1/status, its lines and /metrics",
-        "no Content-Encoding; `Vary: Accept-Encoding` on every answer, gzipped or not",
+        "no Content-Encoding; `Vary: Accept-Encoding` on every answer, gzipped or not"
+        " (before, 5cffc7d: gzip sent, no Vary)",
     )
     state, routes = head_with_seed()
     ingest(state, EUROPA, "172.17.0.3", 5.8, NOW)

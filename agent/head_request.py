@@ -239,8 +239,8 @@ class _Reader:
         self.deadline.bound(self.sock)
         self.sock.sendall(request)
         status, headers = parse_head(self._head())
-        encoding = headers.get("content-encoding", "identity").strip().lower()
-        if encoding != "identity":  # asked for identity: a coding would have to be undone unasked
+        # asked for identity: a coding would have to be undone unasked
+        if headers.get("content-encoding", "").strip(" \t").lower() not in ("", "identity"):
             raise BadAnswer("a Content-Encoding that was not asked for (identity was)")
         if status < 200 or status in (204, 304):
             return Answer(status, headers, b"")

@@ -189,8 +189,8 @@ def test_a_malformed_request_is_a_400_and_writes_at_most_a_throttled_line(
         assert head.get("/healthz")[0] == 200
         text = head.log_text()
         added = len(text.splitlines()) - before
-        seen = sorted({a.decode("latin-1") for s in answers.values() for a in s})
-        fault.observe(f"{len(MALFORMED) * 30} requests: answers {seen}; {added} log lines added")
+        lines = sorted({a.decode("latin-1") for s in answers.values() for a in s})
+        fault.observe(f"{len(MALFORMED) * 30} requests: answers {lines}; {added} log lines added")
         for name, seen in answers.items():
             assert len(seen) == 1 and next(iter(seen)).startswith(b"HTTP/1.1 400 "), (name, seen)
         assert "Traceback" not in text

@@ -1,10 +1,11 @@
-"""Fuzz target for the head's frame and report decoders:
-``python -m tests.fuzz_wire [N] [SEED] [--json FILE]``.
+"""Fuzz targets for the head's frame and report decoders and its HTTP request parser:
+``python -m tests.fuzz_wire [N] [SEED] [--target all|report|http] [--json FILE]``.
 
-Each input is a byte stream fed, in random chunks, to a real :class:`rayscope.head.ingest.ReportProtocol`
-(over a fake transport) as a peer would send it: authentic version-2 and version-1 frames,
-then mutated (bit flips, cut, spliced, repeated, reordered, wrong token, forged lengths), and
-authentic frames around mutated or generated report payloads. Invariants, checked per input:
+Report port: each input is a byte stream fed, in random chunks, to a real
+:class:`rayscope.head.ingest.ReportProtocol` (over a fake transport) as a peer would send it:
+authentic version-2 and version-1 frames, then mutated (bit flips, cut, spliced, repeated,
+reordered, wrong token, forged lengths), and authentic frames around mutated or generated
+report payloads. Invariants, checked per input:
 
 * nothing escapes the protocol's callbacks (an exception there is an *unhandled* input);
 * every connection the head closes has exactly one counted rejection (``/healthz`` counts),
@@ -14,6 +15,18 @@ authentic frames around mutated or generated report payloads. Invariants, checke
   ``/metrics``, the page) with 200 and counts no merge or render as failed: one input in 100
   sends reports with non-ASCII digits (``'²'``, ``'٢'``, ``'５'``) in every string field
   (tests/hostile.py), or mutated ones, to a head that knows two of their nodes.
+
+HTTP port: each input is a request fed, in random chunks, to a real
+:class:`rayscope.head.http.HttpConnection` of a port with the head's own routes (answered in
+the loop, not in the worker threads: the reading is under test): requests the head's
+clients send, then mutated, and requests with hostile request lines and headers (non-ASCII
+and 5,000-digit ``Content-Length``, two lengths, transfer codings, NULs, folded and
+colon-less lines, huge lines). Invariants: nothing escapes, nothing reaches the port's
+catch-all (a ``400`` for a request that made the reading raise: a bug); a complete request
+gets exactly one answer with an HTTP/1.1 status line, and a refused one is counted.
+
+``--target`` picks one (``all``, ``make fuzz``'s: seven in ten report streams, two in ten
+HTTP requests, one in ten bare payloads).
 
 Prints one line per outcome with its count; exits 1 on any unhandled input. ``--json``
 also writes the figures (the counts, the run's time and interpreter) for RELIABILITY.md
@@ -36,8 +49,9 @@ from typing import Any, Callable, Optional
 import msgspec
 
 from rayscope.core.validate import ReportError
-from rayscope.head import ingest
+from rayscope.head import http, ingest
 from rayscope.head.admission import ConnectionGuard
+from rayscope.head.routes import Request, Routes
 from rayscope.head.state import HeadState
 from rayscope.logs import LogThrottle
 from rayscope.net import wire
@@ -68,6 +82,9 @@ class FakeTransport(asyncio.Transport):
 
     def is_closing(self) -> bool:
         return self.closed
+
+    def pause_reading(self) -> None:
+        pass
 
 
 def mutate(rng: random.Random, data: bytes) -> bytes:
@@ -261,21 +278,170 @@ def fuzz_views(rng: random.Random, counts: "Counter[str]") -> Optional[str]:
     return None
 
 
-def fuzz(inputs: int, seed: int = 0) -> tuple["Counter[str]", list[str]]:
-    """Run ``inputs`` inputs (nine in ten streams, one in ten bare payloads, one in a hundred
-    of those a head's views over hostile reports)."""
+READ_TOKEN = b"fuzz-read-token-0123456789abcdef"
+REQUESTS = [
+    b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:7532\r\n\r\n",
+    b"GET /v1/status?all=1&gpus=1 HTTP/1.1\r\nHost: h\r\nAccept-Encoding: identity\r\n"
+    b"Authorization: Bearer " + READ_TOKEN + b"\r\nConnection: close\r\n\r\n",
+    b"GET /v1/status?format=lines HTTP/1.1\r\nHost: h\r\nAccept-Encoding: gzip;q=0.5, br\r\n"
+    b"Authorization: Bearer " + READ_TOKEN + b"\r\n\r\n",
+    b"HEAD /metrics HTTP/1.0\r\nAuthorization: bearer " + READ_TOKEN + b"\r\n\r\n",
+    b"GET /v1/usage?window=1h&headroom=20 HTTP/1.1\r\nHost: h\r\n\r\n",
+    b"POST /login HTTP/1.1\r\nHost: h\r\nOrigin: http://h\r\nContent-Type: application/x-www-form-urlencoded"
+    b"\r\nContent-Length: 10\r\n\r\ntoken=abcd",
+    b"GET / HTTP/1.1\r\nHost: h\r\nCookie: rayscope_page=x.y\r\n\r\n",
+]
+"""Requests the head's clients send (status --head, a dashboard, a browser's login)."""
+HOSTILE_VALUES = [
+    b"\xb2",  # '²' in latin-1: isdigit(), and int() raises
+    b"\xb9\xb2\xb3",
+    "\u0663".encode(),  # Arabic-Indic three, as UTF-8 bytes
+    "\uff15".encode(),  # fullwidth five
+    b"9" * 5000,
+    b"-1",
+    b"+5",
+    b" 5 ",
+    b"1_0",
+    b"0x10",
+    b"4097",
+    b"18446744073709551616",
+    b"",
+    b"\x00",
+    b"chunked",
+    b"gzip;q=\xb9",
+]
+HOSTILE_NAMES = [
+    b"Content-Length",
+    b"content-length",
+    b"Transfer-Encoding",
+    b"Accept-Encoding",
+    b"Cookie",
+    b"Host",
+]
+HOSTILE_LINES = [
+    b"GET / HTTP/\xb9.\xb2",
+    b"GET / HTTP/2.0",
+    b"GET / HTTP/1.1 extra",
+    b"GET\x00/ HTTP/1.1",
+    b"G\xffT / HTTP/1.1",
+    b"GET /" + b"a" * 70000 + b" HTTP/1.1",
+    b"GET  HTTP/1.1",
+    b"",
+    b" ",
+    b"GET /?page=%C2%B2 HTTP/1.1",
+]
+
+
+def http_request(rng: random.Random) -> tuple[bytes, str]:
+    """A request's bytes and what kind of input it is."""
+    base = rng.choice(REQUESTS)
+    kind = rng.randrange(5)
+    if kind == 0:
+        return base, "http clients'"
+    if kind == 1:
+        return mutate(rng, base), "http mutated"
+    if kind == 2:
+        head, _, body = base.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        for _ in range(rng.randint(1, 3)):
+            line = rng.choice(HOSTILE_NAMES) + b": " + rng.choice(HOSTILE_VALUES)
+            lines.insert(rng.randint(1, len(lines)), line)
+        return b"\r\n".join(lines) + b"\r\n\r\n" + body, "http hostile header"
+    if kind == 3:
+        head, _, rest = base.partition(b"\r\n")
+        odd = rng.choice(
+            [rng.choice(HOSTILE_LINES), b" folded", b"no colon", b"X" * 20000 + b": 1", b"A\x00: b"]
+        )
+        if rng.random() < 0.5:
+            return odd + b"\r\n" + rest, "http hostile line"
+        return head + b"\r\n" + odd + b"\r\n" + rest, "http hostile line"
+    return rng.randbytes(rng.randint(0, 512)), "http garbage"
+
+
+class RecordingThrottle(LogThrottle):
+    """The port's throttle, counting every kind noted (the catch-all's is a failure)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.getLogger("rayscope.fuzz"), interval_s=3600)
+        self.kinds: Counter[str] = Counter()
+
+    def note(self, kind: str, message: str, *args: Any, level: int = logging.WARNING) -> None:
+        self.kinds[kind] += 1
+
+
+class InLoopPort(http.HttpPort):
+    """The HTTP port with its routes answered at once in the loop (no worker threads)."""
+
+    throttle: RecordingThrottle
+    served = 0
+
+    def serve(self, conn: http.HttpConnection, request: Request) -> None:
+        self.served += 1
+        conn.send(self.routes.answer(request), request.method == "HEAD")
+
+
+def run_http(rng: random.Random, counts: "Counter[str]", port: InLoopPort) -> Optional[str]:
+    """Feed one request; a description of the broken invariant, or None."""
+    transport = FakeTransport()
+    conn = port.connection()
+    data, kind = http_request(rng)
+    refused, served = port.counters.bad_requests, port.served
+    try:
+        conn.connection_made(transport)
+        for chunk in chunks(rng, data):
+            if transport.closed:
+                break
+            conn.data_received(chunk)
+        conn.connection_lost(None)
+    except Exception as err:  # the invariant under test: nothing escapes
+        return f"{kind}: {type(err).__name__}: {err} on {data[:64].hex()}"
+    bugs = sorted(k for k in port.throttle.kinds if k.startswith("http:unreadable"))
+    port.throttle.kinds.clear()
+    if bugs:  # the port's catch-all answered: the reading raised
+        return f"{kind}: the reading raised ({', '.join(bugs)}) on {data[:64].hex()}"
+    written = bytes(transport.written)
+    refusals, answers = port.counters.bad_requests - refused, port.served - served
+    if not written:
+        if transport.closed or refusals or answers:
+            return f"{kind}: closed or counted without an answer on {data[:64].hex()}"
+        outcome = "incomplete"
+    elif not written.startswith(b"HTTP/1.1 ") or written.count(b"\r\n\r\n", 0, 4096) < 1:
+        return f"{kind}: an answer without a status line and headers: {written[:64]!r}"
+    elif refusals + answers != 1:
+        return f"{kind}: {refusals} refusals and {answers} answers counted for one request"
+    else:
+        outcome = written[9:12].decode("latin-1") + (" refused" if refusals else "")
+    counts[f"{kind} -> {outcome}"] += 1
+    return None
+
+
+def fuzz(inputs: int, seed: int = 0, target: str = "all") -> tuple["Counter[str]", list[str]]:
+    """Run ``inputs`` inputs of ``target`` (``all``: seven in ten report streams, two in
+    ten HTTP requests, one in ten bare payloads; ``report``: nine in ten streams, one in
+    ten payloads, the run before the HTTP target; ``http``: requests only). In ``all`` and
+    ``report``, one input in a hundred is a head's views over hostile reports."""
     rng = random.Random(seed)
     counts: Counter[str] = Counter()
     failures: list[str] = []
 
     async def main() -> None:
-        for i in range(inputs):
-            if i % 100 == 99:
-                failure = fuzz_views(rng, counts)
-            else:
-                failure = fuzz_decoder(rng, counts) if i % 10 == 9 else await run_one(rng, counts)
-            if failure is not None:
-                failures.append(failure)
+        throttle = RecordingThrottle()
+        routes = Routes(HeadState(5.0, None), (READ_TOKEN,), throttle)
+        port = InLoopPort(routes, throttle)
+        try:
+            for i in range(inputs):
+                if target == "http" or (target == "all" and i % 10 in (7, 8)):
+                    failure = run_http(rng, counts, port)
+                elif i % 100 == 99:
+                    failure = fuzz_views(rng, counts)
+                elif i % 10 == 9:
+                    failure = fuzz_decoder(rng, counts)
+                else:
+                    failure = await run_one(rng, counts)
+                if failure is not None:
+                    failures.append(failure)
+        finally:
+            port.close()
 
     asyncio.run(main())
     return counts, failures
@@ -285,11 +451,12 @@ def cli(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("inputs", nargs="?", type=int, default=100_000)
     parser.add_argument("seed", nargs="?", type=int, default=0)
+    parser.add_argument("--target", choices=("all", "report", "http"), default="all")
     parser.add_argument("--json", type=Path, help="also write the figures here (for RELIABILITY.md)")
     args = parser.parse_args(argv)
     logging.disable(logging.WARNING)  # the head's line per rejected input: the counts say it
     started = time.monotonic()
-    counts, failures = fuzz(args.inputs, args.seed)
+    counts, failures = fuzz(args.inputs, args.seed, args.target)
     seconds = time.monotonic() - started
     for outcome, n in sorted(counts.items()):
         print(f"{n:8d}  {outcome}")
@@ -301,6 +468,7 @@ def cli(argv: list[str]) -> int:
         figures = {
             "inputs": args.inputs,
             "seed": args.seed,
+            "target": args.target,
             "handled": handled,
             "unhandled": len(failures),
             "unhandled_examples": failures[:20],

@@ -60,13 +60,13 @@ def fuzz_section(path: Optional[Path]) -> list[str]:
     lines = [
         f"{f['inputs']:,} generated inputs (seed {f['seed']}) on {f['finished_at']}"
         f" (Python {f['python']}, {f['machine']}, {f['seconds']:g} s), by `make fuzz` (tests/fuzz_wire.py):"
-        " nine in ten are byte streams fed in random chunks to the head's report port (authentic"
-        " version-1 and version-2 frames, then mutated, replayed, reordered, with a wrong token or"
-        " generated payloads), one in ten a payload fed to the report decoder alone, one in a hundred"
-        " reports with non-ASCII digits in every string field (or mutated ones) held by a head whose"
-        " views are then asked. Checked on each: nothing escapes the protocol, every connection the"
-        " head closes has exactly one counted rejection, every frame it took was acknowledged, the"
-        " decoder raises nothing but a rejection, every view answers 200 with no node unreadable.",
+        f"{_targets(f.get('target', 'report'))} Checked on each report stream: nothing escapes the"
+        " protocol, every connection the head closes has exactly one counted rejection, every frame"
+        " it took was acknowledged, the decoder raises nothing but a rejection. On each head holding"
+        " hostile reports: every view answers 200 with no node unreadable. On each HTTP request"
+        " (rows `http ...`: the answer's status, `refused` when the port refused it before any route):"
+        " nothing escapes, nothing reaches the port's catch-all, one answer with a status line for a"
+        " complete request, each counted once.",
         "",
         "| Input -> what the head did | Inputs |",
         "| --- | --- |",
@@ -78,6 +78,30 @@ def fuzz_section(path: Optional[Path]) -> list[str]:
     if f["unhandled_examples"]:
         lines += ["Unhandled (the first 20):", "", *(f"- `{_cell(x)}`" for x in f["unhandled_examples"]), ""]
     return lines
+
+
+def _targets(target: str) -> str:
+    """What the inputs were, by ``tests/fuzz_wire.py --target`` (runs before the HTTP target: ``report``)."""
+    report = (
+        "byte streams fed in random chunks to the head's report port (authentic version-1 and"
+        " version-2 frames, then mutated, replayed, reordered, with a wrong token or generated"
+        " payloads)"
+    )
+    http = (
+        "requests fed in random chunks to the head's HTTP port (its clients' requests, then mutated,"
+        " with hostile request lines and headers: non-ASCII and 5,000-digit `Content-Length`, two"
+        " lengths, transfer codings, NULs, folded and colon-less lines, huge lines)"
+    )
+    decoder = "a payload fed to the report decoder alone"
+    views = (
+        "one in a hundred reports with non-ASCII digits in every string field (or mutated ones) held by"
+        " a head whose views are then asked"
+    )
+    if target == "http":
+        return f" every one of them {http}."
+    if target == "all":
+        return f" seven in ten are {report}, two in ten {http}, one in ten {decoder}; {views}."
+    return f" nine in ten are {report}, one in ten {decoder}; {views}."
 
 
 def replace_section(document: str, title: str, body: list[str]) -> str:

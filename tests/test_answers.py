@@ -19,6 +19,7 @@ from rayscope.logs import LogThrottle
 from rayscope.render.status import SUMMARY_NODES, status_lines
 from rayscope.schema.report import SourceStatus
 from rayscope.schema.status import ReceivedReport
+from tests.reliability_plugin import FaultRecord
 from tests.scenarios import EUROPA, NOW, SEED_REPORTS, SEED_VIEWS, T4, gpu, report, view
 
 
@@ -183,3 +184,56 @@ def test_the_bookings_summed_once_per_view_are_the_bookings_summed_per_query() -
     )
     assert msgspec.json.encode(per_view) == msgspec.json.encode(per_query)
     assert per_view.cluster.total_cpu == 32 and per_view.cluster.nodes_dead == 1
+
+
+@pytest.mark.parametrize(
+    ("header", "gzipped"),
+    [
+        ("gzip", True),
+        ("gzip, br", True),
+        ("GZIP;Q=1", True),
+        ("gzip;q=0.001", True),
+        ("br, gzip ; q=0.5", True),
+        ("x-gzip", True),
+        ("*", True),
+        ("*;q=0.1", True),
+        ("gzip;q=1.", True),
+        ("", False),
+        ("identity", False),
+        ("br", False),
+        ("gzip;q=0", False),
+        ("gzip;q=0.000", False),
+        ("gzip; q=0, *", False),  # named and refused: the star does not bring it back
+        ("*;q=0", False),
+        ("gzip;q=1.5", False),  # a weight that does not parse: not offered
+        ("gzip;q=\u00b9", False),  # '¹': isdigit(), not a weight
+        ("gzip;q=0.\u0665", False),  # Arabic-Indic five
+        ("gzip;q=-1", False),
+        ("nogzip", False),
+    ],
+)
+def test_accept_encoding_is_read_with_its_weights(header: str, gzipped: bool) -> None:
+    assert answers.accepts_gzip(header) == gzipped
+
+
+@pytest.mark.fault
+def test_gzip_refused_with_q_0_is_not_sent_and_every_answer_says_vary(fault: FaultRecord) -> None:
+    """Issue 30, rule 12. Before: ``Accept-Encoding: gzip;q=0`` (gzip refused) got gzip,
+    and no answer said ``Vary: Accept-Encoding`` (a cache could serve one client's gzip
+    body to another). Positive control: test ``"gzip" in header`` again in ``Routes._status``."""
+    fault.expect(
+        "a client that refuses gzip (`Accept-Encoding: gzip;q=0`) asks /v1/status, its lines and /metrics",
+        "no Content-Encoding; `Vary: Accept-Encoding` on every answer, gzipped or not"
+        " (before, 5cffc7d: gzip sent, no Vary)",
+    )
+    state, routes = head_with_seed()
+    ingest(state, EUROPA, "172.17.0.3", 5.8, NOW)
+    for path in ("/v1/status", "/v1/status?format=lines", "/metrics"):
+        _, plain_headers, plain = get(routes, path)
+        _, refused_headers, refused = get(routes, path, Accept_Encoding="gzip;q=0")
+        _, zipped_headers, zipped = get(routes, path, Accept_Encoding="gzip;q=0.5")
+        assert "Content-Encoding" not in refused_headers and refused == plain, path
+        assert zipped_headers["Content-Encoding"] == "gzip" and gzip.decompress(zipped) == plain, path
+        for headers in (plain_headers, refused_headers, zipped_headers):
+            assert headers["Vary"] == "Accept-Encoding", path
+    fault.observe("gzip;q=0: identity on all 3; gzip;q=0.5: gzip; Vary: Accept-Encoding on all 9 answers")

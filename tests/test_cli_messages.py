@@ -7,9 +7,10 @@ Every case runs ``python -m rayscope`` in its own process with stderr a pipe (as
 The cases that need a peer use a real ``rayscope head`` (``head_daemon``: its GCS a closed
 port), a TCP server that speaks first the way Ray's GCS does (an HTTP/2 SETTINGS frame, the
 bytes recorded from Ray 2.60's GCS), and a ``rayscope push`` whose warning line is read.
-Positive control: drop the ``peer.wrong_http_port`` call in ``client._unreachable`` and the
-report-port case says only "answered something that is not HTTP" (no port named); the line
-before this change quoted the peer: "head agent unreachable at ... (" and the challenge bytes.
+Positive control: drop the ``peer.wrong_http_port`` call in ``head_request.get`` (its
+``NotHttp`` branch) and the report-port case says only "answered something that is not HTTP"
+(no port named); the line before this change quoted the peer: "head agent unreachable at
+... (" and the challenge bytes.
 """
 
 import os

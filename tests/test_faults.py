@@ -240,7 +240,7 @@ def test_the_port_check_and_the_child_share_one_deadline(monkeypatch: pytest.Mon
     again. Before: ``subprocess.run(timeout=timeout_s)`` after a full check."""
     seen: dict[str, float] = {}
 
-    def slow_check(address: str, timeout_s: float) -> None:
+    def slow_check(address: str, timeout_s: float, deadline: object = None) -> None:
         time.sleep(0.3)
 
     def fake_run(argv: list[str], **kwargs: object) -> object:
@@ -336,3 +336,46 @@ def test_a_bug_in_one_answer_is_an_http_500_and_the_head_keeps_serving() -> None
         loop.run_until_complete(server.wait_closed())
         loop.close()
         port.close()
+
+
+def test_a_bug_in_reading_a_request_is_a_400_and_one_throttled_line(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 30, rule 4, as a property of the port and not of each parser: whatever raises
+    while a request is read (here the length check itself) answers 400 and writes one
+    throttled line, never asyncio's traceback. Positive control: drop the ``try`` in
+    ``HttpConnection.data_received`` and each request logs a 10-line traceback, no answer."""
+    import asyncio
+
+    from rayscope.head import http
+    from rayscope.head.routes import Routes
+    from rayscope.logs import LogThrottle
+
+    def broken(parsed: object) -> int:
+        raise ValueError("a bug")
+
+    monkeypatch.setattr(http, "body_length", broken)
+    state = HeadState(interval_s=1.0, gcs_address=None)
+    throttle = LogThrottle(logging.getLogger("rayscope.head"))
+    port = http.HttpPort(Routes(state, (), throttle), throttle)
+    loop = asyncio.new_event_loop()
+    server = loop.run_until_complete(loop.create_server(port.connection, "127.0.0.1", 0))
+    address = server.sockets[0].getsockname()
+    runner = threading.Thread(target=loop.run_forever, daemon=True)
+    runner.start()
+    caplog.set_level(logging.DEBUG)
+    try:
+        for _ in range(50):
+            with socket.create_connection(("127.0.0.1", address[1]), timeout=5) as s:
+                s.sendall(b"GET /healthz HTTP/1.1\r\nHost: h\r\n\r\n")
+                assert s.recv(65536).startswith(b"HTTP/1.1 400 Bad Request\r\n")
+    finally:
+        loop.call_soon_threadsafe(server.close)
+        loop.call_soon_threadsafe(loop.stop)
+        runner.join(5)
+        loop.run_until_complete(server.wait_closed())
+        loop.close()
+        port.close()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "could not be read (ValueError)" in lines[0], lines
+    assert port.counters.bad_requests == 50

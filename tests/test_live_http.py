@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from rayscope.head.http import HTTP_WORKERS, REQUEST_DEADLINE_S
+from tests.reliability_plugin import FaultRecord
 from tests.test_live_wire import Head, make_pki
 from tests.waiting import eventually
 
@@ -129,5 +130,71 @@ def test_clients_that_hang_up_early_cannot_fill_the_log(tmp_path: Path, token: P
         text = head.log_text()
         assert "Traceback" not in text
         assert len(text.splitlines()) - before < 20, text
+    finally:
+        head.stop()
+
+
+MALFORMED = {
+    "Content-Length: ²": b"POST /login HTTP/1.1\r\nHost: h\r\nContent-Length: \xb2\r\n\r\n",
+    "Content-Length: ¹²³": b"POST /login HTTP/1.1\r\nHost: h\r\nContent-Length: \xb9\xb2\xb3\r\n\r\n",
+    "Content-Length: 5,000 digits": b"POST /login HTTP/1.1\r\nHost: h\r\nContent-Length: "
+    + b"9" * 5000
+    + b"\r\n\r\n",
+    "Content-Length: -1": b"POST /login HTTP/1.1\r\nHost: h\r\nContent-Length: -1\r\n\r\n",
+    "bad request line": b"GET\x00/ \xff HTTP/1.1 x\r\nHost: h\r\n\r\n",
+    "bad version": b"GET / HTTP/\xb9.\xb2\r\nHost: h\r\n\r\n",
+    "header without a colon": b"GET /healthz HTTP/1.1\r\nno colon\r\n\r\n",
+}
+
+
+def _answer_of(port: int, request: bytes) -> bytes:
+    """The head's whole answer to ``request`` (``b""``: the connection closed without one)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(request)
+        answer = b""
+        with contextlib.suppress(OSError):
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                answer += chunk
+        return answer
+
+
+@pytest.mark.fault
+def test_a_malformed_request_is_a_400_and_writes_at_most_a_throttled_line(
+    tmp_path: Path, token: Path, fault: FaultRecord
+) -> None:
+    """Issue 30, rule 4: a stranger cannot write to the head's log. Each malformed request
+    line or header, sent 30 times in a row: a 400 every time, and the log grows by a few
+    throttled lines, never a traceback. Before: ``Content-Length: ²`` (``'²'.isdigit()`` is
+    true, ``int('²')`` raises), ``¹²³`` and 5,000 digits raised inside ``data_received``:
+    no answer, and asyncio's 10-line traceback in the log for each. Positive control: put
+    ``length.isdigit()`` and ``int(length)`` back in ``HttpConnection.data_received``."""
+    fault.expect(
+        "malformed HTTP requests from a stranger (non-ASCII digits or 5,000 digits in"
+        " Content-Length, a bad request line or version, a header without a colon), 30 of each",
+        "a 400 for every one; the head's log grows by at most one throttled line per kind, no traceback"
+        " (before, 5cffc7d: the three lengths no answer and 300 log lines each, 90 tracebacks; a bad"
+        " version an error page without a status line; a header without a colon 200)",
+    )
+    head = Head(tmp_path / "head.log", token)
+    try:
+        before = len(head.log_text().splitlines())
+        answers: dict[str, set[bytes]] = {}
+        for name, request in MALFORMED.items():
+            for _ in range(30):
+                status_line = _answer_of(head.http_port, request).split(b"\r\n", 1)[0]
+                answers.setdefault(name, set()).add(status_line)
+        assert head.get("/healthz")[0] == 200
+        text = head.log_text()
+        added = len(text.splitlines()) - before
+        lines = sorted({a.decode("latin-1") for s in answers.values() for a in s})
+        fault.observe(f"{len(MALFORMED) * 30} requests: answers {lines}; {added} log lines added")
+        for name, seen in answers.items():
+            assert len(seen) == 1 and next(iter(seen)).startswith(b"HTTP/1.1 400 "), (name, seen)
+        assert "Traceback" not in text
+        assert added <= len(MALFORMED), text
+        assert head.health()["http_bad_requests"] >= len(MALFORMED) * 30
     finally:
         head.stop()

@@ -12,7 +12,7 @@ shown or compared; :func:`ray_units` counts whole units, as Ray's scheduler comp
 Numbers from outside (a peer's report, a header, a GCS field, ``CUDA_VISIBLE_DEVICES``, a
 file, an environment variable) become numbers here and nowhere else: :func:`parse_count` for
 counts and indices, :func:`parse_amount` for amounts and durations. Both take ASCII digits
-only (``str.isdigit()``, ``int()`` and ``float()`` take ``'²'``, ``'٢'``, ``'５'``, and
+only (``str.isdigit``, ``int()`` and ``float()`` take ``'²'``, ``'٢'``, ``'５'``, and
 ``float()`` takes ``nan``, ``inf`` and ``1_0``), refuse the rest by name, and bound the text
 before converting it (SECURITY.md, rule 1 of issue 30).
 """
@@ -52,7 +52,7 @@ def parse_count(text: str, what: str, maximum: int = 2**63 - 1) -> int:
     that comes from outside (a peer's report, an HTTP header or query, a cookie, a GCS field,
     ``CUDA_VISIBLE_DEVICES``, a state file, an environment variable).
 
-    ``str.isdigit()`` and ``int()`` take non-ASCII digits (``'²'``, ``'٢'``, ``'５'``) and
+    ``str.isdigit`` and ``int()`` take non-ASCII digits (``'²'``, ``'٢'``, ``'５'``) and
     ``int()`` takes signs, spaces and underscores: none of them is a number here. Raises
     ``ValueError`` naming ``what`` and the refused text (quoted, so controls show escaped)."""
     if not text or len(text) > MAX_DIGITS or not ASCII_DIGITS.issuperset(text):
@@ -96,4 +96,22 @@ def parse_amount(text: str, what: str, maximum: float = 1.7976931348623157e308) 
     value = float(text)
     if not math.isfinite(value) or value > maximum:
         raise ValueError(f"{what}: {text[:40]!r} is over {maximum:g}")
+    return value
+
+
+HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
+MAX_HEX_DIGITS = 16
+"""The longest hexadecimal digit string taken (2**64 has 17 hex digits): an HTTP chunk size."""
+
+
+def parse_hex_count(text: str, what: str, maximum: int = 2**63 - 1) -> int:
+    """``text`` as a non-negative hexadecimal integer, ``[0-9a-fA-F]`` only: :func:`parse_count`'s
+    sibling for the numbers that come in hex (an HTTP chunk size). ``int(text, 16)`` would take
+    ``'٢'``, ``'0x1'``, ``'-1'``, ``' 1'`` and ``'1_0'``: none of them is a number here. Raises
+    ``ValueError`` naming ``what`` and the refused text."""
+    if not text or len(text) > MAX_HEX_DIGITS or not HEX_DIGITS.issuperset(text):
+        raise ValueError(f"{what}: {text[:40]!r} is not a hexadecimal number (digits 0-9, a-f only)")
+    value = int(text, 16)
+    if value > maximum:
+        raise ValueError(f"{what}: {value} is over {maximum}")
     return value

@@ -7,7 +7,8 @@ the renderers: ~50 ms) only when it returns:
   on stdout: the head renders the answer (``GET /v1/status?format=lines``, or the JSON
   document), with the exit code and the notes ``status`` prints on stderr in
   ``X-Rayscope-*`` headers; printed here, byte for byte what the CLI prints for it, with
-  nothing imported beyond a socket (:mod:`rayscope.client.request`);
+  nothing imported beyond a socket (:mod:`rayscope.client.request`, the one transport of every
+  ``--head`` read: the whole exchange within ``--timeout``, the body capped);
 * ``status`` reading the GCS (no head): the GCS child is started at once
   (:mod:`rayscope.sources.gcs.prestart`): ``import ray``, most of the command's time, then
   runs while the CLI imports its own modules and finds the address.
@@ -16,8 +17,9 @@ Everything else goes to the CLI untouched, so that help, usage errors and every 
 output read exactly as they always did: another command, an option this module does not
 know or a value it would not take (the CLI then says why), ``--help``, ``--output``,
 ``--append``, ``--watch``, ``--format prom``, ``--gcs``; and a head whose answer this module
-does not take (an older head answers ``format=lines`` with JSON, and no ``X-Rayscope-Exit``;
-a proxy that chunks or compresses): the CLI then asks again, as it always did.
+does not print itself (a refusal, whose meaning the CLI's path says; an older head, which
+answers ``format=lines`` with JSON and no ``X-Rayscope-Exit``): the CLI then asks again, as it
+always did, within what is left of the same ``--timeout`` (:func:`rayscope.client.request.carry`).
 """
 
 import math
@@ -222,6 +224,7 @@ def answer_from_head(request: Request) -> Optional[int]:
     from rayscope.client import request as head_request
     from rayscope.errors import EXIT_NO_DATA, AgentError, say
     from rayscope.net import tokens
+    from rayscope.net.deadline import Deadline
     from rayscope.net.tls import NO_TLS
 
     assert request.head is not None
@@ -232,11 +235,11 @@ def answer_from_head(request: Request) -> Optional[int]:
     query += ["gpus=1"] if request.gpus else []
     query += ["all=1"] if request.all_nodes else []
     target = "/v1/status" + ("?" + "&".join(query) if query else "")
-    try:
-        got = head_request.get(request.head, target, token, request.timeout_s, tls)
-    except head_request.Unusual:
-        return None
-    if got.status != 200:  # the CLI's path asks again and says what the refusal means
+    deadline = Deadline(request.timeout_s)
+    got = head_request.get(request.head, target, token, request.timeout_s, tls, deadline)
+    # What this module does not print itself, the CLI asks again: within the same deadline.
+    head_request.carry(request.head, deadline)
+    if got.status != 200:  # the CLI's path says what the refusal means
         return None
     kind = "application/json" if json_out else "text/plain"
     said = status_headers(got.headers, request.verbose)
@@ -247,6 +250,7 @@ def answer_from_head(request: Request) -> Optional[int]:
     text = _json_text(got.body) if json_out else _lines_text(got.body)
     if text is None:
         return None
+    head_request.forget_carried()
     from rayscope.cli.output import to_stdout
 
     to_stdout(text)

@@ -1,10 +1,12 @@
-"""The head agent's HTTP client: ``status --head`` reads the merged rollup from it.
+"""The head agent's client: ``status``, ``usage`` and ``fit`` with ``--head`` read the
+merged rollup (or the usage history) from it, and what a refusal means is said here.
 
-The fast path of the CLI: no ray, no psutil, no pynvml — only the standard library's HTTP
-client and msgspec, so a status query costs little more than the interpreter's start.
+No ray, no psutil, no pynvml: the one transport of every ``--head`` read
+(:mod:`rayscope.client.request`, a plain socket) and msgspec, so a status query costs little more
+than the interpreter's start.
 """
 
-from typing import Optional
+from typing import Optional, Union
 from urllib.parse import urlsplit
 
 import msgspec
@@ -29,8 +31,8 @@ def head_status(
 ) -> ClusterStatus:
     """The rollup a head agent serves (``GET /v1/status?all=1``, ``&gpus=1`` for the per-GPU
     attribution); :class:`AgentError` (exit 2) when it cannot be had. No ray import on this
-    path: it is the fast one (``http.client`` itself, not ``urllib.request``, for the same
-    reason). HTTPS when the URL says ``https://`` or any ``tls`` file is given. ``token_file``:
+    path: it is the fast one. HTTPS when the URL says ``https://`` or any ``tls`` file is
+    given. ``token_file``:
     where ``token`` came from, for the message when the head refuses it."""
     path = "/v1/status?all=1" + ("&gpus=1" if gpus else "")
     body = head_get(url, path, token, timeout_s, tls, token_file)
@@ -65,36 +67,16 @@ def head_get(
     timeout_s: float,
     tls: TlsFiles = NO_TLS,
     token_file: Optional[str] = None,
-) -> bytes:
-    """The body of ``GET path`` from the head at ``url``; :class:`AgentError` (exit 2) for
-    anything but a 200: a refused token told from a missing one, and a port that is not a
-    head agent's HTTP port named (:func:`_unreachable`)."""
-    import http.client
+) -> Union[bytes, bytearray]:
+    """The body of ``GET path`` from the head at ``url``, read by the one transport
+    (:func:`rayscope.client.request.get`: the whole exchange within ``timeout_s``, the body
+    capped, every number parsed as ASCII); :class:`AgentError` (exit 2) for anything but a
+    200: a refused token told from a missing one, and a server that is not a head agent named."""
+    from rayscope.client import request as head_request
 
-    parts = urlsplit(url)
-    host, port = parts.hostname or "", parts.port or DEFAULT_HTTP_PORT
-    connection: http.client.HTTPConnection
-    if parts.scheme == "https" or tls.enabled:
-        from rayscope.net.tls import client_context
-
-        try:
-            context = client_context(tls)
-        except ValueError as err:
-            raise AgentError(str(err), EXIT_NO_DATA) from None
-        connection = http.client.HTTPSConnection(host, port, timeout=timeout_s, context=context)
-        url = f"https://{parts.netloc}"
-    else:
-        connection = http.client.HTTPConnection(host, port, timeout=timeout_s)
-    headers = {"Authorization": "Bearer " + token.decode()} if token else {}
-    try:
-        connection.request("GET", path, headers=headers)
-        response = connection.getresponse()
-        body = response.read()
-    except (TimeoutError, OSError, http.client.HTTPException) as err:
-        raise AgentError(_unreachable(url, host, port, timeout_s, err), EXIT_NO_DATA) from None
-    finally:
-        connection.close()
-    if response.status == 401:
+    answer = head_request.get(url, path, token, timeout_s, tls)
+    url = head_request.shown_url(url, tls)
+    if answer.status == 401:
         if token:
             raise AgentError(
                 f"head agent at {url} refused the token from {token_file or 'the token file'}: it holds"
@@ -104,54 +86,34 @@ def head_get(
         raise AgentError(
             f"head agent at {url} requires a token: pass --token-file (the head's)", EXIT_NO_DATA
         )
-    if response.status != 200 and (response.getheader("Server") or "") != "rayscope-head":
+    if answer.status != 200 and answer.headers.get("server", "") != "rayscope-head":
         raise AgentError(
-            f"{url} is an HTTP server but not a rayscope head agent (HTTP {response.status}): status --head"
+            f"{url} is an HTTP server but not a rayscope head agent (HTTP {answer.status}): status --head"
             f" wants the head's --http address ({DEFAULT_HTTP_PORT} by default)",
             EXIT_NO_DATA,
         )
-    if response.status == 421:
+    if answer.status == 421:
+        host = urlsplit(url).hostname or url
         raise AgentError(
             f"head agent at {url} does not answer to the name {host}: start it with --http-host {host}"
             " (or use its IP address)",
             EXIT_NO_DATA,
         )
-    if response.status == 429:
-        retry = response.getheader("Retry-After") or ""  # the peer's text: a number or nothing
+    if answer.status == 429:
+        retry = answer.headers.get("retry-after", "")  # the peer's text: a number or nothing
         raise AgentError(
             f"head agent at {url} refuses tokens from this address for now (too many wrong ones):"
             f" try again in {retry if is_count(retry) else 'a few'} s",
             EXIT_NO_DATA,
         )
-    if response.status == 404 and path.startswith("/v1/usage"):
+    if answer.status == 404 and path.startswith("/v1/usage"):
         raise AgentError(f"head agent at {url} keeps no usage history: it is an older release", EXIT_NO_DATA)
-    if response.status != 200:
-        raise AgentError(f"head agent at {url} answered HTTP {response.status}", EXIT_NO_DATA)
-    return body
+    if answer.status != 200:
+        raise AgentError(f"head agent at {url} answered HTTP {answer.status}", EXIT_NO_DATA)
+    return answer.body
 
 
-def _unreachable(url: str, host: str, port: int, timeout_s: float, err: BaseException) -> str:
-    """Why the head agent at ``url`` could not be read. A port that answered something else
-    than HTTP is probed (:mod:`rayscope.client.peer`) and named, never quoted: its bytes (a report
-    port's random challenge) are not the operator's to read."""
-    import http.client
-
-    from rayscope.client import peer
-
-    if isinstance(err, TimeoutError) or "timed out" in str(err):
-        return f"head agent unreachable at {url} (timeout {timeout_s:g} s)"
-    if isinstance(err, ConnectionRefusedError):
-        return f"head agent unreachable at {url} (connection refused)"
-    wrong = peer.wrong_http_port(url, host, port)
-    if wrong:
-        return wrong
-    if isinstance(err, http.client.HTTPException) and not isinstance(err, http.client.RemoteDisconnected):
-        return f"head agent at {url} answered something that is not HTTP"
-    reason = (getattr(err, "strerror", None) or str(err) or type(err).__name__).lower()
-    return f"head agent unreachable at {url} ({reason})"
-
-
-def _unexpected(url: str, body: bytes, err: msgspec.DecodeError) -> AgentError:
+def _unexpected(url: str, body: Union[bytes, bytearray], err: msgspec.DecodeError) -> AgentError:
     """A head's document this release cannot read: another schema (by name), or garbage."""
     served = _document_schema(body)
     if served is not None and served != DOCUMENT_SCHEMA:
@@ -167,7 +129,7 @@ class _Versioned(msgspec.Struct):
     schema: int = 0
 
 
-def _document_schema(body: bytes) -> Optional[int]:
+def _document_schema(body: Union[bytes, bytearray]) -> Optional[int]:
     """The ``schema`` a document says it is, when it says so; ``None`` otherwise."""
     try:
         return msgspec.json.decode(body, type=_Versioned).schema or None

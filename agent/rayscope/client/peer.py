@@ -19,11 +19,13 @@ How each kind is known, by what it says first or to ``GET /healthz``:
 """
 
 import socket
+import threading
 import time
 from typing import Callable, Optional
 
 from rayscope.net import wire
 from rayscope.net.addresses import DEFAULT_GCS_PORT, DEFAULT_HTTP_PORT, DEFAULT_REPORT_PORT
+from rayscope.net.deadline import Deadline
 
 REPORT = "report"
 HEAD_HTTP = "head_http"
@@ -88,40 +90,74 @@ def _read_some(sock: socket.socket, until: float, enough: Callable[[bytes], bool
     return data, False
 
 
-def probe(host: str, port: int, timeout_s: float = PROBE_S, first_s: float = SPEAKS_FIRST_S) -> Optional[str]:
+def probe(
+    host: str,
+    port: int,
+    timeout_s: float = PROBE_S,
+    first_s: float = SPEAKS_FIRST_S,
+    deadline: Optional[Deadline] = None,
+) -> Optional[str]:
     """Connect to ``host:port`` and tell what answers there (:func:`kind_of`); ``None`` when
     it cannot be told (or nothing listens). Waits ``first_s`` for the peer to speak first (0
-    when it is known not to), then ``timeout_s`` for its answer to ``GET /healthz``."""
+    when it is known not to), then ``timeout_s`` for its answer to ``GET /healthz``; every
+    wait within ``deadline`` when one is given (the caller's ``--timeout`` includes the probe)."""
+    connect_s = _wait(timeout_s, deadline)
+    if connect_s <= 0:
+        return None
     try:
-        sock = socket.create_connection((host, port), timeout=timeout_s)
+        sock = socket.create_connection((host, port), timeout=connect_s)
     except OSError:
         return None
     with sock:
-        first = _read_some(sock, time.monotonic() + first_s, _enough_first)[0] if first_s > 0 else b""
-        if first:
-            return kind_of(first)
-        try:
-            sock.settimeout(timeout_s)
-            sock.sendall(f"GET /healthz HTTP/1.0\r\nHost: {host}\r\n\r\n".encode("ascii", "replace"))
-        except OSError:
-            return None
-        answer, closed = _read_some(sock, time.monotonic() + timeout_s, _enough_answer)
-    if kind_of(b"", answer) is None and answer == b"" and closed and _speaks_tls(host, port, timeout_s):
-        return TLS  # dropped the plain request, took a handshake
+        return probe_connected(sock, host, port, timeout_s, first_s, deadline)
+
+
+def _wait(wait_s: float, deadline: Optional[Deadline]) -> float:
+    return wait_s if deadline is None else deadline.within(wait_s)
+
+
+def probe_connected(
+    sock: socket.socket,
+    host: str,
+    port: int,
+    timeout_s: float = PROBE_S,
+    first_s: float = SPEAKS_FIRST_S,
+    deadline: Optional[Deadline] = None,
+) -> Optional[str]:
+    """:func:`probe` on a connection already made to ``host:port`` (a port check's)."""
+    first_s = _wait(first_s, deadline)
+    first = _read_some(sock, time.monotonic() + first_s, _enough_first)[0] if first_s > 0 else b""
+    if first:
+        return kind_of(first)
+    send_s = _wait(timeout_s, deadline)
+    if send_s <= 0:
+        return None
+    try:
+        sock.settimeout(send_s)
+        sock.sendall(f"GET /healthz HTTP/1.0\r\nHost: {host}\r\n\r\n".encode("ascii", "replace"))
+    except OSError:
+        return None
+    answer, closed = _read_some(sock, time.monotonic() + _wait(timeout_s, deadline), _enough_answer)
+    if kind_of(b"", answer) is None and answer == b"" and closed:
+        tls_s = _wait(timeout_s, deadline)
+        if tls_s > 0 and _speaks_tls(host, port, Deadline(tls_s)):
+            return TLS  # dropped the plain request, took a handshake
     return kind_of(b"", answer)
 
 
-def _speaks_tls(host: str, port: int, timeout_s: float) -> bool:
+def _speaks_tls(host: str, port: int, deadline: Deadline) -> bool:
     """Whether a TLS handshake gets a TLS answer at ``host:port`` (a server that drops a
-    plain request without a word, as asyncio's does). Nothing is verified and nothing sent
-    after it: the peer's certificate, if any, is not looked at."""
+    plain request without a word, as asyncio's does), connect and handshake within
+    ``deadline``. Nothing is verified and nothing sent after it: the peer's certificate,
+    if any, is not looked at."""
     import ssl
 
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
     try:
-        with socket.create_connection((host, port), timeout=timeout_s) as raw:  # noqa: SIM117 - 3.9
+        with socket.create_connection((host, port), timeout=deadline.need()) as raw:
+            deadline.bound(raw)
             with context.wrap_socket(raw, server_hostname=host):
                 return True
     except ssl.SSLError as err:
@@ -130,11 +166,38 @@ def _speaks_tls(host: str, port: int, timeout_s: float) -> bool:
         return False
 
 
+class Naming:
+    """What answers at a port, told in the background (:func:`probe_connected`, on a
+    connection a port check made) while the caller's read goes on, within the read's
+    deadline: asked only when the read fails, and never waited on past that deadline."""
+
+    def __init__(self, sock: socket.socket, host: str, port: int, deadline: Deadline) -> None:
+        self.deadline = deadline
+        self._kind: Optional[str] = None
+        self._thread = threading.Thread(
+            target=self._run, args=(sock, host, port), name="rayscope-probe", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, sock: socket.socket, host: str, port: int) -> None:
+        with sock:
+            self._kind = probe_connected(sock, host, port, deadline=self.deadline)
+
+    def kind(self) -> Optional[str]:
+        """The kind of peer, when the probe told it before the deadline; ``None`` otherwise."""
+        self._thread.join(self.deadline.left())
+        return None if self._thread.is_alive() else self._kind
+
+
 def described(
-    host: str, port: int, timeout_s: float = PROBE_S, first_s: float = SPEAKS_FIRST_S
+    host: str,
+    port: int,
+    timeout_s: float = PROBE_S,
+    first_s: float = SPEAKS_FIRST_S,
+    deadline: Optional[Deadline] = None,
 ) -> tuple[Optional[str], str]:
     """(:func:`probe`'s kind, its words: ``a rayscope head's HTTP port (...)``, or ``""``)."""
-    kind = probe(host, port, timeout_s, first_s)
+    kind = probe(host, port, timeout_s, first_s, deadline)
     return kind, WHAT.get(kind or "", "")
 
 
@@ -168,10 +231,11 @@ def wrong_report_port(head: tuple[str, int], tls: bool, silent: bool = False) ->
     )
 
 
-def wrong_http_port(url: str, host: str, port: int) -> str:
+def wrong_http_port(url: str, host: str, port: int, deadline: Optional[Deadline] = None) -> str:
     """``status --head``: why ``url`` is not a head agent's HTTP port, from what answers
-    there; ``""`` when it is one, or nothing can be told."""
-    kind, what = described(host, port)
+    there (probed within what is left of ``deadline``: the read's ``--timeout`` includes
+    it); ``""`` when it is one, or nothing can be told."""
+    kind, what = described(host, port, deadline=deadline)
     if kind is None or kind == HEAD_HTTP or (kind == TLS and url.startswith("https://")):
         return ""
     if kind == TLS:

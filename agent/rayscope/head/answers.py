@@ -15,7 +15,8 @@ served again:
 Both are fractions of the head's interval, so an answer is never more than a quarter of an
 interval behind the reports, or half of one behind the clock. One request renders while the
 others asking for the same representation wait for it (no stampede). A gzip copy is made
-once, for the first client that accepts it.
+once, for the first client that accepts it (:func:`accepts_gzip`: the ``Accept-Encoding``
+weights read, ``gzip;q=0`` is a refusal), and every answer says ``Vary: Accept-Encoding``.
 """
 
 import gzip
@@ -30,11 +31,51 @@ from rayscope.core.isolation import recording
 from rayscope.head.state import HeadState
 from rayscope.render.status import source_details
 from rayscope.schema.status import DOCUMENT_SCHEMA, ClusterStatus
+from rayscope.units import is_count
 
 REFRESH_S = 0.5
 MAX_AGE_S = 2.0
 GZIP_LEVEL = 1
 """Fast: the JSON of 10,000 nodes shrinks ~12× at level 1 in ~20 ms (level 6: ~15×, ~60 ms)."""
+VARY = ("Vary", "Accept-Encoding")
+"""On every answer that can be gzipped, either way: a cache between the head and its
+clients must not hand a gzip body to a client that did not ask for one, nor the reverse."""
+_GZIP_NAMES = ("gzip", "x-gzip")
+
+
+def accepts_gzip(header: str) -> bool:
+    """Whether an ``Accept-Encoding`` value (RFC 9110, 12.5.3) takes gzip: ``gzip`` (or
+    ``x-gzip``) with a weight above 0, or ``*`` above 0 where gzip is not named. A weight
+    is read as ASCII (:func:`_weight`); a member whose weight does not parse counts as not
+    offered. Before: any value containing ``gzip`` got gzip, ``gzip;q=0`` (refused) too."""
+    named: Optional[bool] = None
+    star = False
+    for member in header.split(","):
+        coding, _, params = member.partition(";")
+        coding = coding.strip(" \t").lower()
+        weight = _weight(params)
+        if coding in _GZIP_NAMES:
+            named = bool(named) or weight > 0
+        elif coding == "*":
+            star = weight > 0
+    return named if named is not None else star
+
+
+def _weight(params: str) -> int:
+    """A member's ``q`` in thousandths (1000 without one); 0 when it does not parse.
+    ``qvalue = ( "0" [ "." 0*3DIGIT ] ) / ( "1" [ "." 0*3("0") ] )``, ASCII digits only."""
+    weight = 1000
+    for param in params.split(";"):
+        name, equals, value = param.strip(" \t").partition("=")
+        if not equals or name.strip(" \t").lower() != "q":
+            continue
+        whole, _, fraction = value.strip(" \t").partition(".")
+        if whole not in ("0", "1") or len(fraction) > 3 or (fraction and not is_count(fraction)):
+            return 0
+        weight = int(whole) * 1000 + (int(fraction.ljust(3, "0")) if fraction else 0)
+        if weight > 1000:
+            return 0
+    return weight
 
 
 def refresh_s(interval_s: float) -> float:
@@ -109,7 +150,7 @@ class Answers:
                 self.renders += 1
             value = entry.value
             if not gzipped:
-                return value
+                return Rendered(value.body, (*value.headers, VARY))
             if entry.gzipped is None:
                 entry.gzipped = gzip.compress(value.body, GZIP_LEVEL, mtime=0)
-            return Rendered(entry.gzipped, (*value.headers, ("Content-Encoding", "gzip")))
+            return Rendered(entry.gzipped, (*value.headers, ("Content-Encoding", "gzip"), VARY))

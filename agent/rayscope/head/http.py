@@ -14,10 +14,15 @@ A slow client can hold only what it costs to read its request, never a worker:
   oldest one still being read (of its own address first), so a flood of slow clients cannot
   lock out a probe that connects later;
 * nothing a client does writes more than one log line per kind per interval (the throttle);
-  a client that hangs up early is a count, not a traceback.
+  a client that hangs up early is a count, not a traceback; a request that does not parse
+  is a ``400`` (or the library's own code: 414, 431, 505) and a count, never a log line, and
+  a request that makes the reading itself fail (a bug of ours) a ``400`` and one throttled line.
 
 The request line and headers are parsed by the standard library's own HTTP parser
-(``BaseHTTPRequestHandler.parse_request``), never by hand.
+(``BaseHTTPRequestHandler.parse_request``), never by hand; the one number a request carries
+that the head reads, ``Content-Length``, by the one ASCII parser (:func:`rayscope.units.parse_count`:
+``str.isdigit`` is true for ``'²'`` and ``int('²')`` raises, and a traceback in ``data_received`` wrote
+10 log lines per request and answered nothing).
 """
 
 import asyncio
@@ -27,10 +32,11 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from rayscope.head.routes import Request, Response, Routes, text
 from rayscope.logs import LogThrottle
+from rayscope.units import parse_count
 
 log = logging.getLogger("rayscope.head")
 
@@ -71,19 +77,49 @@ class HttpCounters:
 
 class _Parser(BaseHTTPRequestHandler):
     """The standard library's request parser run on bytes already read (no socket): the
-    request line and the headers, its limits and error responses."""
+    request line and the headers, and its limits. A refusal is kept as its status code
+    (:attr:`refused`) and answered by :func:`response_bytes` in the head's own words: the
+    library's error page quotes the client's bytes, and has no status line at all when the
+    request line's version does not parse (HTTP/0.9)."""
 
     def __init__(self, head: bytes) -> None:  # the base class would start serving a socket
         self.rfile = io.BytesIO(head)
-        self.error_response = io.BytesIO()
-        self.wfile = self.error_response
+        self.wfile = io.BytesIO()
         self.client_address = ("", 0)
         self.close_connection = True
+        self.refused = 0
         self.raw_requestline = self.rfile.readline(65537)
         self.ok = bool(self.raw_requestline) and self.parse_request()
 
+    def send_error(self, code: int, message: Optional[str] = None, explain: Optional[str] = None) -> None:
+        self.refused = code
+
     def log_message(self, format: str, *args: Any) -> None:
         pass  # the port counts bad requests; a client cannot write to the head's log
+
+
+def _refusal(status: int, why: str) -> Response:
+    return text(status, f"{HTTPStatus(status).phrase.lower()}: {why}")
+
+
+def body_length(parsed: _Parser) -> Union[int, Response]:
+    """The request body's length (``Content-Length``, read by the one ASCII parser), or
+    the refusal: a header the parser flagged, a transfer coding (no request here needs one),
+    two lengths, a length that is not ``[0-9]+``, or one over :data:`MAX_BODY_BYTES`."""
+    if parsed.headers.defects:  # e.g. a line without a colon: the headers after it were lost
+        return _refusal(400, "a header line does not parse")
+    if parsed.headers.get("Transfer-Encoding") is not None:
+        return _refusal(501, "a request body with a transfer coding is not taken")
+    lengths = parsed.headers.get_all("Content-Length") or ["0"]
+    if len(set(lengths)) > 1:
+        return _refusal(400, "two Content-Length headers that disagree")
+    try:
+        length = parse_count(lengths[0].strip(" \t"), "Content-Length")
+    except ValueError:
+        return _refusal(400, "Content-Length is not a number (digits 0-9 only)")
+    if length > MAX_BODY_BYTES:
+        return _refusal(413, f"a request body over {MAX_BODY_BYTES:,} bytes")
+    return length
 
 
 def response_bytes(response: Response, head_only: bool = False) -> bytes:
@@ -189,6 +225,19 @@ class HttpConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if not self._reading:
             return
+        try:
+            self._take(data)
+        except Exception as err:  # a bug of ours on a stranger's bytes: a 400, never a traceback
+            self.port.throttle.note(
+                f"http:unreadable:{type(err).__name__}",
+                "HTTP port: a request from %s could not be read (%s); answered 400",
+                self.host,
+                type(err).__name__,
+                level=logging.ERROR,
+            )
+            self._refuse(_refusal(400, "the request could not be read"))
+
+    def _take(self, data: bytes) -> None:
         self._buffer += data
         if self._head is None:
             end = self._buffer.find(END_OF_HEAD)
@@ -201,15 +250,13 @@ class HttpConnection(asyncio.Protocol):
                 return
             parsed = _Parser(bytes(self._buffer[: end + len(END_OF_HEAD)]))
             if not parsed.ok:
-                self.port.counters.bad_requests += 1
-                self._finish_reading()
-                self._write(parsed.error_response.getvalue() or response_bytes(text(400, "bad request")))
+                self._refuse(_refusal(parsed.refused or 400, "the request line or a header does not parse"))
                 return
-            length = parsed.headers.get("Content-Length", "0")
-            if not length.isdigit() or int(length) > MAX_BODY_BYTES:
-                self._refuse(text(413, "request body too large (or its length unreadable)"))
+            length = body_length(parsed)
+            if isinstance(length, Response):
+                self._refuse(length)
                 return
-            self._head, self._body_bytes = parsed, int(length)
+            self._head, self._body_bytes = parsed, length
             del self._buffer[: end + len(END_OF_HEAD)]
         if len(self._buffer) < self._body_bytes:
             return

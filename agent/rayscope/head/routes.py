@@ -29,7 +29,7 @@ from rayscope.cli import output
 from rayscope.core.isolation import per_node, recording
 from rayscope.core.usage.summary import DEFAULT_HEADROOM_PCT, checked_headroom, parse_window
 from rayscope.head import session
-from rayscope.head.answers import Answers, Rendered, status_headers
+from rayscope.head.answers import Answers, Rendered, accepts_gzip, status_headers
 from rayscope.head.guesses import Guesses
 from rayscope.head.origin import REFUSAL, Hosts
 from rayscope.head.state import HeadState
@@ -155,7 +155,7 @@ class Routes:
     def _status(self, path: str, query: dict[str, list[str]], headers: Message) -> Response:
         """``/metrics``, ``/v1/status`` (JSON) or ``/v1/status?format=lines``, from the cache."""
         gpus = query.get("gpus", ["0"])[0] in YES
-        gzipped = "gzip" in str(headers.get("Accept-Encoding", "")).lower()
+        gzipped = accepts_gzip(", ".join(str(v) for v in headers.get_all("Accept-Encoding") or []))
         if path == "/metrics":
             metrics = self.answers.get(("metrics", gpus), self._metrics, gpus, gzipped)
             return Response(200, PROMETHEUS_TEXT, metrics.body, metrics.headers)

@@ -8,11 +8,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from rayscope.net.addresses import DEFAULT_TIMEOUT_S
+from rayscope.net.deadline import Deadline
 from rayscope.schema.pending import PendingRead
 from rayscope.schema.report import RayletInfo, SourceStatus
 from rayscope.schema.status import ActorBooking, RayNode
@@ -21,6 +21,9 @@ from rayscope.sources.gcs import prestart as gcs_prestart
 from rayscope.sources.gcs import raycompat
 from rayscope.sources.gcs import read as gcs_read
 from rayscope.sources.gcs import reader as gcs
+
+if TYPE_CHECKING:
+    from rayscope.client import peer
 
 
 def _runnable(path: str) -> bool:
@@ -66,12 +69,13 @@ def _run_child(address: str, timeout_s: float, python: str, *extra: str) -> dict
     """``gcs_read`` as a script under ``python``, the port check and the child under one
     deadline of ``timeout_s``: its whole JSON answer. Read again with ``import ray`` whole
     when the light import does not work under this Ray (``retry_whole``)."""
-    deadline = time.monotonic() + timeout_s
-    gcs.check_port(address, timeout_s)
-    answer = _child_answer(address, timeout_s, python, gcs.remaining_s(deadline, address, timeout_s), extra)
+    deadline = Deadline(timeout_s)
+    naming = gcs.check_port(address, timeout_s, deadline)
+    left = gcs.remaining_s(deadline, address, timeout_s)
+    answer = _child_answer(address, timeout_s, python, left, extra, naming)
     if answer.get("retry_whole"):
         left = gcs.remaining_s(deadline, address, timeout_s)
-        answer = _child_answer(address, timeout_s, python, left, (*extra, "whole"))
+        answer = _child_answer(address, timeout_s, python, left, (*extra, "whole"), naming)
     if not answer.get("ok"):
         raise gcs.GcsUnavailable(
             gcs.explain(RuntimeError(answer.get("error", "")), address, timeout_s, gcs.token_source())
@@ -80,7 +84,12 @@ def _run_child(address: str, timeout_s: float, python: str, *extra: str) -> dict
 
 
 def _child_answer(
-    address: str, timeout_s: float, python: str, left: float, extra: Sequence[str]
+    address: str,
+    timeout_s: float,
+    python: str,
+    left: float,
+    extra: Sequence[str],
+    naming: "Optional[peer.Naming]" = None,
 ) -> dict[str, Any]:
     """One child's JSON answer, under the ``left`` seconds of the read's deadline: the one
     started early (:mod:`gcs_prestart`) when it is the child this read would start."""
@@ -101,7 +110,7 @@ def _child_answer(
                 check=False,
             )
     except subprocess.TimeoutExpired as err:
-        raise gcs.GcsUnavailable(_child_timeout(err, address, timeout_s, python)) from None
+        raise gcs.GcsUnavailable(_child_timeout(err, address, timeout_s, python, naming)) from None
     except OSError as err:
         raise gcs.GcsUnavailable(f"cannot run {python} for the GCS read: {err.strerror}") from None
     try:
@@ -113,13 +122,24 @@ def _child_answer(
     return answer  # type: ignore[no-any-return]
 
 
-def _child_timeout(err: subprocess.TimeoutExpired, address: str, timeout_s: float, python: str) -> str:
-    """Why the child ran past the deadline: still importing ray (a loaded host, a slow
-    filesystem), or waiting on a GCS whose port took the connection but did not answer."""
+def _child_timeout(
+    err: subprocess.TimeoutExpired,
+    address: str,
+    timeout_s: float,
+    python: str,
+    naming: "Optional[peer.Naming]" = None,
+) -> str:
+    """Why the child ran past the deadline: the port is plainly no GCS (named when the port
+    check's probe told what answers there, ``naming``: no longer wait would help, imported
+    or not), still importing ray (a loaded host, a slow filesystem), or waiting on a GCS
+    whose port took the connection but did not answer."""
+    wrong = gcs.not_a_gcs(address, naming)
+    if wrong:
+        return wrong
     stderr = err.stderr or b""
     text = stderr.decode("utf-8", "replace") if isinstance(stderr, bytes) else stderr
     if gcs_read.IMPORTED in text:
-        return gcs.not_a_gcs(address) or f"GCS unreachable at {address} (timeout {timeout_s:g} s)"
+        return f"GCS unreachable at {address} (timeout {timeout_s:g} s)"
     return (
         f"GCS read stopped at its deadline (timeout {timeout_s:g} s) while {python} was still"
         " importing ray (a loaded host or a slow file system): the GCS was not asked; raise --timeout"

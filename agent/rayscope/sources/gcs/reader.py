@@ -18,18 +18,21 @@ import os
 import socket
 import sys
 import threading
-import time
-from typing import Any, Callable, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
 import msgspec
 
 from rayscope.labels import printable
 from rayscope.net.addresses import DEFAULT_GCS_PORT, DEFAULT_TIMEOUT_S, split_address
+from rayscope.net.deadline import Deadline
 from rayscope.schema.pending import PendingRead
 from rayscope.schema.report import SourceStatus
 from rayscope.schema.status import ActorBooking, RayNode
 from rayscope.sources.gcs import raycompat
 from rayscope.sources.gcs import read as gcs_read
+
+if TYPE_CHECKING:
+    from rayscope.client import peer
 
 T = TypeVar("T")
 
@@ -78,29 +81,38 @@ def _with_deadline(fn: Callable[[], T], timeout_s: float, busy: list[threading.T
     return value  # type: ignore[no-any-return]
 
 
-def check_port(address: str, timeout_s: float) -> None:
-    """Fail fast, with the reason, when nothing listens at the GCS address."""
+def check_port(address: str, timeout_s: float, deadline: Optional[Deadline] = None) -> "peer.Naming":
+    """Fail fast, with the reason, when nothing listens at the GCS address; else the probe
+    (:class:`rayscope.client.peer.Naming`) started on the connection made, which tells in the
+    background what answers there, within ``deadline`` (default: ``timeout_s`` from now),
+    for :func:`not_a_gcs` should the read time out: one deadline for the check, the read and
+    the naming, never a probe after it (it overran ``--timeout`` by 1-3.9 s)."""
+    from rayscope.client import peer
+
+    deadline = deadline or Deadline(timeout_s)
     host, port = split_address(address)
     try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            pass
+        sock = socket.create_connection((host, port), timeout=deadline.need())
     except ConnectionRefusedError:
         raise GcsUnavailable(f"GCS unreachable at {address} (connection refused)") from None
-    except socket.timeout:
+    except (socket.timeout, TimeoutError):
         raise GcsUnavailable(f"GCS unreachable at {address} (timeout {timeout_s:g} s)") from None
     except OSError as err:
         raise GcsUnavailable(f"GCS unreachable at {address} ({err.strerror or type(err).__name__})") from None
+    return peer.Naming(sock, host, port, deadline)
 
 
-def not_a_gcs(address: str) -> str:
+def not_a_gcs(address: str, naming: "Optional[peer.Naming]") -> str:
     """When a port took the connection but the GCS read timed out: what answers there if it
-    is plainly no GCS (a rayscope head's port, an HTTP or TLS server: :mod:`rayscope.client.peer`),
-    as the whole message; ``""`` when it may be a GCS that is slow or hung."""
+    is plainly no GCS (a rayscope head's port, an HTTP or TLS server: :mod:`rayscope.client.peer`,
+    told by the port check's probe), as the whole message; ``""`` when it may be a GCS that
+    is slow or hung, or the probe could not tell before the deadline."""
     from rayscope.client import peer
 
-    kind, what = peer.described(*split_address(address))
+    kind = naming.kind() if naming is not None else None
     if kind is None or kind == peer.GRPC:
         return ""
+    what = peer.WHAT[kind]
     hint = f" (read it with status --head http://{address})" if kind == peer.HEAD_HTTP else ""
     return f"no GCS at {address}: it is {what}{hint}; Ray's GCS listens on {DEFAULT_GCS_PORT} by default"
 
@@ -139,10 +151,11 @@ class GcsReader:
         """Plain node dicts (``gcs_read``'s format); raises :class:`GcsUnavailable`."""
         if not ray_importable():
             raise GcsUnavailable(f"ray is not importable by this Python ({sys.executable})")
+        naming = None
         try:
-            deadline = time.monotonic() + self.timeout_s  # one for the check, connect and read
+            deadline = Deadline(self.timeout_s)  # one for the check, connect and read
             if self._client is None:
-                check_port(self.address, self.timeout_s)
+                naming = check_port(self.address, self.timeout_s, deadline)
                 left = remaining_s(deadline, self.address, self.timeout_s)
                 self._client = _with_deadline(lambda: gcs_read.connect(self.address), left, self._busy)
                 connected = self._client
@@ -158,7 +171,7 @@ class GcsReader:
             raise
         except Exception as err:
             connecting, self._client = self._client is None, None  # reconnect next time
-            wrong = not_a_gcs(self.address) if connecting and isinstance(err, TimeoutError) else ""
+            wrong = not_a_gcs(self.address, naming) if connecting and isinstance(err, TimeoutError) else ""
             why = wrong or explain(err, self.address, self.timeout_s, self.token_source)
             raise GcsUnavailable(why) from err
 
@@ -208,10 +221,10 @@ def to_nodes(raw: object, address: str, detail: str) -> tuple[list[RayNode], Sou
     return nodes, SourceStatus(name="gcs", ok=True, detail=detail)
 
 
-def remaining_s(deadline: float, address: str, timeout_s: float) -> float:
-    """Seconds left before ``deadline`` (monotonic clock): one deadline for the port check
-    and what follows it, never one each; :class:`GcsUnavailable` when none is left."""
-    left = deadline - time.monotonic()
+def remaining_s(deadline: Deadline, address: str, timeout_s: float) -> float:
+    """Seconds left before ``deadline``: one deadline for the port check and what follows
+    it, never one each; :class:`GcsUnavailable` when none is left."""
+    left = deadline.left()
     if left <= 0:
         raise GcsUnavailable(f"GCS unreachable at {address} (timeout {timeout_s:g} s)")
     return left

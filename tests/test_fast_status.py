@@ -427,10 +427,7 @@ def test_the_fast_path_reads_the_clis_option_names_defaults_and_variables() -> N
     import typing
 
     from rayscope.cli import options
-    from rayscope.net import addresses
 
-    assert fast_status.DEFAULT_TIMEOUT_S == addresses.DEFAULT_TIMEOUT_S
-    assert fast_status.HEAD_ENV == head_request.HEAD_ENV
     declared = {
         "head": options.HeadOption,
         "token_file": options.TokenFileOption,

@@ -58,8 +58,8 @@ from rayscope.cli.options import (
 from rayscope.cli.usage_options import HeadroomOption, UsageStateOption, UsageWindowOption, WindowOption
 from rayscope.client import head as client
 from rayscope.core.rollup import STALE_INTERVALS
+from rayscope.defaults import DEFAULT_HTTP_PORT, DEFAULT_REPORT_PORT, DEFAULT_TIMEOUT_S
 from rayscope.errors import one_line_errors
-from rayscope.net.addresses import DEFAULT_TIMEOUT_S
 from rayscope.net.tls import TlsFiles
 from rayscope.render.status import source_details
 from rayscope.schema.report import SourceStatus
@@ -221,8 +221,8 @@ def node(
 
 @app.command("head")
 def head_agent(
-    listen: ListenOption = "127.0.0.1:7531",
-    http: HttpOption = "127.0.0.1:7532",
+    listen: ListenOption = f"127.0.0.1:{DEFAULT_REPORT_PORT}",
+    http: HttpOption = f"127.0.0.1:{DEFAULT_HTTP_PORT}",
     http_host: HttpHostOption = None,
     gcs: GcsOption = None,
     interval: IntervalOption = 5.0,

@@ -9,7 +9,7 @@ import typer
 
 from rayscope.cli.options import endpoint, within
 from rayscope.core import limits
-from rayscope.net.addresses import DEFAULT_HTTP_PORT, DEFAULT_REPORT_PORT
+from rayscope.defaults import DEFAULT_HTTP_PORT, DEFAULT_REPORT_PORT, READ_TOKEN_FILE_ENV
 
 ListenOption = Annotated[
     str,
@@ -63,7 +63,7 @@ ReadTokenFileOption = Annotated[
     typer.Option(
         "--read-token-file",
         metavar="FILE",
-        envvar="RAYSCOPE_READ_TOKEN_FILE",
+        envvar=READ_TOKEN_FILE_ENV,
         help=(
             "A read-only token: GET /v1/status and /metrics only (dashboards, status --head),"
             " never accepted for reports. Must differ from --token-file."

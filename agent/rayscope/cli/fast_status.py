@@ -28,6 +28,20 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple, Optional, Union
 
+from rayscope.defaults import (
+    DEFAULT_TIMEOUT_S,
+    HEAD_ENV,
+    HEADER_EXIT,
+    HEADER_NOTE,
+    HEADER_NOTES,
+    HEADER_SCHEMA,
+    MAX_TIMEOUT_S,
+    TLS_CA_ENV,
+    TLS_CERT_ENV,
+    TLS_KEY_ENV,
+    TOKEN_FILE_ENV,
+)
+
 if TYPE_CHECKING:
     from rayscope.net.tls import TlsFiles
 
@@ -43,13 +57,12 @@ VALUES = {
     "--tls-key": "tls_key",
     "--tls-ca": "tls_ca",
 }
-HEAD_ENV = "RAYSCOPE_HEAD"
 ENVIRONMENT = {
     "head": HEAD_ENV,
-    "token_file": "RAYSCOPE_TOKEN_FILE",
-    "tls_cert": "RAYSCOPE_TLS_CERT",
-    "tls_key": "RAYSCOPE_TLS_KEY",
-    "tls_ca": "RAYSCOPE_TLS_CA",
+    "token_file": TOKEN_FILE_ENV,
+    "tls_cert": TLS_CERT_ENV,
+    "tls_key": TLS_KEY_ENV,
+    "tls_ca": TLS_CA_ENV,
 }
 """The variables the CLI's options read (agent/rayscope/cli/options.py,
 agent/rayscope/net/tls.py; tests hold them to the same names); an empty one counts as unset,
@@ -57,13 +70,6 @@ as click has it."""
 HEAD_ONLY = ("token_file", "tls_cert", "tls_key", "tls_ca")
 """Options of a head read: given without a head, the CLI's (it ignores or refuses them)."""
 FORMATS = {"text": ("text", "json"), "gcs": ("text", "json", "prom")}
-MAX_TIMEOUT_S = 86_400.0
-"""The CLI's range for ``--timeout`` (more than 0, at most a day): a value outside it, or
-not finite, goes to the CLI to be refused there (tests/test_fast_status.py holds the two
-to the same values)."""
-DEFAULT_TIMEOUT_S = 5.0
-"""``rayscope.net.addresses.DEFAULT_TIMEOUT_S`` (a test holds them equal): not imported, so that
-nothing is imported before the GCS child starts."""
 
 
 class Request(NamedTuple):
@@ -266,9 +272,9 @@ def status_headers(headers: dict[str, str], verbose: bool) -> Optional[Said]:
     this document schema; ``None`` when one is missing or malformed."""
     from rayscope.schema import DOCUMENT_SCHEMA
 
-    if headers.get("x-rayscope-schema") != str(DOCUMENT_SCHEMA):
+    if headers.get(HEADER_SCHEMA.lower()) != str(DOCUMENT_SCHEMA):
         return None
-    code, note = headers.get("x-rayscope-exit"), headers.get("x-rayscope-note")
+    code, note = headers.get(HEADER_EXIT.lower()), headers.get(HEADER_NOTE.lower())
     if code not in ("0", "1", "2") or note is None:
         return None
     import json
@@ -276,7 +282,7 @@ def status_headers(headers: dict[str, str], verbose: bool) -> Optional[Said]:
     try:
         said = Said(int(code), "" if note == '""' else json.loads(note), [])
         if verbose:
-            said = said._replace(sources=json.loads(headers.get("x-rayscope-notes", "")))
+            said = said._replace(sources=json.loads(headers.get(HEADER_NOTES.lower(), "")))
     except ValueError:
         return None
     if not isinstance(said.note, str) or not all(isinstance(s, str) for s in said.sources):

@@ -20,12 +20,17 @@ import typer
 from rayscope.client import head as client
 from rayscope.core import limits
 from rayscope.core.limits import Limit, Number
-from rayscope.net.addresses import (
+from rayscope.defaults import (
     DEFAULT_GCS_PORT,
+    DEFAULT_HTTP_PORT,
     GCS_ADDRESS_ENV,
-    parse_address,
-    with_port,
+    HEAD_ENV,
+    TLS_CA_ENV,
+    TLS_CERT_ENV,
+    TLS_KEY_ENV,
+    TOKEN_FILE_ENV,
 )
+from rayscope.net.addresses import parse_address, with_port
 
 WATCH_DEFAULT_S = 2.0
 
@@ -69,9 +74,7 @@ def _one_source(ctx: typer.Context, given: str) -> None:
         return
     from_env = ctx.get_parameter_source("head") == click.core.ParameterSource.ENVIRONMENT
     if from_env:
-        raise OptionError(
-            f"--gcs with ${client.HEAD_ENV} set: two sources, drop --gcs or unset {client.HEAD_ENV}"
-        )
+        raise OptionError(f"--gcs with ${HEAD_ENV} set: two sources, drop --gcs or unset {HEAD_ENV}")
     raise OptionError("--head with --gcs: two sources, give one (--head reads a head agent, --gcs the GCS)")
 
 
@@ -117,7 +120,7 @@ TokenFileOption = Annotated[
     typer.Option(
         "--token-file",
         metavar="FILE",
-        envvar="RAYSCOPE_TOKEN_FILE",
+        envvar=TOKEN_FILE_ENV,
         help="Shared secret of the head and its agents (the same file everywhere).",
     ),
 ]
@@ -126,20 +129,20 @@ TlsCertOption = Annotated[
     typer.Option(
         "--tls-cert",
         metavar="PEM",
-        envvar="RAYSCOPE_TLS_CERT",
+        envvar=TLS_CERT_ENV,
         help="TLS certificate (the head's; an agent's or client's for mutual TLS).",
     ),
 ]
 TlsKeyOption = Annotated[
     Optional[str],
-    typer.Option("--tls-key", metavar="PEM", envvar="RAYSCOPE_TLS_KEY", help="The --tls-cert's private key."),
+    typer.Option("--tls-key", metavar="PEM", envvar=TLS_KEY_ENV, help="The --tls-cert's private key."),
 ]
 TlsCaOption = Annotated[
     Optional[str],
     typer.Option(
         "--tls-ca",
         metavar="PEM",
-        envvar="RAYSCOPE_TLS_CA",
+        envvar=TLS_CA_ENV,
         help="CA that signed the head's certificate (on the head: its clients', then required).",
     ),
 ]
@@ -164,9 +167,9 @@ HeadOption = Annotated[
     typer.Option(
         "--head",
         metavar="URL",
-        envvar=client.HEAD_ENV,
+        envvar=HEAD_ENV,
         callback=_head_url,
-        help="Read a head agent (http://HOST:7532) instead of the GCS: every node's NVML.",
+        help=f"Read a head agent (http://HOST:{DEFAULT_HTTP_PORT}) instead of the GCS: every node's NVML.",
     ),
 ]
 

@@ -11,10 +11,9 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from rayscope.client.request import HEAD_ENV as HEAD_ENV  # noqa: PLC0414 - re-exported: the options name them here
-from rayscope.client.request import parse_head_url as parse_head_url  # noqa: PLC0414
+from rayscope.client.request import parse_head_url as parse_head_url  # noqa: PLC0414 - re-exported: the options name it here
+from rayscope.defaults import DEFAULT_HTTP_PORT, HEAD_ENV, SERVER_NAME
 from rayscope.errors import EXIT_NO_DATA, AgentError
-from rayscope.net.addresses import DEFAULT_HTTP_PORT
 from rayscope.net.tls import NO_TLS, TlsFiles
 from rayscope.schema.status import DOCUMENT_SCHEMA, ClusterStatus
 from rayscope.schema.usage import UsageDocument
@@ -86,7 +85,7 @@ def head_get(
         raise AgentError(
             f"head agent at {url} requires a token: pass --token-file (the head's)", EXIT_NO_DATA
         )
-    if answer.status != 200 and answer.headers.get("server", "") != "rayscope-head":
+    if answer.status != 200 and answer.headers.get("server", "") != SERVER_NAME:
         raise AgentError(
             f"{url} is an HTTP server but not a rayscope head agent (HTTP {answer.status}): status --head"
             f" wants the head's --http address ({DEFAULT_HTTP_PORT} by default)",

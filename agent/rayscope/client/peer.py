@@ -23,8 +23,8 @@ import threading
 import time
 from typing import Callable, Optional
 
+from rayscope.defaults import DEFAULT_GCS_PORT, DEFAULT_HTTP_PORT, DEFAULT_REPORT_PORT
 from rayscope.net import wire
-from rayscope.net.addresses import DEFAULT_GCS_PORT, DEFAULT_HTTP_PORT, DEFAULT_REPORT_PORT
 from rayscope.net.deadline import Deadline
 
 REPORT = "report"

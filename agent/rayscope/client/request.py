@@ -37,8 +37,7 @@ from rayscope.units import MIB, parse_count, parse_hex_count
 if TYPE_CHECKING:
     import ssl
 
-HEAD_ENV = "RAYSCOPE_HEAD"
-DEFAULT_HEAD_PORT = 7532
+DEFAULT_HTTP_PORT = 7532
 MAX_HEAD_BYTES = 64 * 1024
 """Status line and headers of an answer (the head sends a few hundred bytes); more is
 refused."""
@@ -87,7 +86,7 @@ def parse_head_url(text: str) -> str:
     if url.scheme not in ("http", "https") or not url.hostname:
         raise ValueError(f"{text!r} is not a head agent URL (http://HOST:PORT)")
     try:
-        port = url.port or DEFAULT_HEAD_PORT
+        port = url.port or DEFAULT_HTTP_PORT
     except ValueError:
         raise ValueError(f"{text!r}: port must be a number from 1 to 65535") from None
     host = f"[{url.hostname}]" if ":" in url.hostname else url.hostname
@@ -179,7 +178,7 @@ def get(
     its answer cannot be read. Any status is an answer: the caller says what a refusal means."""
     deadline = deadline or _deadline_for(url, timeout_s)
     parts = urlsplit(url)
-    host, port = parts.hostname or "", parts.port or DEFAULT_HEAD_PORT
+    host, port = parts.hostname or "", parts.port or DEFAULT_HTTP_PORT
     secure = parts.scheme == "https" or tls.enabled
     context = tls_context(tls) if secure else None
     if secure and context is None:

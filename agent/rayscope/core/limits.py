@@ -13,6 +13,8 @@ Pure: the CLI's callbacks (:mod:`rayscope.cli.options`) turn the ``ValueError`` 
 import math
 from typing import NamedTuple, Optional, Union
 
+from rayscope.defaults import MAX_TIMEOUT_S
+
 Number = Union[int, float]
 
 
@@ -28,7 +30,7 @@ class Limit(NamedTuple):
     special_means: str = ""
 
 
-MAX_SECONDS = 86_400.0
+MAX_SECONDS = MAX_TIMEOUT_S
 """The longest duration an option takes (a day)."""
 
 SECONDS = Limit("seconds", 0.0, MAX_SECONDS, low_included=False)

@@ -28,6 +28,7 @@ from typing import Callable, NamedTuple, Optional
 
 from rayscope.core.completeness import assess
 from rayscope.core.isolation import recording
+from rayscope.defaults import HEADER_EXIT, HEADER_NOTE, HEADER_NOTES, HEADER_SCHEMA
 from rayscope.head.state import HeadState
 from rayscope.render.status import source_details
 from rayscope.schema.status import DOCUMENT_SCHEMA, ClusterStatus
@@ -103,10 +104,10 @@ def status_headers(status: ClusterStatus) -> tuple[tuple[str, str], ...]:
     Values JSON-encoded as ASCII, so no byte of a peer's text can break a header."""
     code, note = assess(status)
     return (
-        ("X-Rayscope-Exit", str(code)),
-        ("X-Rayscope-Note", json.dumps(note or "")),
-        ("X-Rayscope-Notes", json.dumps(source_details(status.sources))),
-        ("X-Rayscope-Schema", str(DOCUMENT_SCHEMA)),
+        (HEADER_EXIT, str(code)),
+        (HEADER_NOTE, json.dumps(note or "")),
+        (HEADER_NOTES, json.dumps(source_details(status.sources))),
+        (HEADER_SCHEMA, str(DOCUMENT_SCHEMA)),
     )
 
 

@@ -10,6 +10,7 @@ import time
 import weakref
 from typing import Optional
 
+from rayscope.defaults import DEFAULT_TIMEOUT_S
 from rayscope.errors import EXIT_FAILED, EXIT_NO_DATA, AgentError
 from rayscope.head import admission, ingest
 from rayscope.head.http import HTTP_WORKERS, REQUEST_DEADLINE_S, HttpPort
@@ -20,7 +21,7 @@ from rayscope.head.state import HeadState
 from rayscope.head.usage_store import DEFAULT_WINDOW_S, UsageStore, open_store
 from rayscope.logs import THROTTLE_S, LogThrottle, filtered_stderr
 from rayscope.net import tokens
-from rayscope.net.addresses import DEFAULT_TIMEOUT_S, is_loopback, split_address
+from rayscope.net.addresses import is_loopback, split_address
 from rayscope.net.tls import NO_TLS, TlsFiles, server_context
 from rayscope.node.placed_agents import RayAgents
 from rayscope.sources.gcs import reader as gcs

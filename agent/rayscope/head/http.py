@@ -34,6 +34,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Optional, Union
 
+from rayscope.defaults import SERVER_NAME
 from rayscope.head.routes import Request, Response, Routes, text
 from rayscope.logs import LogThrottle
 from rayscope.units import parse_count
@@ -130,7 +131,7 @@ def response_bytes(response: Response, head_only: bool = False) -> bytes:
         f"Content-Type: {response.content_type}",
         f"Content-Length: {len(response.body)}",
         "Connection: close",
-        "Server: rayscope-head",
+        f"Server: {SERVER_NAME}",
         *(f"{name}: {value}" for name, value in response.headers),
     ]
     head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")

@@ -28,9 +28,10 @@ from hashlib import sha256
 from typing import Optional
 from urllib.parse import parse_qs, urlsplit
 
+from rayscope.defaults import HEADER_SESSION
 from rayscope.units import parse_count
 
-HEADER = "X-Rayscope-Session"
+HEADER = HEADER_SESSION
 """The header the page's script sends the session in."""
 SESSION_S = 12 * 3600
 """How long a login lasts."""

@@ -20,11 +20,11 @@ from rayscope.core.gpu.attribution import attribute_cluster
 from rayscope.core.isolation import NodeFailures, recording
 from rayscope.core.rollup import STALE_INTERVALS, merge, scheduler_nodes, scheduler_sums
 from rayscope.core.validate import ReportError
+from rayscope.defaults import DEFAULT_TIMEOUT_S
 from rayscope.head.admission import IngestCounters
 from rayscope.head.reports import ReportTable
 from rayscope.head.usage_store import DEFAULT_WINDOW_S, UsageStore
 from rayscope.logs import LogThrottle
-from rayscope.net.addresses import DEFAULT_TIMEOUT_S
 from rayscope.schema.pending import PendingRead
 from rayscope.schema.report import REPORT_SCHEMA, NodeReport, SourceStatus
 from rayscope.schema.status import ActorBooking, ClusterStatus, NodeStatus, RayNode, ReceivedReport

@@ -3,16 +3,6 @@ which source it will read. Pure and light (the CLI's start-up pays for every imp
 
 from rayscope.units import is_count, parse_count
 
-DEFAULT_TIMEOUT_S = 5.0
-"""Deadline of one read of the GCS or the head agent."""
-GCS_ADDRESS_ENV = "RAYSCOPE_GCS"
-DEFAULT_GCS_PORT = 6379
-"""Ray's GCS port when ``ray start --head`` is given none; ``--gcs HOST`` means this port."""
-DEFAULT_REPORT_PORT = 7531
-"""The head agent's report port (``head --listen``, ``push --head HOST``)."""
-DEFAULT_HTTP_PORT = 7532
-"""The head agent's HTTP port (``head --http``, ``status --head HOST``)."""
-
 
 def with_port(text: str, default_port: int) -> str:
     """``HOST`` → ``HOST:default_port`` (``[v6]`` too); an address with a port unchanged."""

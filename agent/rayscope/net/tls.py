@@ -9,10 +9,12 @@ when given. TLS 1.2 at least.
 import os
 from typing import TYPE_CHECKING, NamedTuple, Optional
 
+from rayscope.defaults import TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV
+
 if TYPE_CHECKING:  # ssl is imported only when TLS is used (status --head is the fast path)
     import ssl
 
-ENV = {"cert": "RAYSCOPE_TLS_CERT", "key": "RAYSCOPE_TLS_KEY", "ca": "RAYSCOPE_TLS_CA"}
+ENV = {"cert": TLS_CERT_ENV, "key": TLS_KEY_ENV, "ca": TLS_CA_ENV}
 
 
 class TlsFiles(NamedTuple):

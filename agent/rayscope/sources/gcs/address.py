@@ -7,7 +7,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Optional
 
-from rayscope.net.addresses import DEFAULT_GCS_PORT, GCS_ADDRESS_ENV, with_port
+from rayscope.defaults import DEFAULT_GCS_PORT, GCS_ADDRESS_ENV
+from rayscope.net.addresses import with_port
 from rayscope.schema.report import RayletInfo
 from rayscope.sources import trust
 

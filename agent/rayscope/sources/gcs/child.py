@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from rayscope.net.addresses import DEFAULT_TIMEOUT_S
+from rayscope.defaults import DEFAULT_TIMEOUT_S
 from rayscope.net.deadline import Deadline
 from rayscope.schema.pending import PendingRead
 from rayscope.schema.report import RayletInfo, SourceStatus

@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
 import msgspec
 
+from rayscope.defaults import DEFAULT_GCS_PORT, DEFAULT_TIMEOUT_S
 from rayscope.labels import printable
-from rayscope.net.addresses import DEFAULT_GCS_PORT, DEFAULT_TIMEOUT_S, split_address
+from rayscope.net.addresses import split_address
 from rayscope.net.deadline import Deadline
 from rayscope.schema.pending import PendingRead
 from rayscope.schema.report import SourceStatus

@@ -3,9 +3,9 @@
 from typing import Optional
 
 from rayscope.labels import node_label, printable_lines
-from rayscope.render.fmt import encode, gib, number, size
+from rayscope.render.fmt import encode, gib
 from rayscope.schema.fit import FitResult, NodeFit
-from rayscope.units import ray_round
+from rayscope.units import number, ray_round, size
 
 UNBOUNDED = 10**9
 """``rayscope.core.capacity.fit``'s capacity for a shape that asks for nothing a node could run out of."""

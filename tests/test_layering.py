@@ -64,14 +64,11 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
                 low[v] = min(low[v], low[w])
             elif w in on_stack:
                 low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                component.append(w)
-                if w == v:
-                    break
+        if low[v] == index[v]:  # v roots a component: it and everything above it on the stack
+            at = stack.index(v)
+            component = stack[at:]
+            del stack[at:]
+            on_stack.difference_update(component)
             if len(component) > 1:
                 found.append(sorted(component))
 

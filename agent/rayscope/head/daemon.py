@@ -194,7 +194,7 @@ class Head:
 def _every(
     loop: asyncio.AbstractEventLoop,
     interval_s: float,
-    call: Callable[[], None],
+    call: Callable[[], object],
     until: Optional[threading.Event] = None,
 ) -> None:
     """``call`` every ``interval_s`` on ``loop``, the first time after one interval; no more

@@ -20,7 +20,7 @@ from rayscope.sources.cuda.sample import (
     DEFAULT_CONTEXT_COST_BYTES,
     CudaRequest,
     CudaSampler,
-    child_env,
+    cuda_child_env,
     refusal,
 )
 from tests import fake_cuda
@@ -301,7 +301,7 @@ def test_the_childs_environment_is_cut() -> None:
         "CUDA_VISIBLE_DEVICES": "1",
         "CUDA_MPS_PIPE_DIRECTORY": "/tmp/mps",
     }
-    assert child_env(environ, {"X": "1"}) == {
+    assert cuda_child_env(environ, {"X": "1"}) == {
         "PATH": "/usr/bin",
         "RAY_TMPDIR": "/tmp/r",
         "LD_LIBRARY_PATH": "/usr/local/nvidia/lib64",

@@ -204,7 +204,7 @@ class Pusher:
     def _refused(self, rejected: str) -> bool:
         """The head rejected a frame: drop the connection, say why once, back off. ``False``."""
         self._close()
-        why = wire.explain(rejected, has_token=bool(self.token))
+        why = wire.rejection_text(rejected, has_token=bool(self.token))
         self._note_head(
             f"head {self._where} rejected the report: {why} (retrying with backoff)", warning=True
         )

@@ -315,13 +315,14 @@ WIRED = """
 import json, sys
 import pynvml
 from rayscope.sources.cuda import sample as cuda
+from rayscope.core.gpu.memory import memory_used_reliable
 from rayscope.sources.nvml import modes as nvml_modes
 
 pynvml.nvmlInit()
 handle = pynvml.nvmlDeviceGetHandleByIndex(0)
 errors = {}
 mode = nvml_modes.virtualization_mode(handle, errors)
-reliable, _ = nvml_modes.memory_used_reliable(mode)
+reliable, _ = memory_used_reliable(mode)
 info = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
 uuid = pynvml.nvmlDeviceGetUUID(handle)
 asked = cuda.CudaRequest(

@@ -9,9 +9,9 @@ guess. Values are bounded strings, never NVML's raw codes.
 Why it matters (issue 20): on an NVIDIA vGPU guest, NVML's ``memory used`` is what the vGPU
 manager hands the guest, not a measurement. BioEngine found an idle A40-16C time-sliced slice
 reporting about 14.5 GiB used of 16 GiB (a fixed phantom offset; the total stays right).
-:func:`memory_used_reliable` (defined in :mod:`rayscope.core.gpu.memory`, where the head judges
-reports by it too) says, per virtualization mode, whether NVML's used figure may be shown as
-measured.
+This source only reports the mode; whether NVML's used figure may be shown as measured in
+that mode is the pure trust rule's to say
+(:func:`rayscope.core.gpu.memory.memory_used_reliable`, which the agent and the head apply).
 
 Command line equivalent: ``nvidia-smi -q`` (``GPU Virtualization Mode``, ``Compute Mode``)
 and ``nvidia-smi --query-compute-apps`` on an MPS server (the clients appear in the MPS list).
@@ -21,8 +21,6 @@ from typing import Any, Optional
 
 import pynvml
 
-# The rule lives beside the rollup's judgement of reports (the head has no pynvml to import).
-from rayscope.core.gpu.memory import memory_used_reliable
 from rayscope.sources.nvml.calls import ABSENT, newest_list, query
 from rayscope.sources.nvml.calls import text as _text
 
@@ -31,7 +29,6 @@ __all__ = [
     "UNKNOWN",
     "VIRTUALIZATION_MODES",
     "compute_mode",
-    "memory_used_reliable",
     "mps_processes",
     "virtualization_mode",
 ]

@@ -10,7 +10,7 @@ import time
 import weakref
 from typing import Callable, Optional
 
-from rayscope.errors import EXIT_FAILED, EXIT_NO_DATA, AgentError
+from rayscope.errors import EXIT_FAILED, EXIT_USAGE, AgentError
 from rayscope.head import admission, ingest
 from rayscope.head.http import HTTP_WORKERS, REQUEST_DEADLINE_S, HttpPort
 from rayscope.head.poller import PollerGuard
@@ -234,7 +234,7 @@ def run(
     keeper = RayAgents(address, split_address(listen), token, interval_s) if agents == "ray" else None
     if remove:
         if keeper is None:
-            raise AgentError("--remove goes with --agents ray", EXIT_NO_DATA)
+            raise AgentError("--remove goes with --agents ray", EXIT_USAGE)
         return f"removed {remove_agents(keeper, strict=True)} agent(s) placed through Ray"
     usage = open_store(usage_window_s, interval_s, usage_state, time.monotonic(), time.time())
     try:
@@ -253,7 +253,7 @@ def run(
         )
         asyncio.run(server.serve())
     except ValueError as err:
-        raise AgentError(str(err), EXIT_NO_DATA) from None
+        raise AgentError(str(err), EXIT_USAGE) from None
     except OSError as err:
         raise AgentError(f"head agent cannot start: {err.strerror or err}", EXIT_FAILED) from None
     return None

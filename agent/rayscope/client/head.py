@@ -1,7 +1,9 @@
-"""The head agent's HTTP client: ``status --head`` reads the merged rollup from it.
+"""The head agent's HTTP client: every ``--head`` read the fast path
+(:mod:`rayscope.cli.fast_status`, over :mod:`rayscope.client.request`) hands on to the CLI
+reads the merged rollup or the usage document here, decoded into Structs; and
+:func:`read_cluster`, which picks the source (a head, else the GCS and this host's NVML).
 
-The fast path of the CLI: no ray, no psutil, no pynvml — only the standard library's HTTP
-client and msgspec, so a status query costs little more than the interpreter's start.
+No ray, no psutil, no pynvml: the standard library's ``http.client`` and msgspec.
 """
 
 from typing import Optional

@@ -349,34 +349,7 @@ def serve(args: argparse.Namespace) -> int:
         for line in sys.stdin:
             request = json.loads(line)
             try:
-                op = request.pop("op")
-                if op == "actor":
-                    reply = cluster.place(
-                        request["name"],
-                        request["node"],
-                        request.get("options", {}),
-                        request.get("class_name", ""),
-                    )
-                elif op == "try_actor":
-                    reply = cluster.try_place(
-                        request["name"],
-                        request["node"],
-                        request.get("options", {}),
-                        request.get("wait_s", 10.0),
-                    )
-                elif op == "kill_actor":
-                    reply = cluster.kill(request["name"])
-                elif op == "submit":
-                    reply = cluster.submit(
-                        request["name"], request.get("options", {}), request.get("placement_group", "")
-                    )
-                elif op == "placement_group":
-                    reply = cluster.placement_group(request["name"], request["bundles"], request["strategy"])
-                elif op in LiveCluster.TOPOLOGY_OPS:  # the request's other keys are the arguments
-                    reply = getattr(cluster, op)(**request)
-                else:
-                    reply = {"state": cluster.state()}
-                out = {"ok": True, **reply}
+                out = {"ok": True, **answer(cluster, request)}
             except Exception as err:  # reported to the test, which decides
                 out = {"ok": False, "error": f"{type(err).__name__}: {err}"}
             print(f"{REPLY}{json.dumps(out)}", flush=True)
@@ -385,6 +358,38 @@ def serve(args: argparse.Namespace) -> int:
     finally:
         cluster.shutdown()
     return 0
+
+
+def answer(cluster: LiveCluster, request: dict[str, Any]) -> dict[str, Any]:
+    """One command of the loop on stdin (``op`` and its arguments) answered on ``cluster``."""
+    op = request.pop("op")
+    if op == "actor":
+        reply = cluster.place(
+            request["name"],
+            request["node"],
+            request.get("options", {}),
+            request.get("class_name", ""),
+        )
+    elif op == "try_actor":
+        reply = cluster.try_place(
+            request["name"],
+            request["node"],
+            request.get("options", {}),
+            request.get("wait_s", 10.0),
+        )
+    elif op == "kill_actor":
+        reply = cluster.kill(request["name"])
+    elif op == "submit":
+        reply = cluster.submit(
+            request["name"], request.get("options", {}), request.get("placement_group", "")
+        )
+    elif op == "placement_group":
+        reply = cluster.placement_group(request["name"], request["bundles"], request["strategy"])
+    elif op in LiveCluster.TOPOLOGY_OPS:  # the request's other keys are the arguments
+        reply = getattr(cluster, op)(**request)
+    else:
+        reply = {"state": cluster.state()}
+    return reply
 
 
 def demo(keep: bool = False) -> int:

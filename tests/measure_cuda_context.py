@@ -77,7 +77,7 @@ def measure(handle: Any, uuid: str) -> str:
     child = subprocess.Popen(
         [sys.executable, "-I", "-c", program],
         cwd="/",
-        env=cuda.child_env(
+        env=cuda.cuda_child_env(
             os.environ, {k: v for k, v in os.environ.items() if k.startswith("RAYSCOPE_FAKE")}
         ),
         stdin=subprocess.PIPE,

@@ -106,6 +106,11 @@ def node_problems(node_id: object, node: object) -> Iterator[str]:
     yield from gpu_memory_problems(where, node)
     yield from number_problems(where, node, NODE_NUMBERS, "T13")
     yield from number_problems(where, node, ("total_gpu", "used_gpu", "used_cpu", "total_cpu"), "C2/C3")
+    yield from indexed_problems(where, node)
+
+
+def indexed_problems(where: str, node: dict[str, Any]) -> Iterator[str]:
+    """What BioEngine indexes in a node, and what it writes for a node without GPU."""
     if "slurm_job_id" not in node:
         yield f"P1 {where}: slurm_job_id is missing (BioEngine indexes it)"
     elif not (node["slurm_job_id"] is None or isinstance(node["slurm_job_id"], str)):

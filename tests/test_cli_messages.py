@@ -387,8 +387,8 @@ def test_a_rejection_word_the_agent_does_not_know_is_logged_printable() -> None:
     sequence into the agent's log (and its operator's terminal)."""
     from rayscope.net import wire
 
-    assert wire.explain(wire.BAD_TOKEN).startswith("token rejected (bad token)")
-    assert wire.explain("\x1b[2Jcleared\x1b]0;t\x07") == "[2Jcleared]0;t"
+    assert wire.rejection_text(wire.BAD_TOKEN).startswith("token rejected (bad token)")
+    assert wire.rejection_text("\x1b[2Jcleared\x1b]0;t\x07") == "[2Jcleared]0;t"
 
 
 def test_push_refuses_a_host_with_two_clusters_raylets_as_status_does(

@@ -20,7 +20,7 @@ from rayscope.sources.cuda.sample import (
     DEFAULT_CONTEXT_COST_BYTES,
     CudaRequest,
     CudaSampler,
-    child_env,
+    cuda_child_env,
     refusal,
 )
 from tests import fake_cuda
@@ -301,7 +301,7 @@ def test_the_childs_environment_is_cut() -> None:
         "CUDA_VISIBLE_DEVICES": "1",
         "CUDA_MPS_PIPE_DIRECTORY": "/tmp/mps",
     }
-    assert child_env(environ, {"X": "1"}) == {
+    assert cuda_child_env(environ, {"X": "1"}) == {
         "PATH": "/usr/bin",
         "RAY_TMPDIR": "/tmp/r",
         "LD_LIBRARY_PATH": "/usr/local/nvidia/lib64",
@@ -315,13 +315,14 @@ WIRED = """
 import json, sys
 import pynvml
 from rayscope.sources.cuda import sample as cuda
+from rayscope.core.gpu.memory import memory_used_reliable
 from rayscope.sources.nvml import modes as nvml_modes
 
 pynvml.nvmlInit()
 handle = pynvml.nvmlDeviceGetHandleByIndex(0)
 errors = {}
 mode = nvml_modes.virtualization_mode(handle, errors)
-reliable, _ = nvml_modes.memory_used_reliable(mode)
+reliable, _ = memory_used_reliable(mode)
 info = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
 uuid = pynvml.nvmlDeviceGetUUID(handle)
 asked = cuda.CudaRequest(

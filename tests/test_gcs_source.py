@@ -8,7 +8,7 @@ from rayscope.net.addresses import parse_address
 from rayscope.schema.report import RayletInfo
 from rayscope.sources.gcs.address import ray_temp_dir, resolve_address
 from rayscope.sources.gcs.read import prepare_auth_env
-from rayscope.sources.gcs.reader import explain
+from rayscope.sources.gcs.reader import gcs_error_text
 
 
 def raylet(gcs: str, pid: int = 10) -> RayletInfo:
@@ -68,14 +68,13 @@ def test_ray_temp_dir_follows_rays_rule() -> None:
     assert ray_temp_dir({"TMPDIR": "/scratch", "RAY_TMPDIR": "/r"}) == "/r/ray"
 
 
-def test_explain_in_operator_words() -> None:
-    assert explain(TimeoutError(), "h:1", 5.0, None) == "GCS unreachable at h:1 (timeout 5 s)"
+def test_gcs_errors_in_operator_words() -> None:
+    assert gcs_error_text(TimeoutError(), "h:1", 5.0, None) == "GCS unreachable at h:1 (timeout 5 s)"
     unauth = RuntimeError("Unauthenticated: RPC error: InvalidAuthToken: Authentication token is missing")
-    assert "requires token authentication" in explain(unauth, "h:1", 5.0, None)
-    assert (
-        explain(unauth, "h:1", 5.0, "RAY_AUTH_TOKEN") == "GCS at h:1 rejected the token from RAY_AUTH_TOKEN"
-    )
-    assert explain(RuntimeError("boom\nmore"), "h:1", 5.0, None) == "GCS at h:1 failed: boom"
+    assert "requires token authentication" in gcs_error_text(unauth, "h:1", 5.0, None)
+    rejected = gcs_error_text(unauth, "h:1", 5.0, "RAY_AUTH_TOKEN")
+    assert rejected == "GCS at h:1 rejected the token from RAY_AUTH_TOKEN"
+    assert gcs_error_text(RuntimeError("boom\nmore"), "h:1", 5.0, None) == "GCS at h:1 failed: boom"
 
 
 def test_token_on_disk_turns_token_auth_on_like_ray_start(

@@ -2,6 +2,9 @@
 
 * no import circle, counting every import: at the top, inside functions, under
   ``TYPE_CHECKING`` — a lazy import that closes a circle is still a circle;
+* the pure parts (``rayscope.core``) import only ``rayscope.schema``, ``rayscope.units``,
+  ``rayscope.labels``, ``rayscope.errors`` and each other; a source (``rayscope.sources``)
+  imports no rule of ``rayscope.core``: it reports, the pure parts judge;
 * no module over 400 lines, and ``cli.py`` (commands and their options only) under 350.
 
 Positive control: make ``agent/rayscope/sources/local_agents.py`` import
@@ -64,14 +67,11 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
                 low[v] = min(low[v], low[w])
             elif w in on_stack:
                 low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                component.append(w)
-                if w == v:
-                    break
+        if low[v] == index[v]:  # v roots a component: it and everything above it on the stack
+            at = stack.index(v)
+            component = stack[at:]
+            del stack[at:]
+            on_stack.difference_update(component)
             if len(component) > 1:
                 found.append(sorted(component))
 
@@ -81,18 +81,64 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def test_agent_has_no_import_circle() -> None:
+def import_graph() -> dict[str, set[str]]:
+    """Module → the modules of ``agent`` it imports (its own packages left out)."""
     known = modules()
-    graph = {
+    return {
         name: {m for m in imports_of(path, set(known)) if m != name and not name.startswith(m + ".")}
         for name, path in known.items()
     }
-    assert cycles(graph) == []
+
+
+def test_agent_has_no_import_circle() -> None:
+    assert cycles(import_graph()) == []
 
 
 def test_the_cycle_finder_finds_a_cycle() -> None:
     """The check above can fail: a circle through three modules is found."""
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+PURE = "rayscope.core"
+PURE_MAY_IMPORT = ("rayscope.schema", "rayscope.units", "rayscope.labels", "rayscope.errors", PURE)
+SOURCES = "rayscope.sources"
+
+
+def within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def imports_beyond(graph: dict[str, set[str]], part: str, allowed: tuple[str, ...]) -> dict[str, set[str]]:
+    """Per module of ``part``, what it imports of ``agent`` outside the ``allowed`` packages."""
+    found = {
+        name: {m for m in imported if not any(within(m, a) for a in allowed)}
+        for name, imported in graph.items()
+        if within(name, part)
+    }
+    return {name: beyond for name, beyond in found.items() if beyond}
+
+
+def test_the_pure_parts_import_only_schema_units_labels_errors_and_each_other() -> None:
+    """Positive control: make ``agent/rayscope/core/usage/summary.py`` import
+    ``rayscope.render.fmt`` (or ``rayscope.sources.procs``) and this names that module."""
+    assert imports_beyond(import_graph(), PURE, PURE_MAY_IMPORT) == {}
+
+
+def test_a_source_imports_no_rule_of_the_pure_parts() -> None:
+    """Positive control: give ``agent/rayscope/sources/nvml/modes.py`` back its import of
+    ``rayscope.core.gpu.memory.memory_used_reliable`` (issue 31) and this names it."""
+    rules = {n: {m for m in ms if within(m, PURE)} for n, ms in import_graph().items() if within(n, SOURCES)}
+    assert {n: ms for n, ms in rules.items() if ms} == {}
+
+
+def test_the_layer_check_names_what_is_imported_beyond() -> None:
+    """The checks above can fail: a pure module importing a renderer is named, with only that import."""
+    graph = {
+        "rayscope.core.a": {"rayscope.render.fmt", "rayscope.units", "rayscope.core.b"},
+        "rayscope.core.b": {"rayscope.schema.report"},
+        "rayscope.render.fmt": {"rayscope.core.a"},
+    }
+    assert imports_beyond(graph, PURE, PURE_MAY_IMPORT) == {"rayscope.core.a": {"rayscope.render.fmt"}}
 
 
 def test_no_module_is_too_big_and_the_cli_is_thin() -> None:

@@ -2,7 +2,7 @@
 fake ``libnvidia-ml.so.1`` (issue 20), in a subprocess whose loader path names the fake.
 
 Also the fake's re-reading of a scenario that changes while a process reads it (issue 24),
-and :func:`rayscope.sources.nvml.modes.memory_used_reliable` for every mode.
+and :func:`rayscope.core.gpu.memory.memory_used_reliable` (the trust rule, in core) for every mode.
 """
 
 import json
@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from rayscope.sources.nvml.modes import UNKNOWN, memory_used_reliable
+from rayscope.core.gpu.memory import memory_used_reliable
+from rayscope.sources.nvml.modes import UNKNOWN
 from tests import fake_nvml as fake
 from tests.conftest import REPO, base_env
 

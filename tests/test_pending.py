@@ -32,7 +32,7 @@ def node(
 
 
 def one(read: PendingRead) -> PendingDemand:
-    demands = pending.explain(read)[1]
+    demands = pending.judge_pending(read)[1]
     assert len(demands) == 1, demands
     return demands[0]
 
@@ -216,7 +216,7 @@ def test_bioengine_shape_counts_tasks_apart_from_actors() -> None:
         actors=actors,
         device_use=SIXTY_PERCENT_EACH,
     )
-    resources, demands = pending.explain(read)
+    resources, demands = pending.judge_pending(read)
     assert [a.name for a in resources.actors] == ["gpu-actor"]
     assert [t.required_resources for t in resources.tasks] == [{"GPU": 0.5}, {"GPU": 0.5}]
     assert resources.jobs == [] and resources.total == 3
@@ -226,7 +226,7 @@ def test_bioengine_shape_counts_tasks_apart_from_actors() -> None:
 
 def test_bioengine_lists_stop_at_the_state_apis_limit() -> None:
     read = PendingRead(nodes=[TWO_GPUS], requests=[PendingRequest(shape={"GPU": 4}, count=250)])
-    resources, demands = pending.explain(read)
+    resources, demands = pending.judge_pending(read)
     assert len(resources.tasks) == pending.BIOENGINE_LIST_LIMIT == resources.total
     assert demands[0].count == 250  # rayscope's own list keeps the true count
 
@@ -236,7 +236,7 @@ def test_bioengine_limits_each_list_apart() -> None:
     do not crowd the tasks out (the old shared limit left 0 tasks here)."""
     actors = [PendingActor(actor_id=f"a{i}", required_resources={"GPU": 4.0}) for i in range(120)]
     read = PendingRead(nodes=[TWO_GPUS], requests=[PendingRequest(shape={"GPU": 8}, count=30)], actors=actors)
-    resources, _ = pending.explain(read)
+    resources, _ = pending.judge_pending(read)
     assert (len(resources.actors), len(resources.tasks), resources.total) == (100, 30, 130)
 
 
@@ -262,7 +262,7 @@ def test_bioengine_lists_only_actors_waiting_for_resources_by_plain_names() -> N
             PendingActor(actor_id="a4", name="custom", required_resources={"VRAM_MB": 99999.0}),
         ],
     )
-    resources, demands = pending.explain(read)
+    resources, demands = pending.judge_pending(read)
     assert [a.name for a in resources.actors] == ["gpu"] and resources.total == 1
     reasons = {name: d.reason for d in demands for name in d.names}
     assert reasons["dep"] == "waits" and reasons["in-pg"] == "waits_placement_group"

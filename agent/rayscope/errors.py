@@ -9,7 +9,10 @@ from contextlib import contextmanager
 EXIT_FAILED = 1
 """rayscope failed, or (status) the answer is partial, or (fit) it does not fit."""
 EXIT_NO_DATA = 2
-"""The cluster could not be read at all, or bad usage (click's code for usage errors)."""
+"""The cluster could not be read at all."""
+EXIT_USAGE = 2
+"""Bad usage: an option or its value, or a file or setting one names, is wrong (click's code
+for usage errors; the same number as :data:`EXIT_NO_DATA`, as the CLI contract has it)."""
 EXIT_CANNOT_WRITE = 3
 """``status``: the ``--output`` or ``--append`` file could not be written."""
 EXIT_INTERNAL = 70

@@ -1,4 +1,6 @@
-"""Units, defined once: bytes per MiB and GiB, and Ray's fixed-point resource unit.
+"""Units, defined once: bytes per MiB and GiB, and Ray's fixed-point resource unit; and the
+one way each kind of quantity is written as text (:func:`number`, :func:`size`), for the
+pure parts and the renderers alike.
 
 ``VRAM_MB`` is sized by BioEngine from ``nvidia-smi`` totals, which are MiB, so ``* MIB``
 turns a ``VRAM_MB`` amount into bytes. GiB values are printed labelled ``GB`` as
@@ -38,6 +40,16 @@ def ray_round(amount: float) -> float:
 def ray_units(amount: float) -> int:
     """``amount`` in Ray's fixed-point units: what its scheduler compares."""
     return round(amount * RAY_UNITS_PER_ONE)
+
+
+def number(value: float) -> str:
+    """``8`` for a whole number, ``0.5`` otherwise (``%g``)."""
+    return f"{value:.0f}" if value == int(value) else f"{value:g}"
+
+
+def size(value: float) -> str:
+    """Bytes for reading, not for columns: ``23.2 GB`` or ``150 MB`` (binary units)."""
+    return f"{value / GIB:.1f} GB" if value >= GIB else f"{value / MIB:.0f} MB"
 
 
 ASCII_DIGITS = frozenset("0123456789")

@@ -17,7 +17,7 @@ import click
 import typer
 
 from rayscope.cli.options import WATCH_DEFAULT_S, OptionError
-from rayscope.errors import EXIT_INTERRUPTED, EXIT_NO_DATA, say
+from rayscope.errors import EXIT_INTERRUPTED, EXIT_USAGE, say
 
 GLOBAL_FLAGS = ("--verbose", "-v")
 
@@ -129,7 +129,7 @@ def run(app: typer.Typer, argv: Sequence[str]) -> None:
         if sys.stderr.isatty():
             where = _where(err.ctx, command)
             sys.stderr.write(f"  (rayscope {where + ' ' if where else ''}--help lists the options)\n")
-        raise SystemExit(EXIT_NO_DATA) from None
+        raise SystemExit(EXIT_USAGE) from None
     except click.Abort:
         raise SystemExit(EXIT_INTERRUPTED) from None
     raise SystemExit(code if isinstance(code, int) else 0)

@@ -32,7 +32,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Optional, Union
 
-from rayscope.errors import EXIT_CANNOT_WRITE, EXIT_NO_DATA, AgentError, say
+from rayscope.errors import EXIT_CANNOT_WRITE, EXIT_NO_DATA, EXIT_USAGE, AgentError, say
 
 if TYPE_CHECKING:  # the writers stand alone (their tests run them under a bare Python)
     from rayscope.schema.status import ClusterStatus
@@ -213,7 +213,7 @@ def status_format(json_out: bool, format_: Optional[str], output_file: Optional[
     """``--json``, ``--format`` and ``--output FILE``'s suffix as one choice: a conflict is a
     usage error (exit 2), so no text ever lands in a ``.json`` or JSON in a ``.prom``."""
     if json_out and format_ not in (None, "json"):
-        raise AgentError(f"--json and --format {format_} ask for different outputs", EXIT_NO_DATA)
+        raise AgentError(f"--json and --format {format_} ask for different outputs", EXIT_USAGE)
     asked = "json" if json_out else format_
     suffix = os.path.splitext(output_file or "")[1].lower()
     implied = FORMAT_OF_SUFFIX.get(suffix)
@@ -221,7 +221,7 @@ def status_format(json_out: bool, format_: Optional[str], output_file: Optional[
         raise AgentError(
             f"--output {output_file} names a {suffix} file, but the format asked for is {asked}:"
             f" drop {'--json' if json_out else '--format ' + asked} or name another file",
-            EXIT_NO_DATA,
+            EXIT_USAGE,
         )
     return asked or implied or "text"
 

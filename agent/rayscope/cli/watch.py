@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Callable, Optional, TextIO
 
-from rayscope.errors import EXIT_NO_DATA, AgentError
+from rayscope.errors import EXIT_USAGE, AgentError
 from rayscope.labels import printable
 from rayscope.render.watch import CUT_MARKER, fit_screen, highlight_changes, watch_header, wrap_to
 from rayscope.schema.status import ClusterStatus
@@ -128,11 +128,11 @@ def watch_status(
     stdout is not a terminal."""
     if not plain_text:
         raise AgentError(
-            "--watch draws on the terminal: it takes no --json, --format, --output or --append", EXIT_NO_DATA
+            "--watch draws on the terminal: it takes no --json, --format, --output or --append", EXIT_USAGE
         )
     if not sys.stdout.isatty():
         raise AgentError(
-            "--watch needs a terminal on stdout (for files, use --output or --append)", EXIT_NO_DATA
+            "--watch needs a terminal on stdout (for files, use --output or --append)", EXIT_USAGE
         )
     keyboard = sys.stdin.fileno() if sys.stdin and sys.stdin.isatty() else None
     return run(read, lines_of, interval_s, keyboard_fd=keyboard)

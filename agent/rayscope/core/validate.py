@@ -237,15 +237,21 @@ def _clean(value: Any, where: str, signed: bool = False) -> Any:
         _clean_struct(value, where)
         return value
     if isinstance(value, list):
-        if len(value) > MAX_ITEMS:
-            raise ReportError(f"{where}: {len(value)} items (at most {MAX_ITEMS})")
-        items = [_clean(v, where) for v in value]
-        return value if all(a is b for a, b in zip(items, value)) else items
+        return _clean_list(value, where)
     if isinstance(value, dict):
-        if len(value) > MAX_ITEMS:
-            raise ReportError(f"{where}: {len(value)} entries (at most {MAX_ITEMS})")
-        pairs = [(_clean(k, where), _clean(v, where)) for k, v in value.items()]
-        return (
-            value if all(a is k and b is v for (a, b), (k, v) in zip(pairs, value.items())) else dict(pairs)
-        )
+        return _clean_dict(value, where)
     raise ReportError(f"{where}: unexpected {type(value).__name__}")
+
+
+def _clean_list(value: list[Any], where: str) -> list[Any]:
+    if len(value) > MAX_ITEMS:
+        raise ReportError(f"{where}: {len(value)} items (at most {MAX_ITEMS})")
+    items = [_clean(v, where) for v in value]
+    return value if all(a is b for a, b in zip(items, value)) else items
+
+
+def _clean_dict(value: dict[Any, Any], where: str) -> dict[Any, Any]:
+    if len(value) > MAX_ITEMS:
+        raise ReportError(f"{where}: {len(value)} entries (at most {MAX_ITEMS})")
+    pairs = [(_clean(k, where), _clean(v, where)) for k, v in value.items()]
+    return value if all(a is k and b is v for (a, b), (k, v) in zip(pairs, value.items())) else dict(pairs)

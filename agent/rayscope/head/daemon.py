@@ -8,10 +8,10 @@ import signal
 import threading
 import time
 import weakref
-from typing import Optional
+from typing import Callable, Optional
 
 from rayscope.defaults import DEFAULT_TIMEOUT_S
-from rayscope.errors import EXIT_FAILED, EXIT_NO_DATA, AgentError
+from rayscope.errors import EXIT_FAILED, EXIT_USAGE, AgentError
 from rayscope.head import admission, ingest
 from rayscope.head.http import HTTP_WORKERS, REQUEST_DEADLINE_S, HttpPort
 from rayscope.head.origin import Hosts
@@ -124,37 +124,12 @@ class Head:
         loop.set_exception_handler(ingest.fd_exception_handler(self.throttle))
         nofile = raise_fd_limit()
         max_total = max(16, min(admission.MAX_CONNECTIONS, nofile - ingest.FD_RESERVE - HTTP_WORKERS))
-        guard = admission.ConnectionGuard(
-            max_total, self.max_pending_per_address, self.throttle, self.state.count_rejected
-        )
-        self.state.net = guard.counters
-        idle = max(60.0, 10 * self.state.interval_s)
         agents: weakref.WeakSet[ingest.ReportProtocol] = weakref.WeakSet()
-
-        def accept() -> ingest.ReportProtocol:
-            agent = ingest.ReportProtocol(self.state, self.token, idle, guard)
-            agents.add(agent)
-            return agent
-
-        server = await loop.create_server(
-            accept,
-            *self.listen,
-            ssl=self.ssl_context,
-            backlog=ingest.ACCEPT_BACKLOG,
-            ssl_handshake_timeout=ingest.FRAME_DEADLINE_S if self.ssl_context else None,
-        )
-        for listening in server.sockets:
-            ingest.widen_listen_queue(listening.fileno())
+        server = await self._start_reports(max_total, agents)
         http_server = await self._start_http()
         poller = PollerGuard(self.state, self._reader, self._stop, self.agents)
         poller.start()
-
-        def watch_poller() -> None:
-            poller.check()
-            if not self._stop.is_set():
-                loop.call_later(self.state.interval_s, watch_poller)
-
-        loop.call_later(self.state.interval_s, watch_poller)
+        _every(loop, self.state.interval_s, poller.check, self._stop)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         log.info(
@@ -167,12 +142,7 @@ class Head:
             ", TLS" if self.ssl_context else "",
             max_total,
         )
-
-        def flush() -> None:
-            self.throttle.flush()
-            loop.call_later(THROTTLE_S, flush)
-
-        loop.call_later(THROTTLE_S, flush)
+        _every(loop, THROTTLE_S, self.throttle.flush)
         async with server:
             await loop.run_in_executor(None, self._stop.wait)
             # From Python 3.12.1 the server's exit waits for every connection to close, and
@@ -180,9 +150,41 @@ class Head:
             server.close()
             http_server.close()
             for agent in list(agents):
-                agent._close()
+                agent.close()
+        await self._shut_down()
+
+    async def _start_reports(
+        self, max_total: int, agents: "weakref.WeakSet[ingest.ReportProtocol]"
+    ) -> asyncio.AbstractServer:
+        """The report port in this event loop, at most ``max_total`` connections; each agent
+        connected is kept in ``agents`` (weakly), to be hung up on at shutdown."""
+        guard = admission.ConnectionGuard(
+            max_total, self.max_pending_per_address, self.throttle, self.state.count_rejected
+        )
+        self.state.net = guard.counters
+        idle = max(60.0, 10 * self.state.interval_s)
+
+        def accept() -> ingest.ReportProtocol:
+            agent = ingest.ReportProtocol(self.state, self.token, idle, guard)
+            agents.add(agent)
+            return agent
+
+        server = await asyncio.get_running_loop().create_server(
+            accept,
+            *self.listen,
+            ssl=self.ssl_context,
+            backlog=ingest.ACCEPT_BACKLOG,
+            ssl_handshake_timeout=ingest.FRAME_DEADLINE_S if self.ssl_context else None,
+        )
+        for listening in server.sockets:
+            ingest.widen_listen_queue(listening.fileno())
+        return server
+
+    async def _shut_down(self) -> None:
+        """After the servers closed: the agents placed through Ray removed, the HTTP workers
+        stopped, the usage history saved."""
         if self.agents is not None:
-            await loop.run_in_executor(None, remove_agents, self.agents)
+            await asyncio.get_running_loop().run_in_executor(None, remove_agents, self.agents)
         if self.http_port is not None:
             self.http_port.close()
         try:
@@ -193,6 +195,23 @@ class Head:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def _every(
+    loop: asyncio.AbstractEventLoop,
+    interval_s: float,
+    call: Callable[[], object],
+    until: Optional[threading.Event] = None,
+) -> None:
+    """``call`` every ``interval_s`` on ``loop``, the first time after one interval; no more
+    once ``until`` is set."""
+
+    def tick() -> None:
+        call()
+        if until is None or not until.is_set():
+            loop.call_later(interval_s, tick)
+
+    loop.call_later(interval_s, tick)
 
 
 def run(
@@ -222,7 +241,7 @@ def run(
     keeper = RayAgents(address, split_address(listen), token, interval_s) if agents == "ray" else None
     if remove:
         if keeper is None:
-            raise AgentError("--remove goes with --agents ray", EXIT_NO_DATA)
+            raise AgentError("--remove goes with --agents ray", EXIT_USAGE)
         return f"removed {remove_agents(keeper, strict=True)} agent(s) placed through Ray"
     usage = open_store(usage_window_s, interval_s, usage_state, time.monotonic(), time.time())
     try:
@@ -243,7 +262,7 @@ def run(
             )
             asyncio.run(server.serve())
     except ValueError as err:
-        raise AgentError(str(err), EXIT_NO_DATA) from None
+        raise AgentError(str(err), EXIT_USAGE) from None
     except OSError as err:
         raise AgentError(f"head agent cannot start: {err.strerror or err}", EXIT_FAILED) from None
     return None

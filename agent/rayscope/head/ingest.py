@@ -223,7 +223,7 @@ class ReportProtocol(asyncio.Protocol):
         )
         if self._version == 2 and self._transport is not None:
             self._transport.write(wire.rejection(self._seq, err.reason))
-        self._close()
+        self.close()
 
     def eof_received(self) -> bool:
         if self._buffer or self._need is not None:
@@ -259,7 +259,7 @@ class ReportProtocol(asyncio.Protocol):
             )
             if self._version == 2 and self._transport is not None:
                 self._transport.write(wire.rejection(self._seq, wire.TIMEOUT))
-            self._close()
+            self.close()
             return
         silent = now - self._last_data
         if silent >= self._idle_timeout_s:
@@ -267,7 +267,7 @@ class ReportProtocol(asyncio.Protocol):
             self._guard.throttle.note(
                 "idle", "agent %s: silent for %.0f s; connection dropped", self.peer, silent
             )
-            self._close()
+            self.close()
             return
         wait = self._idle_timeout_s - silent
         if self._frame_started is not None:
@@ -276,7 +276,8 @@ class ReportProtocol(asyncio.Protocol):
             wait = min(wait, FRAME_DEADLINE_S)
         self._timer = asyncio.get_running_loop().call_later(max(wait, 0.05), self._check_time)
 
-    def _close(self) -> None:
+    def close(self) -> None:
+        """Hang up on this agent (the head's shutdown, a deadline, a rejected frame)."""
         self._closed = True
         if self._transport is not None:
             self._transport.close()

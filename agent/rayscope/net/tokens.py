@@ -10,7 +10,7 @@ import os
 import stat
 from typing import Optional
 
-from rayscope.errors import EXIT_NO_DATA, AgentError
+from rayscope.errors import EXIT_USAGE, AgentError
 
 MAX_TOKEN_FILE_BYTES = 64 * 1024
 MAKE_ONE = "e.g. `openssl rand -hex 32 > FILE && chmod 600 FILE`"
@@ -72,4 +72,4 @@ def read_token(path: Optional[str]) -> bytes:
     try:
         return read_token_file(path)
     except ValueError as err:
-        raise AgentError(str(err), EXIT_NO_DATA) from None
+        raise AgentError(str(err), EXIT_USAGE) from None

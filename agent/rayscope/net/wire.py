@@ -251,7 +251,7 @@ _EXPLAINED = {
 NO_TOKEN = "the head requires a token and this agent has none: pass --token-file (the head's file)"
 
 
-def explain(reason: str, has_token: bool = True) -> str:
+def rejection_text(reason: str, has_token: bool = True) -> str:
     """The head's short rejection word, said so that an operator knows what to fix (an agent
     with no token told so apart from one with another); a word this agent does not know is
     the peer's text, shown through the one printable rule."""

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Optional
 
 from rayscope.core.gpu.memory import CudaFigure, nvml_trusted, settle
-from rayscope.errors import EXIT_NO_DATA, AgentError
+from rayscope.errors import EXIT_USAGE, AgentError
 from rayscope.schema.report import GpuDevice, SourceStatus, known
 from rayscope.sources.cuda.sample import CudaRequest, CudaSample, CudaSampler
 from rayscope.units import parse_amount
@@ -43,7 +43,7 @@ def interval_from_env(environ: Mapping[str, str]) -> Optional[float]:
         raise AgentError(
             f"{INTERVAL_ENV}={text!r}: seconds between CUDA samples, {MIN_INTERVAL_S:g} to 86400"
             " (or 0 / off)",
-            EXIT_NO_DATA,
+            EXIT_USAGE,
         )
     return value
 

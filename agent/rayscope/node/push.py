@@ -26,7 +26,7 @@ from typing import Optional
 import msgspec
 
 from rayscope.client import peer
-from rayscope.errors import EXIT_NO_DATA, AgentError
+from rayscope.errors import EXIT_USAGE, AgentError
 from rayscope.net import tokens, wire
 from rayscope.net.addresses import split_address
 from rayscope.net.tls import TlsFiles, client_context
@@ -204,7 +204,7 @@ class Pusher:
     def _refused(self, rejected: str) -> bool:
         """The head rejected a frame: drop the connection, say why once, back off. ``False``."""
         self._close()
-        why = wire.explain(rejected, has_token=bool(self.token))
+        why = wire.rejection_text(rejected, has_token=bool(self.token))
         self._note_head(
             f"head {self._where} rejected the report: {why} (retrying with backoff)", warning=True
         )
@@ -376,12 +376,12 @@ def run(
     try:
         context = client_context(tls)
     except ValueError as err:
-        raise AgentError(str(err), EXIT_NO_DATA) from None
+        raise AgentError(str(err), EXIT_USAGE) from None
     token = tokens.read_token(token_file)
     ambiguous = "" if node_id else raylet.clusters_here(raylet.find_raylets()[0])
     if ambiguous:
         raise AgentError(
             f"{ambiguous}: pass --node-id of the node to report for (`rayscope node` lists them)",
-            EXIT_NO_DATA,
+            EXIT_USAGE,
         )
     Pusher(split_address(head), token, interval_s, node_id, ssl_context=context).run()

@@ -3,9 +3,9 @@
 from typing import Optional
 
 from rayscope.labels import node_label, printable_lines
-from rayscope.render.fmt import encode, gib, number, size
+from rayscope.render.fmt import encode, gib
 from rayscope.schema.fit import FitResult, NodeFit
-from rayscope.units import ray_round
+from rayscope.units import number, ray_round, size
 
 UNBOUNDED = 10**9
 """``rayscope.core.capacity.fit``'s capacity for a shape that asks for nothing a node could run out of."""
@@ -18,7 +18,7 @@ FIT_SIZING_WORDS = {
 }
 
 
-def shape_text(shape: dict[str, float]) -> str:
+def shape_option_text(shape: dict[str, float]) -> str:
     """``{"GPU": 0.01, "VRAM_MB": 4096}``: the request in the same words as ``--shape``."""
     return "{" + ", ".join(f'"{name}": {number(value)}' for name, value in shape.items()) + "}"
 
@@ -109,7 +109,7 @@ def fit_sizing_line(result: FitResult) -> str:
     mb = result.request.gpu_memory_mb
     if result.sizing == "fraction" and result.smallest_gpu_mb is not None and mb is not None:
         words += f" {mb}/{result.smallest_gpu_mb:.0f} MB of the smallest GPU ({result.smallest_gpu_from})"
-    return f"Shape: {shape_text(result.shape)} per replica ({words}: {result.sizing_reason})"
+    return f"Shape: {shape_option_text(result.shape)} per replica ({words}: {result.sizing_reason})"
 
 
 def fit_lines(result: FitResult) -> list[str]:

@@ -1,6 +1,7 @@
-"""Formatting shared by every output: sizes, numbers, JSON, which nodes to show.
+"""Formatting shared by every output: GiB figures, bookings, JSON, which nodes to show.
 
-Units come from :mod:`rayscope.units`; thresholds and wording of one output live in its module.
+Units, and how a number or a size is written (``number``, ``size``), come from
+:mod:`rayscope.units`; thresholds and wording of one output live in its module.
 """
 
 from collections.abc import Sequence
@@ -11,7 +12,7 @@ import msgspec
 from rayscope.core.gpu.memory import NOT_TRUSTED, gpu_used, measured_memory, untrusted_gpus, untrusted_label
 from rayscope.schema.report import SourceStatus, known
 from rayscope.schema.status import ClusterStatus, NodeStatus
-from rayscope.units import GIB, MIB
+from rayscope.units import GIB
 
 
 def gib(value: Optional[float]) -> str:
@@ -47,11 +48,6 @@ def vram_note(node: NodeStatus) -> str:
     return f" ({label}: CUDA {age:.0f}s old)"
 
 
-def size(value: float) -> str:
-    """Bytes for reading, not for columns: ``23.2 GB`` or ``150 MB`` (binary units)."""
-    return f"{value / GIB:.1f} GB" if value >= GIB else f"{value / MIB:.0f} MB"
-
-
 def visible_nodes(status: ClusterStatus, include_dead: bool) -> list[NodeStatus]:
     """The nodes to show, in display order (the rollup already sorted them)."""
     return [n for n in status.nodes.values() if include_dead or n.alive]
@@ -83,11 +79,6 @@ def cpus(value: float) -> str:
     GPU fractions, ``.2f``), so half a CPU never prints as ``0``. Ray's 1e-4 fixed point
     decides what counts as whole."""
     return f"{value:.0f}" if abs(value - round(value)) < 5e-5 else f"{value:.2f}"
-
-
-def number(value: float) -> str:
-    """``8`` for a whole number, ``0.5`` otherwise (``%g``)."""
-    return f"{value:.0f}" if value == int(value) else f"{value:g}"
 
 
 def encode(value: object, indent: int = 2) -> str:

@@ -221,10 +221,10 @@ def _type(name: str) -> str:
 
 
 def _node_label(node: NodeStatus) -> str:
-    return f'node_id="{_label(node.node_id)}"'
+    return f'node_id="{label_value(node.node_id)}"'
 
 
-def _family(name: str, help_text: str, samples: Iterable[tuple[str, Optional[float]]]) -> list[str]:
+def family(name: str, help_text: str, samples: Iterable[tuple[str, Optional[float]]]) -> list[str]:
     """One gauge family from ``(labels, value)`` pairs; none at all when no value is known."""
     lines = [f"{name}{{{labels}}} {_sample(value)}" for labels, value in samples if value is not None]
     return [f"# HELP {name} {help_text}", f"# TYPE {name} {_type(name)}", *lines] if lines else []
@@ -234,7 +234,7 @@ def _gpu_samples(nodes: list[NodeStatus]) -> list[str]:
     """Per GPU of every fresh NVML report, labelled by node, NVML index and UUID (each GPU's
     labels built once, not once per family: 11 families × 80,000 GPUs at 10,000 nodes)."""
     gpus = [
-        (f'{node_labels},gpu="{gpu.index}",uuid="{_label(gpu.uuid or "")}"', gpu)
+        (f'{node_labels},gpu="{gpu.index}",uuid="{label_value(gpu.uuid or "")}"', gpu)
         for node in nodes
         if not node.stale and node.gpus
         for node_labels in (_node_label(node),)
@@ -242,20 +242,23 @@ def _gpu_samples(nodes: list[NodeStatus]) -> list[str]:
     ]
     lines: list[str] = []
     for name, help_text, value_of in _GPU_METRICS:
-        lines += _family(name, help_text, ((labels, value_of(gpu)) for labels, gpu in gpus))
+        lines += family(name, help_text, ((labels, value_of(gpu)) for labels, gpu in gpus))
     for name, help_text, field, values in _MODE_METRICS:
         modes = ((labels, known(getattr(gpu, field))) for labels, gpu in gpus)
         samples = ((f'{labels},mode="{_bounded(mode, values)}"', 1.0) for labels, mode in modes if mode)
-        lines += _family(name, help_text, samples)
+        lines += family(name, help_text, samples)
     shared = (
-        (f'{_node_label(node)},gpu="{gpu.index}",uuid="{_label(gpu.uuid or "")}"', float(len(others) + 1))
+        (
+            f'{_node_label(node)},gpu="{gpu.index}",uuid="{label_value(gpu.uuid or "")}"',
+            float(len(others) + 1),
+        )
         for node in nodes
         if not node.stale and isinstance(node.shared_gpus, dict)
         for gpu in node.gpus or ()
         for others in (node.shared_gpus.get(gpu.uuid or ""),)
         if others
     )
-    return lines + _family(*_SHARED_GPU, shared)
+    return lines + family(*_SHARED_GPU, shared)
 
 
 def _bounded(value: str, values: tuple[str, ...]) -> str:
@@ -269,11 +272,11 @@ def _device_samples(nodes: list[NodeStatus]) -> list[str]:
     lines: list[str] = []
     for name, help_text, value_of in _DEVICE_METRICS:
         samples = (
-            (f'{_node_label(node)},uuid="{_label(d.uuid or "")}",gpu_id="{d.gpu_id}"', value_of(d))
+            (f'{_node_label(node)},uuid="{label_value(d.uuid or "")}",gpu_id="{d.gpu_id}"', value_of(d))
             for node in nodes
             for d in (node.placement.devices if node.placement is not None else [])
         )
-        lines += _family(name, help_text, samples)
+        lines += family(name, help_text, samples)
     return lines
 
 
@@ -283,7 +286,8 @@ def _sample(value: float) -> str:
     return str(int(value)) if value.is_integer() else repr(value)
 
 
-def _label(value: str) -> str:
+def label_value(value: str) -> str:
+    """``value`` as a Prometheus label value: printable, with ``\\``, ``"`` and newlines escaped."""
     return printable(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
@@ -302,7 +306,7 @@ def pending_metrics(status: ClusterStatus) -> list[str]:
         "# TYPE rayscope_pending_demands gauge",
     ]
     for (kind, shape, reason), count in sorted(counts.items()):
-        labels = f'kind="{kind}",shape="{_label(shape)}",reason="{reason}"'
+        labels = f'kind="{kind}",shape="{label_value(shape)}",reason="{reason}"'
         lines.append(f"rayscope_pending_demands{{{labels}}} {count}")
     return lines
 
@@ -336,21 +340,21 @@ def metrics_text(status: ClusterStatus, *, legacy_names: bool = False) -> str:
     ``promtool check metrics``)."""
     lines: list[str] = []
     nodes = list(status.nodes.values())
-    labelled = [(f'node_id="{_label(n.node_id)}",node_ip="{_label(n.node_ip or "")}"', n) for n in nodes]
+    labelled = [(f'{_node_label(n)},node_ip="{label_value(n.node_ip or "")}"', n) for n in nodes]
     for name, help_text, value_of in _NODE_METRICS:
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {_type(name)}"]
         for labels, node in labelled:
             value = value_of(node)
             if value is not None:
                 lines.append(f"{name}{{{labels}}} {_sample(value)}")
-    lines += _family(
+    lines += family(
         *_UNREADABLE, ((labels, 1.0) for labels, n in labelled if known(n.unreadable) is not None)
     )
     lines += _gpu_samples(nodes)
     lines += _device_samples(nodes)
     lines += pending_metrics(status)
     lines += ["# HELP rayscope_source_up 1 when the source answered.", "# TYPE rayscope_source_up gauge"]
-    lines += [f'rayscope_source_up{{source="{_label(s.name)}"}} {int(s.ok)}' for s in status.sources]
+    lines += [f'rayscope_source_up{{source="{label_value(s.name)}"}} {int(s.ok)}' for s in status.sources]
     lines += [
         "# HELP rayscope_scheduler_view_age_seconds Age of the scheduler's view (GCS read).",
         "# TYPE rayscope_scheduler_view_age_seconds gauge",

@@ -3,11 +3,12 @@
 from typing import Optional
 
 from rayscope.labels import printable_lines
-from rayscope.render.fmt import booking, cpus, encode, gib, number, size, source_notes
+from rayscope.render.fmt import booking, cpus, encode, gib, source_notes
 from rayscope.render.gpus import gpu_block_lines, mode_text, used_text
 from rayscope.schema.node import AgentProcess, NodeDiagnostics
 from rayscope.schema.report import GpuDevice, HostInfo, RayletInfo
 from rayscope.schema.status import NodeStatus
+from rayscope.units import number, size
 
 # Resources a raylet advertises that say nothing to an operator reading `node`.
 _HIDDEN_RESOURCE_PREFIXES = ("node:",)

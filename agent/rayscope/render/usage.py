@@ -11,7 +11,7 @@ from typing import Optional
 import msgspec
 
 from rayscope.labels import printable
-from rayscope.render.metrics import _family, _label
+from rayscope.render.metrics import family, label_value
 from rayscope.schema.usage import ActorUsage, AppUsage, UsageDocument
 from rayscope.units import MIB
 
@@ -139,7 +139,7 @@ def usage_metrics(doc: UsageDocument) -> str:
     actor id, so labels stay as few as the apps; a value not known is absent."""
     lines: list[str] = []
     for name, help_text, value_of in _APP_METRICS:
-        lines += _family(name, help_text, ((f'app="{_label(a.app)}"', value_of(a)) for a in doc.apps))
+        lines += family(name, help_text, ((f'app="{label_value(a.app)}"', value_of(a)) for a in doc.apps))
     lines += [
         "# HELP rayscope_usage_window_covered_seconds Seconds of the usage window the head has samples for.",
         "# TYPE rayscope_usage_window_covered_seconds gauge",

@@ -6,7 +6,7 @@ import time
 from collections.abc import Sequence
 from typing import Optional
 
-from rayscope.render.fmt import number
+from rayscope.units import number
 
 HIGHLIGHT_ON = "\x1b[7m"  # reverse video: readable on any palette, no colour assumed
 HIGHLIGHT_OFF = "\x1b[27m"

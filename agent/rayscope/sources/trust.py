@@ -84,51 +84,70 @@ def open_trusted(path: str, me: int) -> int:
     """
     if not os.path.isabs(path):
         raise Refused(f"{path} is not an absolute path")
-    fd, where, todo, hops = os.open("/", _DIR_FLAGS), "/", _parts(path), 0
+    walk = _Walk(path, me)
     try:
         while True:
-            reason = file_refusal(where, os.fstat(fd), me)
+            reason = file_refusal(walk.where, os.fstat(walk.fd), me)
             if reason:
                 raise Refused(reason)
-            if not todo:  # the path named a directory
+            if not walk.todo:  # the path named a directory
                 raise Refused(f"{path} is not a regular file")
-            name = todo.pop()
-            if name in (".", ".."):  # the walk holds no symlink: ".." is lexical
-                parent = os.open(name, _DIR_FLAGS, dir_fd=fd)
-                os.close(fd)
-                fd, where = parent, os.path.normpath(os.path.join(where, name))
-                continue
-            here = os.path.join(where, name)
-            link = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            if stat.S_ISLNK(link.st_mode):
-                hops += 1
-                reason = file_refusal(here, link, me)
-                if reason or hops > MAX_SYMLINKS:
-                    raise Refused(reason or f"{path}: more than {MAX_SYMLINKS} symlinks")
-                target = os.readlink(name, dir_fd=fd)
-                todo.extend(_parts(target))
-                if target.startswith("/"):
-                    os.close(fd)
-                    fd, where = os.open("/", _DIR_FLAGS), "/"
-                continue
-            if todo:
-                child = os.open(name, _DIR_FLAGS, dir_fd=fd)
-                os.close(fd)
-                fd, where = child, here
-                continue
-            found = os.open(name, _FILE_FLAGS, dir_fd=fd)
-            os.close(fd)
-            fd = found
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise Refused(f"{here} is not a regular file")
-            reason = file_refusal(here, st, me)
-            if reason:
-                raise Refused(reason)
-            return fd
+            found = walk.step(walk.todo.pop())
+            if found is not None:
+                return found
     except BaseException:
-        os.close(fd)
+        os.close(walk.fd)
         raise
+
+
+class _Walk:
+    """Where :func:`open_trusted` is: the descriptor it holds (``fd``, the directory named
+    ``where``; at the end the file), the names still to walk (a stack), the symlinks followed."""
+
+    def __init__(self, path: str, me: int) -> None:
+        self.path, self.me = path, me
+        self.fd, self.where, self.todo, self.hops = os.open("/", _DIR_FLAGS), "/", _parts(path), 0
+
+    def _hold(self, fd: int, where: str) -> None:
+        """``fd`` (named ``where``) in place of the descriptor held, which is closed."""
+        os.close(self.fd)
+        self.fd, self.where = fd, where
+
+    def step(self, name: str) -> Optional[int]:
+        """One name of the path from the directory held: the file's descriptor at the end
+        (checked), else ``None`` with the walk moved on (into a directory, or to a symlink's
+        target names)."""
+        if name in (".", ".."):  # the walk holds no symlink: ".." is lexical
+            parent = os.open(name, _DIR_FLAGS, dir_fd=self.fd)
+            self._hold(parent, os.path.normpath(os.path.join(self.where, name)))
+            return None
+        here = os.path.join(self.where, name)
+        link = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+        if stat.S_ISLNK(link.st_mode):
+            self._follow(name, here, link)
+            return None
+        if self.todo:
+            self._hold(os.open(name, _DIR_FLAGS, dir_fd=self.fd), here)
+            return None
+        self._hold(os.open(name, _FILE_FLAGS, dir_fd=self.fd), here)
+        st = os.fstat(self.fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise Refused(f"{here} is not a regular file")
+        reason = file_refusal(here, st, self.me)
+        if reason:
+            raise Refused(reason)
+        return self.fd
+
+    def _follow(self, name: str, here: str, link: os.stat_result) -> None:
+        """A symlink root's or ``me``'s: its target's names next, from ``/`` if absolute."""
+        self.hops += 1
+        reason = file_refusal(here, link, self.me)
+        if reason or self.hops > MAX_SYMLINKS:
+            raise Refused(reason or f"{self.path}: more than {MAX_SYMLINKS} symlinks")
+        target = os.readlink(name, dir_fd=self.fd)
+        self.todo.extend(_parts(target))
+        if target.startswith("/"):
+            self._hold(os.open("/", _DIR_FLAGS), "/")
 
 
 def _chain(path: str) -> list[str]:

@@ -2,34 +2,20 @@
 autoscaler-state read and the actor table, see ``gcs_read.read_pending``), the JSON's
 ``cluster.pending`` and BioEngine's ``cluster.pending_resources`` out. No I/O, no clock.
 
-Each waiting shape gets one reason, judged against the free resources of the same read, in
-this order:
-
-* ``waits_placement_group``: it is to run in a placement group that is not placed yet;
-* ``infeasible``: no node has the resource at all, or not that much of it (an accelerator
-  type nobody has, 2 GPUs on 1-GPU nodes);
-* ``waits``: the cluster has room for it now: it waits on its dependencies or the scheduler;
-* ``fragmented``: a node has the GPU fraction free by its sum, but no single device has it
-  (Ray puts a fraction below 1 on one device, whole GPUs on free devices);
-* ``vram_exhausted``, ``gpu_exhausted``, ``cpu_exhausted``, ``memory_exhausted``,
-  ``resource_exhausted``: what the best node lacks, naming what it has free.
-
-Node sums come from :func:`rayscope.core.capacity.fit.replicas_in`, the placement rule ``fit`` uses. The
-per-device check is one function, :data:`DeviceFree`: by default
-:func:`gpus_free_from_actors` (Ray's own per-device placement, ``resource_mapping`` in the
-actor table); where it cannot tell (a task holds GPUs: tasks are not in the actor table) the
-judgement is by node sums, and the reason says so (``by``).
+Each waiting shape gets one reason: ``waits_placement_group`` when it is to run in a
+placement group that is not placed yet, else :func:`rayscope.core.capacity.reasons.judge`'s
+(infeasible, waits, fragmented, or what is exhausted), judged against the free resources of
+the same read; per device by :func:`gpus_free_from_actors` (Ray's own per-device placement,
+``resource_mapping`` in the actor table) where it can tell.
 """
 
 import re
-from collections.abc import Callable, Mapping, Sequence
-from typing import NamedTuple, Optional
+from collections.abc import Mapping, Sequence
+from typing import Optional
 
 import msgspec
 
-from rayscope.core.capacity.fit import replicas_in
-from rayscope.core.gpu.placement import replicas_on_free
-from rayscope.labels import node_label
+from rayscope.core.capacity.reasons import DeviceFree, Judgement, bundle_total, canonical, judge, judge_gang
 from rayscope.schema.pending import (
     PendingActor,
     PendingDemand,
@@ -40,7 +26,7 @@ from rayscope.schema.pending import (
     PendingTask,
 )
 from rayscope.schema.status import ClusterStatus
-from rayscope.units import ACCELERATOR_PREFIX, GIB, MIB, ray_round, ray_units
+from rayscope.units import number, ray_round, ray_units
 
 BIOENGINE_LIST_LIMIT = 100
 """BioEngine lists pending entries through Ray's state API, which answers at most 100 per
@@ -51,22 +37,6 @@ BIOENGINE_HARDWARE = ("CPU", "GPU", "memory")
 # Placement-group resources as Ray names them: CPU_group_<pg id>, CPU_group_<bundle>_<pg id>.
 _GROUP = re.compile(r"^(?P<name>.+?)_group_(?:\d+_)?(?P<pg>[0-9a-f]+)$")
 _GROUP_MARKER = "bundle"
-# Which resource a reason names first when the best node lacks several.
-_EXHAUSTED_ORDER = ("VRAM_MB", "GPU", "CPU", "memory")
-_EXHAUSTED_CODE = {
-    "VRAM_MB": "vram_exhausted",
-    "GPU": "gpu_exhausted",
-    "CPU": "cpu_exhausted",
-    "memory": "memory_exhausted",
-}
-
-DeviceFree = Callable[[PendingNode], Optional[list[tuple[int, float]]]]
-"""A node → ``[(GPU index, fraction free)]`` of its devices; ``None`` = not known."""
-
-
-def canonical(shape: Mapping[str, float]) -> dict[str, float]:
-    """Ray's order, as ``ray status`` prints a demand: names sorted; zero amounts dropped."""
-    return {name: ray_round(amount) for name, amount in sorted(shape.items()) if amount > 0}
 
 
 def split_group(shape: Mapping[str, float]) -> tuple[dict[str, float], str]:
@@ -87,24 +57,7 @@ def split_group(shape: Mapping[str, float]) -> tuple[dict[str, float], str]:
 
 def shape_text(shape: Mapping[str, float]) -> str:
     """``GPU=0.5 accelerator_type:A10G=0.001``: Ray's names and amounts, Ray's order."""
-    return " ".join(f"{name}={_number(amount)}" for name, amount in shape.items())
-
-
-def _number(value: float) -> str:
-    return f"{value:.0f}" if value == int(value) else f"{value:g}"
-
-
-def amount_text(resource: str, amount: float) -> str:
-    """An amount in the operator's unit: ``8192 MB`` of VRAM_MB, ``2.0 GB`` of memory."""
-    if resource == "VRAM_MB":
-        return f"{amount:.0f} MB"
-    if resource in ("memory", "object_store_memory"):
-        return f"{amount / GIB:.1f} GB" if amount >= GIB else f"{amount / MIB:.0f} MB"
-    return f"{_number(ray_round(amount))} {resource}"
-
-
-def _label(node: PendingNode) -> str:
-    return node_label(node.node_ip, node.node_id)
+    return " ".join(f"{name}={number(amount)}" for name, amount in shape.items())
 
 
 def gpus_free_from_actors(read: PendingRead) -> DeviceFree:
@@ -123,148 +76,11 @@ def gpus_free_from_actors(read: PendingRead) -> DeviceFree:
     return free
 
 
-def devices_hold(devices: Sequence[tuple[int, float]], gpu: float) -> bool:
-    """Whether one replica asking ``gpu`` fits these devices, by Ray's packing rule (the
-    one ``fit`` uses: :func:`rayscope.core.gpu.placement.replicas_on_free`)."""
-    return gpu <= 0 or replicas_on_free([free for _, free in devices], gpu) >= 1
-
-
-def devices_text(devices: Sequence[tuple[int, float]]) -> str:
-    return ", ".join(f"GPU {index}: {_number(free)} free" for index, free in devices)
-
-
-class Judgement(NamedTuple):
-    reason: str
-    text: str
-    by: str = "node_sum"
-
-
-def _free(node: PendingNode, resource: str) -> Optional[float]:
-    """What ``node`` has free of ``resource``; ``None`` = it does not have it at all."""
-    if resource not in node.total:
-        return None
-    return max(0.0, node.available.get(resource, 0.0))
-
-
-def _infeasible(shape: Mapping[str, float], nodes: Sequence[PendingNode]) -> Optional[str]:
-    """Why no node could ever hold ``shape`` (its totals), or ``None`` when one could."""
-    if any(replicas_in(node.total, shape)[0] >= 1 for node in nodes):
-        return None
-    for resource, amount in shape.items():
-        have = [node.total[resource] for node in nodes if resource in node.total]
-        if not have:
-            if resource.startswith(ACCELERATOR_PREFIX):
-                kinds = sorted(
-                    {
-                        n[len(ACCELERATOR_PREFIX) :]
-                        for node in nodes
-                        for n in node.total
-                        if n.startswith(ACCELERATOR_PREFIX)
-                    }
-                )
-                here = f" (accelerator types here: {', '.join(kinds)})" if kinds else " (no node names one)"
-                return f"no node has {resource}{here}"
-            return f"no node has {resource}"
-        if ray_units(max(have)) < ray_units(amount):
-            most = amount_text(resource, max(have))
-            return f"no node has {amount_text(resource, amount)} (at most {most} on one node)"
-    return "no single node has all of it: " + ", ".join(shape)
-
-
-def judge(shape: Mapping[str, float], nodes: Sequence[PendingNode], device_free: DeviceFree) -> Judgement:
-    """Why ``shape`` (placement-group suffixes off) does not run now on ``nodes``."""
-    if not shape:
-        return Judgement("waits", "it asks for no resources: it waits on the scheduler")
-    why = _infeasible(shape, nodes)
-    if why is not None:
-        return Judgement("infeasible", why)
-    able = [node for node in nodes if replicas_in(node.total, shape)[0] >= 1]
-    room = [node for node in able if replicas_in({r: _free(node, r) for r in shape}, shape)[0] >= 1]
-    gpu = shape.get("GPU", 0.0)
-    by = "node_sum"
-    if room:
-        fragmented: list[tuple[PendingNode, list[tuple[int, float]]]] = []
-        for node in room:
-            devices = device_free(node) if gpu > 0 else None
-            if devices is not None:
-                by = "device"
-                if not devices_hold(devices, gpu):
-                    fragmented.append((node, devices))
-                    continue
-            way = "per GPU" if devices is not None else "by node sums"
-            return Judgement(
-                "waits",
-                f"the cluster has room for it now ({_label(node)}, {way}):"
-                " it waits on its dependencies or the scheduler",
-                "device" if devices is not None else "node_sum",
-            )
-        node, devices = max(fragmented, key=lambda entry: _free(entry[0], "GPU") or 0.0)
-        summed = _number(ray_round(_free(node, "GPU") or 0.0))
-        lacking_device = (
-            f"no single GPU has {_number(gpu)}" if gpu < 1 else f"not {int(gpu)} GPU(s) wholly free"
-        )
-        return Judgement(
-            "fragmented",
-            f"free by the node sum ({summed} GPU on {_label(node)}), but {lacking_device}:"
-            f" {devices_text(devices)}",
-            "device",
-        )
-    short = [
-        (node, [r for r in shape if ray_units(_free(node, r) or 0.0) < ray_units(shape[r])]) for node in able
-    ]
-    order = {r: i for i, r in enumerate(_EXHAUSTED_ORDER)}
-    node, lacking = min(short, key=lambda entry: len(entry[1]))
-    resource = min(lacking, key=lambda r: (order.get(r, len(order)), r))
-    best = max(able, key=lambda n: _free(n, resource) or 0.0)
-    have = _free(best, resource) or 0.0
-    code = _EXHAUSTED_CODE.get(resource, "resource_exhausted")
-    text = (
-        f"{resource} exhausted: needs {amount_text(resource, shape[resource])}, the best node"
-        f" ({_label(best)}) has {amount_text(resource, have)} free"
-        f" of {amount_text(resource, best.total[resource])}"
-    )
-    return Judgement(code, text, by)
-
-
 def _gang_parts(gang: PendingGang) -> tuple[str, str, str]:
     """(placement group id, strategy, state) from Ray's ``<id>:<strategy>|<state>``."""
     head, _, state = gang.details.partition("|")
     group, _, strategy = head.partition(":")
     return group, strategy, state
-
-
-def judge_gang(
-    bundles: Sequence[Mapping[str, float]],
-    strategy: str,
-    nodes: Sequence[PendingNode],
-    device_free: DeviceFree,
-) -> Judgement:
-    """Why a placement group is not placed: all bundles on one node (``STRICT_PACK``) or
-    bundle by bundle on the free resources left, one node each for ``STRICT_SPREAD``."""
-    if strategy == "STRICT_PACK" or len(bundles) <= 1:
-        total: dict[str, float] = {}
-        for bundle in bundles:
-            for name, amount in bundle.items():
-                total[name] = total.get(name, 0.0) + amount
-        return judge(canonical(total), nodes, device_free)
-    for bundle in bundles:
-        why = _infeasible(bundle, nodes)
-        if why is not None:
-            return Judgement("infeasible", why)
-    left = [
-        PendingNode(node_id=n.node_id, node_ip=n.node_ip, total=n.total, available=dict(n.available))
-        for n in nodes
-    ]
-    used: set[str] = set()
-    for bundle in bundles:
-        spots = [n for n in left if not (strategy == "STRICT_SPREAD" and n.node_id in used)]
-        spot = next((n for n in spots if replicas_in({r: _free(n, r) for r in bundle}, bundle)[0] >= 1), None)
-        if spot is None:
-            return judge(bundle, spots, device_free)
-        used.add(spot.node_id)
-        for name, amount in bundle.items():
-            spot.available[name] = spot.available.get(name, 0.0) - amount
-    return Judgement("waits", "the cluster has room for it now (by node sums): Ray is placing it")
 
 
 def _same(a: Mapping[str, float], b: Mapping[str, float]) -> bool:
@@ -281,13 +97,26 @@ def bioengine_lists(actor: PendingActor) -> bool:
     return actor.state == "PENDING_CREATION" and any(asks.get(r, 0.0) > 0 for r in BIOENGINE_HARDWARE)
 
 
-def explain(
+def judge_pending(
     read: PendingRead, device_free: Optional[DeviceFree] = None
 ) -> tuple[PendingResources, list[PendingDemand]]:
     """BioEngine's ``pending_resources`` and rayscope's ``pending`` list from one read."""
     device_free = device_free or gpus_free_from_actors(read)
-    nodes = read.nodes
-    gangs = {(_gang_parts(g)[0]): g for g in read.gangs}
+    demands, tasks, unmatched = _requests(read, device_free)
+    demands += [_actor_demand(actor, read.nodes, device_free) for actor in unmatched]
+    demands += [_gang_demand(gang, read.nodes, device_free) for gang in read.gangs]
+    actors = [a for a in read.actors if bioengine_lists(a)][:BIOENGINE_LIST_LIMIT]
+    tasks = tasks[:BIOENGINE_LIST_LIMIT]
+    resources = PendingResources(actors=actors, jobs=[], tasks=tasks, total=len(actors) + len(tasks))
+    return resources, merge_demands(demands)
+
+
+def _requests(
+    read: PendingRead, device_free: DeviceFree
+) -> tuple[list[PendingDemand], list[PendingTask], list[PendingActor]]:
+    """The scheduler's demand, one entry per request with the actors it matches; the tasks
+    BioEngine lists for the rest of each request; and the actors no request matched."""
+    gangs = {_gang_parts(g)[0]: g for g in read.gangs}
     unmatched = list(read.actors)
     demands: list[PendingDemand] = []
     tasks: list[PendingTask] = []
@@ -295,46 +124,47 @@ def explain(
         shape, group = split_group(request.shape)
         mine = [a for a in unmatched if _same(a.required_resources, request.shape)][: request.count]
         unmatched = [a for a in unmatched if a not in mine]
-        if group:
-            gang = gangs.get(group)
-            strategy = _gang_parts(gang)[1] if gang is not None else ""
-            judgement = Judgement(
-                "waits_placement_group",
-                f"waits on placement group {group[:12]}"
-                + (
-                    f" ({strategy}), which is not placed yet"
-                    if gang is not None
-                    else ": no room left in its bundles"
-                ),
-            )
-        else:
-            judgement = judge(shape, nodes, device_free)
+        judgement = _in_group(group, gangs.get(group)) if group else judge(shape, read.nodes, device_free)
         demands.append(_demand("request", shape, request.count, mine, judgement, group))
         tasks += [PendingTask(required_resources=shape)] * max(0, request.count - len(mine))
-    for actor in unmatched:  # in the actor table, not (yet) in the scheduler's demand
-        shape, group = split_group(actor.required_resources)
-        if actor.state == "DEPENDENCIES_UNREADY":
-            judgement = Judgement("waits", "waits on its dependencies (its arguments are not ready yet)")
-        elif group:
-            judgement = Judgement("waits_placement_group", f"waits on placement group {group[:12]}")
-        else:
-            judgement = judge(shape, nodes, device_free)
-        demands.append(_demand("actor", shape, 1, [actor], judgement, group))
-    for gang in read.gangs:
-        group, strategy, _ = _gang_parts(gang)
-        bundles = [canonical(b) for b in gang.bundles]
-        total: dict[str, float] = {}
-        for bundle in bundles:
-            for name, amount in bundle.items():
-                total[name] = total.get(name, 0.0) + amount
-        judgement = judge_gang(bundles, strategy, nodes, device_free)
-        demand = _demand("placement_group", canonical(total), 1, [], judgement, group)
-        demand.bundles, demand.strategy = bundles, strategy
-        demands.append(demand)
-    actors = [a for a in read.actors if bioengine_lists(a)][:BIOENGINE_LIST_LIMIT]
-    tasks = tasks[:BIOENGINE_LIST_LIMIT]
-    resources = PendingResources(actors=actors, jobs=[], tasks=tasks, total=len(actors) + len(tasks))
-    return resources, merge_demands(demands)
+    return demands, tasks, unmatched
+
+
+def _in_group(group: str, gang: Optional[PendingGang]) -> Judgement:
+    """A request to run in the placement group ``group`` (``gang``: that group, if it waits)."""
+    if gang is None:
+        return Judgement(
+            "waits_placement_group", f"waits on placement group {group[:12]}: no room left in its bundles"
+        )
+    strategy = _gang_parts(gang)[1]
+    return Judgement(
+        "waits_placement_group",
+        f"waits on placement group {group[:12]} ({strategy}), which is not placed yet",
+    )
+
+
+def _actor_demand(
+    actor: PendingActor, nodes: Sequence[PendingNode], device_free: DeviceFree
+) -> PendingDemand:
+    """An actor in the actor table, not (yet) in the scheduler's demand."""
+    shape, group = split_group(actor.required_resources)
+    if actor.state == "DEPENDENCIES_UNREADY":
+        judgement = Judgement("waits", "waits on its dependencies (its arguments are not ready yet)")
+    elif group:
+        judgement = Judgement("waits_placement_group", f"waits on placement group {group[:12]}")
+    else:
+        judgement = judge(shape, nodes, device_free)
+    return _demand("actor", shape, 1, [actor], judgement, group)
+
+
+def _gang_demand(gang: PendingGang, nodes: Sequence[PendingNode], device_free: DeviceFree) -> PendingDemand:
+    """A placement group not placed yet: the sum of its bundles, judged bundle by bundle."""
+    group, strategy, _ = _gang_parts(gang)
+    bundles = [canonical(b) for b in gang.bundles]
+    judgement = judge_gang(bundles, strategy, nodes, device_free)
+    demand = _demand("placement_group", canonical(bundle_total(bundles)), 1, [], judgement, group)
+    demand.bundles, demand.strategy = bundles, strategy
+    return demand
 
 
 def _demand(
@@ -391,6 +221,6 @@ def attach(status: ClusterStatus, read: Optional[PendingRead]) -> ClusterStatus:
     from ``read`` (left ``None`` when the pending demand was not read)."""
     if read is None:
         return status
-    resources, demands = explain(read)
+    resources, demands = judge_pending(read)
     cluster = msgspec.structs.replace(status.cluster, pending_resources=resources, pending=demands)
     return msgspec.structs.replace(status, cluster=cluster)

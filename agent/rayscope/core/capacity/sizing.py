@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import NamedTuple, Optional
 
 from rayscope.core.rollup import SCHEDULER_STEMS, schedulable_nodes
-from rayscope.errors import EXIT_NO_DATA, AgentError
+from rayscope.errors import EXIT_NO_DATA, EXIT_USAGE, AgentError
 from rayscope.labels import node_label
 from rayscope.schema.fit import FitRequest
 from rayscope.schema.status import ClusterStatus, NodeStatus
@@ -189,7 +189,7 @@ def fit_request(
     resource given once; :class:`AgentError` (exit 2, a usage error) saying what is wrong."""
 
     def usage(message: str) -> AgentError:
-        return AgentError(message, EXIT_NO_DATA)
+        return AgentError(message, EXIT_USAGE)
 
     if gpu_memory_mb is not None and shape_json is not None:
         raise usage("give --gpu-memory-mb MB or --shape JSON, not both")
@@ -221,12 +221,12 @@ def parse_shape(text: str) -> dict[str, float]:
     try:
         raw = json.loads(text)
     except ValueError as err:
-        raise AgentError(f"--shape is not JSON: {err}", EXIT_NO_DATA) from None
+        raise AgentError(f"--shape is not JSON: {err}", EXIT_USAGE) from None
     if not isinstance(raw, dict):
         raise AgentError(
-            """--shape takes a JSON object of Ray resources, e.g. '{"GPU": 0.5, "CPU": 1}'""", EXIT_NO_DATA
+            """--shape takes a JSON object of Ray resources, e.g. '{"GPU": 0.5, "CPU": 1}'""", EXIT_USAGE
         )
     try:
         return validate_shape(raw)
     except ValueError as err:
-        raise AgentError(f"--shape: {err}", EXIT_NO_DATA) from None
+        raise AgentError(f"--shape: {err}", EXIT_USAGE) from None

@@ -20,12 +20,21 @@ Rules, in the operator's words:
   with several GPUs whose node-wide ``VRAM_MB`` still shows room while a device is full.
 """
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Optional
 
 import msgspec
 
-from rayscope.core.actor_names import actor_name
+from rayscope.core.gpu.holders import (
+    IdMaps,
+    Matcher,
+    PerDevice,
+    books_gpu,
+    nvml_index,
+    place_idle_actors,
+    slot,
+    users_by_device,
+)
 from rayscope.core.gpu.placement import id_map, place_devices
 from rayscope.core.isolation import guarded, unreadable_as
 from rayscope.schema.report import (
@@ -40,15 +49,13 @@ from rayscope.schema.report import (
 from rayscope.schema.status import ActorBooking, ClusterStatus, NodeAttribution, NodeStatus
 from rayscope.units import MIB, ray_round
 
-IdMaps = Mapping[str, Mapping[int, Optional[int]]]
-"""Node id → (Ray GPU id → NVML index, ``None`` where the mapping is ambiguous). A node not
-named keeps Ray's id as the NVML index (the raylet's environment was not read)."""
 
-
-def nvml_index(id_maps: IdMaps, node_id: str, gpu_id: int) -> Optional[int]:
-    """The NVML index of Ray's GPU ``gpu_id`` on ``node_id``; ``None`` when ambiguous."""
-    mapping = id_maps.get(node_id)
-    return gpu_id if mapping is None else mapping.get(gpu_id)
+def leaf_devices(gpus: Sequence[GpuDevice]) -> list[GpuDevice]:
+    """The devices processes run on: each GPU, or its MIG instances where MIG is on."""
+    leaves: list[GpuDevice] = []
+    for gpu in gpus:
+        leaves += gpu.mig_devices if gpu.mig_devices else [gpu]
+    return leaves
 
 
 def _device_shares(actor: ActorBooking, id_maps: IdMaps) -> dict[int, float]:
@@ -63,137 +70,10 @@ def _device_shares(actor: ActorBooking, id_maps: IdMaps) -> dict[int, float]:
 
 OVER_BOOKING = "over_booking"
 UNBOOKED = "unbooked"
-BOOKING_UNKNOWN = "booking_unknown"
-NOT_MAPPED = "not_mapped"
 FULL = "full"
 HIDDEN_FULL = "hidden_full"
 
 _KIND_ORDER = {"actor": 0, "ray worker": 1, "process": 2}
-
-
-def _books_gpu(actor: ActorBooking) -> bool:
-    return actor.required.get("GPU", 0.0) > 0 or actor.required.get("VRAM_MB", 0.0) > 0
-
-
-def _device_key(gpu: GpuDevice) -> tuple[int, int]:
-    return (gpu.index, -1) if gpu.parent_index is None else (gpu.parent_index, gpu.index)
-
-
-def leaf_devices(gpus: Sequence[GpuDevice]) -> list[GpuDevice]:
-    """The devices processes run on: each GPU, or its MIG instances where MIG is on."""
-    leaves: list[GpuDevice] = []
-    for gpu in gpus:
-        leaves += gpu.mig_devices if gpu.mig_devices else [gpu]
-    return leaves
-
-
-def _add_used(user: GpuUser, used: Optional[int]) -> None:
-    if used is not None:
-        user.used_memory_bytes = (user.used_memory_bytes or 0) + used
-
-
-class _Matcher:
-    """GPU pid → who holds it (actor, Ray worker, other process), for one node group."""
-
-    def __init__(
-        self,
-        processes: Optional[Sequence[ProcessInfo]],
-        actors: Optional[Sequence[ActorBooking]],
-        node_ids: Collection[str],
-    ) -> None:
-        self.processes = None if processes is None else {p.pid: p for p in processes}
-        self.actors_read = actors is not None
-        live = [a for a in actors or [] if a.node_id in node_ids and a.state == "ALIVE"]
-        self.node_actors = sorted(live, key=lambda a: (actor_name(a), a.actor_id))
-        self.by_pid = {(a.node_id, a.pid): a for a in live if a.pid}
-        self.by_id = {a.actor_id: a for a in live}
-
-    def owner(self, pid: int) -> tuple[str, GpuUser, Optional[ActorBooking]]:
-        """(key, a fresh user, its actor) for one GPU pid."""
-        info = self.processes.get(pid) if self.processes is not None else None
-        if info is None or not info.visible:
-            user = GpuUser(kind="process", pids=[pid], flags=[NOT_MAPPED])
-            return f"pid:{pid}", user, None
-        if info.worker_pid is None:  # outside Ray: books nothing by definition
-            user = GpuUser(
-                kind="process", pids=[pid], name=info.name or "", booked_gpu=0.0, booked_vram_mb=0.0
-            )
-            return f"pid:{pid}", user, None
-        actor = self.by_pid.get((info.node_id or "", info.worker_pid))
-        if actor is None and info.actor_id:
-            actor = self.by_id.get(info.actor_id)
-        if actor is not None:
-            user = GpuUser(kind="actor", actor_id=actor.actor_id, name=actor_name(actor), job_id=actor.job_id)
-            return f"actor:{actor.actor_id}", user, actor
-        user = GpuUser(
-            kind="ray worker",
-            pids=[],
-            name=info.title or info.name or "",
-            job_id=info.job_id,
-            flags=[BOOKING_UNKNOWN],
-        )
-        return f"worker:{info.worker_pid}", user, None
-
-
-def _users_by_device(
-    leaves: Sequence[GpuDevice], matcher: _Matcher
-) -> tuple[dict[tuple[int, int], dict[str, GpuUser]], dict[str, ActorBooking]]:
-    """Every GPU process, grouped by owner on each device; and the actors met."""
-    per_device: dict[tuple[int, int], dict[str, GpuUser]] = {}
-    seen: dict[str, ActorBooking] = {}
-    for device in leaves:
-        users = per_device.setdefault(_device_key(device), {})
-        for process in device.processes or []:
-            key, fresh, actor = matcher.owner(process.pid)
-            user = users.setdefault(key, fresh)
-            if process.pid not in user.pids:
-                user.pids.append(process.pid)
-            _add_used(user, process.used_memory_bytes)
-            if actor is not None:
-                seen[actor.actor_id] = actor
-    return per_device, seen
-
-
-def _place_idle_actors(
-    leaves: Sequence[GpuDevice],
-    per_device: dict[tuple[int, int], dict[str, GpuUser]],
-    matcher: _Matcher,
-    seen: dict[str, ActorBooking],
-    id_maps: IdMaps,
-) -> list[GpuUser]:
-    """Actors that booked a GPU but hold no memory NVML lists: on the GPUs Ray gave them
-    (used 0, or unknown where the device's processes are), else on no GPU."""
-    devices = {_device_key(d): d for d in leaves}
-    off_gpu: list[GpuUser] = []
-    for actor in matcher.node_actors:
-        if actor.actor_id in seen or not _books_gpu(actor):
-            continue
-        indices = [nvml_index(id_maps, actor.node_id, gpu_id) for gpu_id in actor.gpu_ids]
-        targets = [(i, -1) for i in indices if i is not None and (i, -1) in devices]
-        for key in targets:
-            known = devices[key].processes is not None and matcher.processes is not None
-            per_device[key][f"actor:{actor.actor_id}"] = GpuUser(
-                kind="actor",
-                actor_id=actor.actor_id,
-                name=actor_name(actor),
-                job_id=actor.job_id,
-                used_memory_bytes=0 if known else None,
-            )
-        if targets:
-            seen[actor.actor_id] = actor
-        else:
-            off_gpu.append(
-                GpuUser(
-                    kind="actor",
-                    actor_id=actor.actor_id,
-                    name=actor_name(actor),
-                    job_id=actor.job_id,
-                    pids=[actor.pid] if actor.pid else [],
-                    booked_gpu=actor.required.get("GPU", 0.0),
-                    booked_vram_mb=actor.required.get("VRAM_MB", 0.0),
-                )
-            )
-    return off_gpu
 
 
 def _allowance(actor: ActorBooking, placed: Sequence[tuple[GpuDevice, GpuUser]]) -> Optional[float]:
@@ -215,58 +95,83 @@ def _gpu_per_device(
     """Device → the actor's ``GPU`` there: Ray's own per-device quantity where the devices it
     is on are the ones Ray gave it, else its ``GPU`` split evenly."""
     shares = _device_shares(actor, id_maps)
-    on = {_device_key(d)[0] for d, _ in placed}
+    on = {slot(d)[0] for d, _ in placed}
     if shares and set(shares) == on:
         return {i: ray_round(q) for i, q in shares.items()}
     return {i: ray_round(actor.required.get("GPU", 0.0) / len(placed)) for i in on}
 
 
-def _book(
-    leaves: Sequence[GpuDevice],
-    per_device: dict[tuple[int, int], dict[str, GpuUser]],
-    seen: Mapping[str, ActorBooking],
-    id_maps: IdMaps,
-) -> None:
-    """Each actor's booking on the devices it is on (Ray's per-device ``GPU`` where the
-    devices are the ones Ray gave it, else split evenly), and everyone's flags."""
-    devices = {_device_key(d): d for d in leaves}
+def _placements(
+    leaves: Sequence[GpuDevice], per_device: PerDevice
+) -> dict[str, list[tuple[GpuDevice, GpuUser]]]:
+    """Actor id → each device it is on, with its user there."""
+    devices = {slot(d): d for d in leaves}
     placements: dict[str, list[tuple[GpuDevice, GpuUser]]] = {}
     for key, users in per_device.items():
         for user in users.values():
             if user.actor_id is not None:
                 placements.setdefault(user.actor_id, []).append((devices[key], user))
-    for actor_id, placed in placements.items():
+    return placements
+
+
+def _actor_flag(actor: ActorBooking, placed: Sequence[tuple[GpuDevice, GpuUser]]) -> Optional[str]:
+    """``unbooked`` (memory held, nothing booked), ``over_booking`` (more held than booked over
+    all its GPUs) or ``None``."""
+    used = sum(u.used_memory_bytes or 0 for _, u in placed)
+    if not books_gpu(actor):
+        return UNBOOKED if used > 0 else None
+    allowance = _allowance(actor, placed)
+    return OVER_BOOKING if allowance is not None and used > allowance > 0 else None
+
+
+def _unbooked_process(user: GpuUser) -> bool:
+    """A process outside Ray (it books nothing) that holds memory."""
+    return user.kind == "process" and user.booked_vram_mb == 0.0 and (user.used_memory_bytes or 0) > 0
+
+
+def _book(
+    leaves: Sequence[GpuDevice],
+    per_device: PerDevice,
+    seen: Mapping[str, ActorBooking],
+    id_maps: IdMaps,
+) -> None:
+    """Each actor's booking on the devices it is on (Ray's per-device ``GPU`` where the
+    devices are the ones Ray gave it, else split evenly), and everyone's flags."""
+    for actor_id, placed in _placements(leaves, per_device).items():
         actor = seen[actor_id]
         gpu_shares = _gpu_per_device(actor, placed, id_maps)
         for device, user in placed:
             user.booked_vram_mb = ray_round(actor.required.get("VRAM_MB", 0.0) / len(placed))
-            user.booked_gpu = gpu_shares[_device_key(device)[0]]
+            user.booked_gpu = gpu_shares[slot(device)[0]]
             user.pids = user.pids or ([actor.pid] if actor.pid else [])
-        used = sum(u.used_memory_bytes or 0 for _, u in placed)
-        allowance = _allowance(actor, placed) if _books_gpu(actor) else 0.0
-        flag = None
-        if not _books_gpu(actor) and used > 0:
-            flag = UNBOOKED
-        elif allowance is not None and used > allowance > 0:
-            flag = OVER_BOOKING
+        flag = _actor_flag(actor, placed)  # judged on the bookings just made
         for _, user in placed:
             user.flags += [flag] if flag else []
     for users in per_device.values():
         for user in users.values():
-            if user.kind == "process" and user.booked_vram_mb == 0.0 and (user.used_memory_bytes or 0) > 0:
+            if _unbooked_process(user):
                 user.flags.append(UNBOOKED)
+
+
+def _booked_sum(amounts: Iterable[Optional[float]], actors_read: bool) -> Optional[float]:
+    """Booked amounts summed at Ray's resolution; ``None`` (unknown) when the actor table was
+    not read."""
+    return ray_round(sum(a or 0.0 for a in amounts)) if actors_read else None
+
+
+def _has_booking(user: GpuUser) -> bool:
+    return (user.booked_vram_mb or 0) > 0 or (user.booked_gpu or 0) > 0
 
 
 def _device_attribution(device: GpuDevice, users: Sequence[GpuUser], actors_read: bool) -> GpuAttribution:
     actors = [u for u in users if u.kind == "actor"]
     capacity = None if device.memory_total_bytes is None else round(device.memory_total_bytes / MIB, 1)
-    booked_vram = ray_round(sum(u.booked_vram_mb or 0.0 for u in actors)) if actors_read else None
-    booked_gpu = ray_round(sum(u.booked_gpu or 0.0 for u in actors)) if actors_read else None
+    booked_vram = _booked_sum((u.booked_vram_mb for u in actors), actors_read)
     full = booked_vram is not None and capacity is not None and booked_vram > 0 and booked_vram >= capacity
     return GpuAttribution(
-        booked_gpu=booked_gpu,
+        booked_gpu=_booked_sum((u.booked_gpu for u in actors), actors_read),
         booked_vram_mb=booked_vram,
-        booked_actors=sum(1 for u in actors if (u.booked_vram_mb or 0) > 0 or (u.booked_gpu or 0) > 0),
+        booked_actors=sum(1 for u in actors if _has_booking(u)),
         capacity_mb=capacity,
         unbooked_bytes=sum(u.used_memory_bytes or 0 for u in users if UNBOOKED in u.flags),
         users=sorted(users, key=lambda u: (_KIND_ORDER[u.kind], u.name, u.actor_id or "", u.pids)),
@@ -278,11 +183,56 @@ def _parent_attribution(children: Sequence[GpuDevice], actors_read: bool) -> Gpu
     """A MIG-enabled GPU: the sums over its instances (their users are listed on them)."""
     parts = [c.attribution for c in children if c.attribution is not None]
     return GpuAttribution(
-        booked_gpu=ray_round(sum(p.booked_gpu or 0.0 for p in parts)) if actors_read else None,
-        booked_vram_mb=ray_round(sum(p.booked_vram_mb or 0.0 for p in parts)) if actors_read else None,
+        booked_gpu=_booked_sum((p.booked_gpu for p in parts), actors_read),
+        booked_vram_mb=_booked_sum((p.booked_vram_mb for p in parts), actors_read),
         booked_actors=sum(p.booked_actors for p in parts),
         unbooked_bytes=sum(p.unbooked_bytes for p in parts),
         flags=[FULL] if any(FULL in p.flags for p in parts) else [],
+    )
+
+
+def _attributed(gpu: GpuDevice, per_device: PerDevice, actors_read: bool) -> GpuDevice:
+    """``gpu`` with its attribution; a MIG-enabled GPU with each instance's, and their sums."""
+    if not gpu.mig_devices:
+        users = list(per_device[slot(gpu)].values())
+        return msgspec.structs.replace(gpu, attribution=_device_attribution(gpu, users, actors_read))
+    children = [_attributed(c, per_device, actors_read) for c in gpu.mig_devices]
+    parent = _parent_attribution(children, actors_read)
+    return msgspec.structs.replace(gpu, mig_devices=children, attribution=parent)
+
+
+def _full_gpus(attributed: Sequence[GpuDevice], vram_mb: tuple[float, float]) -> tuple[list[int], list[str]]:
+    """The indices of the full GPUs, and ``hidden_full`` where the node-wide ``VRAM_MB``
+    (``vram_mb``: the scheduler's total, used) still shows room on a node of several GPUs."""
+    full = [g.index for g in attributed if g.attribution is not None and FULL in g.attribution.flags]
+    total_vram_mb, used_vram_mb = vram_mb
+    hidden = len(attributed) > 1 and total_vram_mb > 0 and used_vram_mb < total_vram_mb and bool(full)
+    return full, [HIDDEN_FULL] if hidden else []
+
+
+def _node_attribution(
+    attributed: Sequence[GpuDevice],
+    users: Sequence[GpuUser],
+    matcher: Matcher,
+    off_gpu: list[GpuUser],
+    vram_mb: tuple[float, float],
+) -> NodeAttribution:
+    """The node's sums over its users (actors, Ray workers, processes) and its full GPUs."""
+    full, flags = _full_gpus(attributed, vram_mb)
+    actors = [u for u in users if u.actor_id]
+    return NodeAttribution(
+        booked_vram_mb=_booked_sum((u.booked_vram_mb for u in actors), matcher.actors_read),
+        booked_gpu=_booked_sum((u.booked_gpu for u in actors), matcher.actors_read),
+        booked_actors=len({u.actor_id for u in actors if _has_booking(u)}),
+        actors_used_bytes=sum(u.used_memory_bytes or 0 for u in actors),
+        unbooked_bytes=sum(u.used_memory_bytes or 0 for u in users if UNBOOKED in u.flags),
+        actors_read=matcher.actors_read,
+        processes_mapped=matcher.processes is not None,
+        node_total_vram_mb=vram_mb[0],
+        node_used_vram_mb=vram_mb[1],
+        full_gpus=full,
+        flags=flags,
+        off_gpu=off_gpu,
     )
 
 
@@ -306,54 +256,15 @@ def attribute_node(
     ids → NVML indices (:mod:`rayscope.core.gpu.placement`); by default Ray's id is taken as the index.
     """
     id_maps = id_maps or {}
-    matcher = _Matcher(processes, actors, node_ids)
+    matcher = Matcher(processes, actors, node_ids)
     leaves = leaf_devices(gpus)
-    per_device, seen = _users_by_device(leaves, matcher)
-    off_gpu = _place_idle_actors(leaves, per_device, matcher, seen, id_maps) if actors is not None else []
+    per_device, seen = users_by_device(leaves, matcher)
+    off_gpu = place_idle_actors(leaves, per_device, matcher, seen, id_maps) if actors is not None else []
     _book(leaves, per_device, seen, id_maps)
-    attributed: list[GpuDevice] = []
-    for gpu in gpus:
-        if gpu.mig_devices:
-            children = [
-                msgspec.structs.replace(
-                    c,
-                    attribution=_device_attribution(
-                        c, list(per_device[_device_key(c)].values()), matcher.actors_read
-                    ),
-                )
-                for c in gpu.mig_devices
-            ]
-            parent = _parent_attribution(children, matcher.actors_read)
-            attributed.append(msgspec.structs.replace(gpu, mig_devices=children, attribution=parent))
-        else:
-            users = list(per_device[_device_key(gpu)].values())
-            attribution = _device_attribution(gpu, users, matcher.actors_read)
-            attributed.append(msgspec.structs.replace(gpu, attribution=attribution))
-    full = [g.index for g in attributed if g.attribution is not None and FULL in g.attribution.flags]
-    hidden = len(gpus) > 1 and total_vram_mb > 0 and used_vram_mb < total_vram_mb and bool(full)
+    attributed = [_attributed(gpu, per_device, matcher.actors_read) for gpu in gpus]
     users = [u for key in sorted(per_device) for u in per_device[key].values()]
-    booked = {
-        u.actor_id for u in users if u.actor_id and ((u.booked_vram_mb or 0) > 0 or (u.booked_gpu or 0) > 0)
-    }
-    node = NodeAttribution(
-        booked_vram_mb=ray_round(sum(u.booked_vram_mb or 0.0 for u in users if u.actor_id))
-        if matcher.actors_read
-        else None,
-        booked_gpu=ray_round(sum(u.booked_gpu or 0.0 for u in users if u.actor_id))
-        if matcher.actors_read
-        else None,
-        booked_actors=len(booked),
-        actors_used_bytes=sum(u.used_memory_bytes or 0 for u in users if u.actor_id),
-        unbooked_bytes=sum(u.used_memory_bytes or 0 for u in users if UNBOOKED in u.flags),
-        actors_read=matcher.actors_read,
-        processes_mapped=processes is not None,
-        node_total_vram_mb=total_vram_mb,
-        node_used_vram_mb=used_vram_mb,
-        full_gpus=full,
-        flags=[HIDDEN_FULL] if hidden else [],
-        off_gpu=off_gpu,
-    )
-    return attributed, node
+    vram_mb = (total_vram_mb, used_vram_mb)
+    return attributed, _node_attribution(attributed, users, matcher, off_gpu, vram_mb)
 
 
 def attribute_cluster(

@@ -169,52 +169,88 @@ def _capacity(node: NodeStatus, total_bytes: Optional[int]) -> Optional[float]:
     return None
 
 
+def _booked_text(
+    node: NodeStatus,
+    gpu: Optional[GpuDevice],
+    device: Optional[DeviceFree],
+    lane: tuple[Optional[float], Optional[float]],
+) -> tuple[Optional[float], str]:
+    """What the booked lane holds and its text: ``VRAM_MB`` booked here (``20480/24576 MB``);
+    on a node without ``VRAM_MB`` the fraction (``0.33 GPU``) times the lane's scale.
+    ``lane``: the device's capacity (MiB) and the lane's scale (see :attr:`GpuBar.lane`)."""
+    capacity, scale = lane
+    if node.total_vram_mb > 0:
+        booked = _booked(node, gpu, device)
+        cap = "NA" if capacity is None else f"{capacity:.0f}"
+        return booked, "NA" if booked is None else f"{booked:.0f}/{cap} MB"
+    handles = _handles(node, gpu, device)
+    booked = None if handles is None or scale is None else handles * scale
+    return booked, "NA" if handles is None else f"{handles:.2f} GPU"
+
+
+def _unlisted(
+    node: NodeStatus,
+    device: Optional[DeviceFree],
+    booked: Optional[float],
+    segments: Sequence[Segment],
+    lane: tuple[Optional[float], Optional[float]],
+) -> list[Segment]:
+    """A segment for what is booked here by work no actor listed on this GPU accounts for."""
+    capacity, scale = lane
+    vram_node = node.total_vram_mb > 0
+    rest = 0.0 if booked is None else booked - sum(s.mib for s in segments)
+    if rest > (0.5 if vram_node or capacity is not None else 0.005):  # in MiB, or a fraction
+        actors = len(device.actors) if device is not None else 0
+        who = f"{actors} actor(s)" if actors and not segments else "tasks or actors not listed here"
+        amount = f"{rest:.0f} MB" if vram_node or not scale else f"GPU {rest / scale:.2f}"
+        return [Segment(f"{who}: {amount}", rest)]
+    return []
+
+
+def _measured(
+    node: NodeStatus, gpu: Optional[GpuDevice], device: Optional[DeviceFree]
+) -> tuple[Optional[int], Optional[int]]:
+    """(used bytes drawn as measured, NVML's used figure where rayscope does not trust it)."""
+    if gpu is not None:
+        used = gpu_used(gpu).used_bytes
+    else:
+        used = device.memory_used_bytes if device is not None else None
+    if _node_untrusted(node):
+        used = None  # a stale report keeps its last trusted figure, drawn as old (the line's rule)
+    untrusted = gpu.memory_used_bytes if gpu is not None and used is None and not node.stale else None
+    return used, untrusted
+
+
+def _names(node: NodeStatus, gpu: Optional[GpuDevice], device: Optional[DeviceFree]) -> tuple[str, str, str]:
+    """A bar's key, label and title."""
+    if gpu is not None:
+        label = gpu_label(gpu)
+        return f"{node.node_id}:{gpu.index}", label, f"{label} {gpu.name or ''}".rstrip()
+    assert device is not None
+    title = f"Ray's GPU id {device.gpu_id} (no NVML report names the device)"
+    return f"{node.node_id}:ray{device.gpu_id}", f"GPU{device.gpu_id}", title
+
+
 def _bar(node: NodeStatus, gpu: Optional[GpuDevice], device: Optional[DeviceFree]) -> GpuBar:
     vram_node = node.total_vram_mb > 0
     total = gpu.memory_total_bytes if gpu is not None else (device.memory_total_bytes if device else None)
     capacity = _capacity(node, total)
-    handles = _handles(node, gpu, device)
     # The booked lane's scale: the device's MiB; without VRAM_MB and NVML, the fraction itself.
-    scale = capacity if capacity is not None or vram_node else 1.0
-    segments = _segments(_users(gpu), scale, vram_node) if gpu is not None else []
-    if vram_node:
-        booked = _booked(node, gpu, device)
-        cap = "NA" if capacity is None else f"{capacity:.0f}"
-        booked_text = "NA" if booked is None else f"{booked:.0f}/{cap} MB"
-    else:
-        booked = None if handles is None or scale is None else handles * scale
-        booked_text = "NA" if handles is None else f"{handles:.2f} GPU"
-    rest = 0.0 if booked is None else booked - sum(s.mib for s in segments)
-    in_mib = vram_node or capacity is not None
-    if rest > (0.5 if in_mib else 0.005):  # booked by work no actor listed on this GPU accounts for
-        actors = len(device.actors) if device is not None else 0
-        who = f"{actors} actor(s)" if actors and not segments else "tasks or actors not listed here"
-        amount = f"{rest:.0f} MB" if vram_node or not scale else f"GPU {rest / scale:.2f}"
-        segments.append(Segment(f"{who}: {amount}", rest))
-    measured = gpu_used(gpu) if gpu is not None else None
-    used = measured.used_bytes if measured is not None else (device.memory_used_bytes if device else None)
-    if _node_untrusted(node):
-        used = None  # a stale report keeps its last trusted figure, drawn as old (the line's rule)
-    untrusted = None
-    if gpu is not None and used is None and not node.stale and gpu.memory_used_bytes is not None:
-        untrusted = gpu.memory_used_bytes
-    if gpu is not None:
-        key, label = f"{node.node_id}:{gpu.index}", gpu_label(gpu)
-        title = f"{label} {gpu.name or ''}".rstrip()
-    else:
-        assert device is not None
-        key, label = f"{node.node_id}:ray{device.gpu_id}", f"GPU{device.gpu_id}"
-        title = f"Ray's GPU id {device.gpu_id} (no NVML report names the device)"
+    lane = (capacity, capacity if capacity is not None or vram_node else 1.0)
+    booked, booked_text = _booked_text(node, gpu, device, lane)
+    segments = _segments(_users(gpu), lane[1], vram_node) if gpu is not None else []
+    used, untrusted = _measured(node, gpu, device)
+    key, label, title = _names(node, gpu, device)
     return GpuBar(
         key=key,
         label=label,
         title=title,
         capacity_mib=capacity,
-        lane=scale,
+        lane=lane[1],
         booked_mib=booked,
         booked_text=booked_text,
-        segments=segments,
-        handles=handles,
+        segments=segments + _unlisted(node, device, booked, segments, lane),
+        handles=_handles(node, gpu, device),
         used_bytes=used,
         total_bytes=total,
         untrusted_bytes=untrusted,

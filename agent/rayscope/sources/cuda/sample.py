@@ -29,18 +29,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Callable, Optional
+from typing import Callable, Optional
 
 import msgspec
 
+from rayscope.schema.report import Amount, Count
 from rayscope.sources import trust
 from rayscope.sources.cuda import read as cuda_read
 from rayscope.units import MIB
-
-Count = Annotated[int, msgspec.Meta(ge=0)]
-Amount = Annotated[float, msgspec.Meta(ge=0.0, le=sys.float_info.max)]
-# The same bounds as agent/model.py's Count and Amount; CudaSample moves there when it joins
-# the report schema.
 
 LIBRARY = "libcuda.so.1"
 DEFAULT_CONTEXT_COST_BYTES = 1024 * MIB
@@ -126,7 +122,7 @@ def refusal(request: CudaRequest, context_cost_bytes: int) -> Optional[str]:
     return None
 
 
-def child_env(environ: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
+def cuda_child_env(environ: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
     """The child's environment: :func:`trust.child_env`'s names, ``LD_LIBRARY_PATH`` (the
     loader path this process itself was started with, where ``libcuda.so.1`` may live, as in
     containers that mount the driver under /usr/local/nvidia), then ``extra`` as given by the
@@ -271,7 +267,7 @@ class CudaSampler:
             child = subprocess.Popen(  # isolated (SECURITY.md rule 1): -I, cwd /, a cut environment
                 [self.python, "-I", "-c", source, self.library, json.dumps(wanted)],
                 cwd="/",
-                env=child_env(self.environ, self.extra_env),
+                env=cuda_child_env(self.environ, self.extra_env),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,

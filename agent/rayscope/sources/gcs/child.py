@@ -78,7 +78,7 @@ def _run_child(address: str, timeout_s: float, python: str, *extra: str) -> dict
         answer = _child_answer(address, timeout_s, python, left, (*extra, "whole"), naming)
     if not answer.get("ok"):
         raise gcs.GcsUnavailable(
-            gcs.explain(RuntimeError(answer.get("error", "")), address, timeout_s, gcs.token_source())
+            gcs.gcs_error_text(RuntimeError(answer.get("error", "")), address, timeout_s, gcs.token_source())
         )
     return answer
 
@@ -158,7 +158,7 @@ def read_pending_too(
     answer = box[0]
     if "pending" not in answer:
         error = answer.get("pending_error", "no pending demand in the answer")
-        reason = gcs.explain(RuntimeError(error), address, timeout_s, gcs.token_source())
+        reason = gcs.gcs_error_text(RuntimeError(error), address, timeout_s, gcs.token_source())
         return views, booked, None, [*statuses, SourceStatus(name="gcs_pending", ok=False, reason=reason)]
     pending, status = gcs.to_pending(answer["pending"], address)
     return views, booked, pending, [*statuses, status]
@@ -200,7 +200,7 @@ def read_cluster(
         return views, None, [status, versions]
     if "actors" not in answer:
         error = answer.get("actors_error", "no actor table in the answer")
-        reason = gcs.explain(RuntimeError(error), address, timeout_s, gcs.token_source())
+        reason = gcs.gcs_error_text(RuntimeError(error), address, timeout_s, gcs.token_source())
         return views, None, [status, SourceStatus(name="gcs_actors", ok=False, reason=reason), versions]
     booked, actors_status = gcs.to_actors(answer["actors"], address)
     return views, booked, [status, actors_status, versions]

@@ -118,7 +118,7 @@ def not_a_gcs(address: str, naming: "Optional[peer.Naming]") -> str:
     return f"no GCS at {address}: it is {what}{hint}; Ray's GCS listens on {DEFAULT_GCS_PORT} by default"
 
 
-def explain(err: BaseException, address: str, timeout_s: float, token_source: Optional[str]) -> str:
+def gcs_error_text(err: BaseException, address: str, timeout_s: float, token_source: Optional[str]) -> str:
     """A GCS client error in the operator's words; the error's own text (a peer's: the GCS
     sends it) printable and cut at 300 characters, as it goes to logs and lines."""
     text = str(err)
@@ -173,7 +173,7 @@ class GcsReader:
         except Exception as err:
             connecting, self._client = self._client is None, None  # reconnect next time
             wrong = not_a_gcs(self.address, naming) if connecting and isinstance(err, TimeoutError) else ""
-            why = wrong or explain(err, self.address, self.timeout_s, self.token_source)
+            why = wrong or gcs_error_text(err, self.address, self.timeout_s, self.token_source)
             raise GcsUnavailable(why) from err
 
     def read_actors(self) -> tuple[Optional[list[ActorBooking]], SourceStatus]:
@@ -201,7 +201,7 @@ class GcsReader:
             timeout_s = self.timeout_s
             raw = _with_deadline(lambda: read(client, self.address, timeout_s), timeout_s, self._busy)
         except Exception as err:
-            reason = explain(err, self.address, self.timeout_s, self.token_source)
+            reason = gcs_error_text(err, self.address, self.timeout_s, self.token_source)
             return None, SourceStatus(name=source, ok=False, reason=reason)
         return convert(raw, self.address)
 

@@ -21,17 +21,15 @@ import atexit
 import contextlib
 import threading
 import time
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, Optional
 
 import pynvml
 
 from rayscope.schema.report import UNSET, GpuDevice, GpuHealth, GpuProcess, SourceStatus
 from rayscope.sources.nvml import modes as nvml_modes
-from rayscope.sources.nvml.calls import LIBRARY_TOO_OLD, newest_list
+from rayscope.sources.nvml.calls import newest_list, query
 from rayscope.sources.nvml.calls import text as _text
 from rayscope.sources.nvml.health import read_health
-
-T = TypeVar("T")
 
 INIT_RETRY_START_S = 1.0
 INIT_RETRY_MAX_S = 60.0
@@ -52,9 +50,6 @@ _REASONS: dict[int, str] = {
     ),
     pynvml.NVML_ERROR_NO_PERMISSION: "no permission to query NVML (check /dev/nvidia* access)",
 }
-
-# The error pynvml raises (not an NVMLError) when this driver's NVML lacks an entry point.
-_LIBRARY_TOO_OLD = LIBRARY_TOO_OLD
 
 
 def reason_for(err: "pynvml.NVMLError") -> str:
@@ -104,18 +99,6 @@ class NvmlInit:
 
 INIT = NvmlInit()
 """This process's NVML (nvmlInit counts per process)."""
-
-
-def _field(errors: dict[str, str], name: str, read: Callable[[], T]) -> Optional[T]:
-    """One field of one GPU: its value, or ``None`` with the reason kept in ``errors``."""
-    try:
-        return read()
-    except pynvml.NVMLError as err:
-        errors[name] = _text(err)
-        return None
-    except _LIBRARY_TOO_OLD:
-        errors[name] = "Function Not Found (NVML library older than this query)"
-        return None
 
 
 def _memory(
@@ -237,10 +220,10 @@ def _shared_fields(handle: Any, errors: dict[str, str]) -> dict[str, Any]:
     """What a GPU and a MIG instance both report, each for itself: name, uuid, memory
     (v2, v1 fallback) and utilization."""
     total, used, reserved, version = _memory(handle, errors)
-    util = _field(errors, "utilization_gpu_pct", lambda: pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+    util = query(errors, "utilization_gpu_pct", lambda: pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
     return {
-        "name": _field(errors, "name", lambda: _text(pynvml.nvmlDeviceGetName(handle))),
-        "uuid": _field(errors, "uuid", lambda: _text(pynvml.nvmlDeviceGetUUID(handle))),
+        "name": query(errors, "name", lambda: _text(pynvml.nvmlDeviceGetName(handle))),
+        "uuid": query(errors, "uuid", lambda: _text(pynvml.nvmlDeviceGetUUID(handle))),
         "memory_total_bytes": total,
         "memory_used_bytes": used,  # the trusted figure only once rayscope.core.gpu.memory.settle judged it
         "nvml_memory_used_bytes": UNSET if used is None else used,
@@ -259,10 +242,10 @@ def _read_mig_device(parent_index: int, mig_index: int, handle: Any) -> GpuDevic
         index=mig_index,
         parent_index=parent_index,
         **_shared_fields(handle, errors),
-        gpu_instance_id=_field(
+        gpu_instance_id=query(
             errors, "gpu_instance_id", lambda: int(pynvml.nvmlDeviceGetGpuInstanceId(handle))
         ),
-        compute_instance_id=_field(
+        compute_instance_id=query(
             errors, "compute_instance_id", lambda: int(pynvml.nvmlDeviceGetComputeInstanceId(handle))
         ),
         processes=processes,
@@ -274,7 +257,7 @@ def _read_mig_device(parent_index: int, mig_index: int, handle: Any) -> GpuDevic
 
 def _mig_devices(index: int, handle: Any, errors: dict[str, str]) -> list[GpuDevice]:
     """The MIG instances that exist on a MIG-enabled GPU (empty slots answer Not Found)."""
-    slots = _field(errors, "mig_devices", lambda: int(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)))
+    slots = query(errors, "mig_devices", lambda: int(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)))
     devices = []
     for slot in range(slots or 0):
         try:
@@ -303,14 +286,14 @@ def read_device(index: int) -> GpuDevice:
     return GpuDevice(
         index=index,
         **_shared_fields(handle, errors),
-        pci_bus_id=_field(errors, "pci_bus_id", lambda: _text(pynvml.nvmlDeviceGetPciInfo(handle).busId)),
-        temperature_c=_field(
+        pci_bus_id=query(errors, "pci_bus_id", lambda: _text(pynvml.nvmlDeviceGetPciInfo(handle).busId)),
+        temperature_c=query(
             errors,
             "temperature_c",
             lambda: int(pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)),
         ),
-        power_draw_mw=_field(errors, "power_draw_mw", lambda: int(pynvml.nvmlDeviceGetPowerUsage(handle))),
-        power_limit_mw=_field(
+        power_draw_mw=query(errors, "power_draw_mw", lambda: int(pynvml.nvmlDeviceGetPowerUsage(handle))),
+        power_limit_mw=query(
             errors, "power_limit_mw", lambda: int(pynvml.nvmlDeviceGetEnforcedPowerLimit(handle))
         ),
         mig_enabled=mig,
@@ -334,7 +317,7 @@ def read_gpus() -> tuple[Optional[str], Optional[list[GpuDevice]], SourceStatus]
         count = pynvml.nvmlDeviceGetCount()
     except pynvml.NVMLError as err:
         return None, None, SourceStatus(name="nvml", ok=False, reason=reason_for(err))
-    driver = _field({}, "driver", lambda: _text(pynvml.nvmlSystemGetDriverVersion()))
+    driver = query(None, "driver", lambda: _text(pynvml.nvmlSystemGetDriverVersion()))
     gpus = [read_device(i) for i in range(count)]
     versions = sorted({g.memory_info_version for g in gpus if g.memory_info_version})
     detail = f"{count} GPU(s)" + (f", memory info v{'/v'.join(map(str, versions))}" if versions else "")

@@ -3,38 +3,12 @@ pending page retirements and row remaps, throttling, fallen off the bus. A field
 not support is absent (``None``), never 0 (``rayscope.core.gpu.health`` judges them)."""
 
 import ctypes
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, Optional
 
 import pynvml
 
 from rayscope.schema.report import GpuHealth
-from rayscope.sources.nvml.calls import LIBRARY_TOO_OLD
-
-T = TypeVar("T")
-
-
-_QUIET = {
-    pynvml.NVML_ERROR_NOT_SUPPORTED,
-    pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
-    pynvml.NVML_ERROR_NO_PERMISSION,
-}
-
-
-class _Lost(Exception):
-    """A health read answered GPU is lost."""
-
-
-def _quiet(read: Callable[[], T]) -> Optional[T]:
-    """A health field: its value, or ``None`` when unsupported (most consumer GPUs have no
-    ECC or row remapping: absent, not an error on every row); GPU lost raises :class:`_Lost`."""
-    try:
-        return read()
-    except pynvml.NVMLError as err:
-        if err.value == pynvml.NVML_ERROR_GPU_IS_LOST:
-            raise _Lost from None
-        return None  # not supported here, or not permitted: absent
-    except LIBRARY_TOO_OLD:
-        return None
+from rayscope.sources.nvml.calls import LIBRARY_TOO_OLD, GpuLost, query
 
 
 def _address(handle: Any) -> Optional[int]:
@@ -100,7 +74,7 @@ def _throttle_reasons(handle: Any) -> Optional[int]:
         def read(call: Callable[[Any], Any] = call) -> int:
             return int(call(handle))
 
-        value = _quiet(read)
+        value = query(None, "clock_throttle_reasons", read, lost=True)
         if value is not None:
             return value
     return None
@@ -108,20 +82,30 @@ def _throttle_reasons(handle: Any) -> Optional[int]:
 
 def read_health(index: int, handle: Any, xids: XidWatch = XIDS) -> GpuHealth:
     """XID events, ECC, pending retirements and remaps, throttling; lost when NVML says so."""
+    # No errors dict: a field this GPU does not support (most consumer GPUs have no ECC or row
+    # remapping) is absent, not an error on every row; only a lost GPU ends the read.
     try:
         watching = xids.watch(index, handle)
         xids.drain()
-        ecc = _quiet(
+        ecc = query(
+            None,
+            "ecc_uncorrected_volatile",
             lambda: int(
                 pynvml.nvmlDeviceGetTotalEccErrors(
                     handle, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC
                 )
-            )
+            ),
+            lost=True,
         )
-        retired = _quiet(lambda: bool(pynvml.nvmlDeviceGetRetiredPagesPendingStatus(handle)))
-        remapped = _quiet(lambda: pynvml.nvmlDeviceGetRemappedRows(handle))
+        retired = query(
+            None,
+            "retired_pages_pending",
+            lambda: bool(pynvml.nvmlDeviceGetRetiredPagesPendingStatus(handle)),
+            lost=True,
+        )
+        remapped = query(None, "remapped_rows", lambda: pynvml.nvmlDeviceGetRemappedRows(handle), lost=True)
         throttle = _throttle_reasons(handle)
-    except _Lost:
+    except GpuLost:
         return GpuHealth(lost=True)
     seen = xids.seen(index) if watching else None
     return GpuHealth(

@@ -9,22 +9,19 @@ guess. Values are bounded strings, never NVML's raw codes.
 Why it matters (issue 20): on an NVIDIA vGPU guest, NVML's ``memory used`` is what the vGPU
 manager hands the guest, not a measurement. BioEngine found an idle A40-16C time-sliced slice
 reporting about 14.5 GiB used of 16 GiB (a fixed phantom offset; the total stays right).
-:func:`memory_used_reliable` (defined in :mod:`rayscope.core.gpu.memory`, where the head judges
-reports by it too) says, per virtualization mode, whether NVML's used figure may be shown as
-measured.
+This source only reports the mode; whether NVML's used figure may be shown as measured in
+that mode is the pure trust rule's to say
+(:func:`rayscope.core.gpu.memory.memory_used_reliable`, which the agent and the head apply).
 
 Command line equivalent: ``nvidia-smi -q`` (``GPU Virtualization Mode``, ``Compute Mode``)
 and ``nvidia-smi --query-compute-apps`` on an MPS server (the clients appear in the MPS list).
 """
 
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Optional
 
 import pynvml
 
-# The rule lives beside the rollup's judgement of reports (the head has no pynvml to import).
-from rayscope.core.gpu.memory import memory_used_reliable
-from rayscope.sources.nvml.calls import LIBRARY_TOO_OLD as _LIBRARY_TOO_OLD
-from rayscope.sources.nvml.calls import newest_list
+from rayscope.sources.nvml.calls import ABSENT, newest_list, query
 from rayscope.sources.nvml.calls import text as _text
 
 __all__ = [
@@ -32,12 +29,9 @@ __all__ = [
     "UNKNOWN",
     "VIRTUALIZATION_MODES",
     "compute_mode",
-    "memory_used_reliable",
     "mps_processes",
     "virtualization_mode",
 ]
-
-T = TypeVar("T")
 
 VIRTUALIZATION_MODES: dict[int, str] = {
     pynvml.NVML_GPU_VIRTUALIZATION_MODE_NONE: "none",
@@ -67,23 +61,6 @@ MPS_LIST_VERSIONS = (3, 2)
 """The MPS process-list calls, newest first (same struct as the compute list; ``_v3`` on
 drivers >= 510, ``_v2`` before)."""
 
-_ABSENT = {pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND}
-
-
-def _optional(errors: dict[str, str], name: str, read: Callable[[], T]) -> Optional[T]:
-    """A field the driver may lack: its value; ``None`` quietly when the driver or pynvml has
-    no such query; ``None`` with the reason in ``errors`` when the query failed."""
-    try:
-        return read()
-    except pynvml.NVMLError as err:
-        if err.value not in _ABSENT:
-            errors[name] = _text(err)
-        return None
-    except _LIBRARY_TOO_OLD:
-        return None
-    except AttributeError:  # this pynvml predates the call
-        return None
-
 
 def _named(errors: dict[str, str], name: str, code: Optional[int], names: dict[int, str]) -> Optional[str]:
     """A code read from NVML as its bounded name. A code this rayscope does not know (a newer
@@ -103,8 +80,11 @@ def virtualization_mode(handle: Any, errors: dict[str, str]) -> Optional[str]:
     :data:`UNKNOWN`), from
     ``nvmlDeviceGetVirtualizationMode``; ``None`` when the driver does not say (error, if
     any, under ``errors["virtualization_mode"]``)."""
-    code = _optional(
-        errors, "virtualization_mode", lambda: int(pynvml.nvmlDeviceGetVirtualizationMode(handle))
+    code = query(
+        errors,
+        "virtualization_mode",
+        lambda: int(pynvml.nvmlDeviceGetVirtualizationMode(handle)),
+        quiet=ABSENT,
     )
     return _named(errors, "virtualization_mode", code, VIRTUALIZATION_MODES)
 
@@ -114,7 +94,7 @@ def compute_mode(handle: Any, errors: dict[str, str]) -> Optional[str]:
     :data:`UNKNOWN`), from
     ``nvmlDeviceGetComputeMode``; ``None`` when the driver does not say (error, if any, under
     ``errors["compute_mode"]``)."""
-    code = _optional(errors, "compute_mode", lambda: int(pynvml.nvmlDeviceGetComputeMode(handle)))
+    code = query(errors, "compute_mode", lambda: int(pynvml.nvmlDeviceGetComputeMode(handle)), quiet=ABSENT)
     return _named(errors, "compute_mode", code, COMPUTE_MODES)
 
 

@@ -69,12 +69,12 @@ def _parts(path: str) -> list[str]:
     return [part for part in path.split("/") if part][::-1]
 
 
-def open_trusted(path: str, me: int) -> int:
-    """A read-only descriptor of the regular file ``path``, opened only if it and every
-    directory from ``/`` down to it pass :func:`file_refusal` (root's or ``me``'s, not
-    writable by group or others; directories that are may be sticky, since everything under
-    them must be root's or ``me``'s too); a symlink on the way is followed when it is root's
-    or ``me``'s, at most :data:`MAX_SYMLINKS`.
+def open_trusted(path: str, me: int, *, directory: bool = False) -> int:
+    """A read-only descriptor of the regular file ``path`` (of the directory, when
+    ``directory``), opened only if it and every directory from ``/`` down to it pass
+    :func:`file_refusal` (root's or ``me``'s, not writable by group or others; directories
+    that are may be sticky, since everything under them must be root's or ``me``'s too); a
+    symlink on the way is followed when it is root's or ``me``'s, at most :data:`MAX_SYMLINKS`.
 
     Checked on what was opened: each directory is ``os.open(name, O_DIRECTORY|O_NOFOLLOW,
     dir_fd=parent)`` then ``fstat``, the file ``O_NOFOLLOW|O_NONBLOCK`` (a FIFO does not
@@ -91,6 +91,8 @@ def open_trusted(path: str, me: int) -> int:
             if reason:
                 raise Refused(reason)
             if not todo:  # the path named a directory
+                if directory:
+                    return fd
                 raise Refused(f"{path} is not a regular file")
             name = todo.pop()
             if name in (".", ".."):  # the walk holds no symlink: ".." is lexical
@@ -111,7 +113,7 @@ def open_trusted(path: str, me: int) -> int:
                     os.close(fd)
                     fd, where = os.open("/", _DIR_FLAGS), "/"
                 continue
-            if todo:
+            if todo or directory:
                 child = os.open(name, _DIR_FLAGS, dir_fd=fd)
                 os.close(fd)
                 fd, where = child, here
@@ -119,16 +121,19 @@ def open_trusted(path: str, me: int) -> int:
             found = os.open(name, _FILE_FLAGS, dir_fd=fd)
             os.close(fd)
             fd = found
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise Refused(f"{here} is not a regular file")
-            reason = file_refusal(here, st, me)
-            if reason:
-                raise Refused(reason)
+            _check_opened_file(here, os.fstat(fd), me)
             return fd
     except BaseException:
         os.close(fd)
         raise
+
+
+def _check_opened_file(path: str, st: os.stat_result, me: int) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise Refused(f"{path} is not a regular file")
+    reason = file_refusal(path, st, me)
+    if reason:
+        raise Refused(reason)
 
 
 def _chain(path: str) -> list[str]:

@@ -25,7 +25,7 @@ MIB = 1024**2
 
 def saved(actors: int = 1, devices: int = 1, values: tuple[int, ...] = (1024,), **fields: Any) -> bytes:
     """A state file: ``actors`` actors, each on ``devices`` devices holding ``values``."""
-    history = {
+    history: dict[str, Any] = {
         "saved_at": WALL,
         "slot_s": 5.0,
         "known_since": WALL - 60,

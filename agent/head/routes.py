@@ -30,7 +30,7 @@ from agent.render.metrics import metrics_text
 from agent.render.page import login_html, page_html, page_query
 from agent.render.page_assets import PAGE_HEADERS
 from agent.render.status import status_json_bytes
-from agent.render.usage import usage_json, usage_metrics
+from agent.render.usage import usage_metrics
 from agent.schema.status import ClusterStatus
 from agent.usage_summary import DEFAULT_HEADROOM_PCT, checked_headroom, parse_window
 
@@ -129,7 +129,7 @@ class Routes:
 
     def _metrics(self, status: ClusterStatus) -> Rendered:
         """The status families, then the usage history's per-app ones (cached with them)."""
-        usage = usage_metrics(self.state.usage.document(time.monotonic()))
+        usage = usage_metrics(self.answers.usage_document())
         return Rendered((metrics_text(status) + usage).encode(), ())
 
     def usage(self, query: dict[str, list[str]]) -> Response:
@@ -139,8 +139,7 @@ class Routes:
             headroom = checked_headroom(float(query.get("headroom", [DEFAULT_HEADROOM_PCT])[0]))
         except ValueError as err:
             return text(400, f"bad query: {err}")
-        usage = self.state.usage.document(time.monotonic(), window_s, headroom)
-        return Response(200, JSON, usage_json(usage).encode())
+        return Response(200, JSON, self.answers.usage(window_s, headroom).body)
 
     def page(self, request: Request, query_text: str) -> Response:
         """``GET /``: the page (or its refresh) for a bearer token or a page cookie, else
@@ -151,7 +150,7 @@ class Routes:
             return Response(401, HTML, login_html().encode(), PAGE_HEADERS)
         status = self.state.status(time.monotonic(), gpus=True, wall_now=time.time())
         refresh_s = max(5.0, self.state.interval_s)
-        usage = self.state.usage.document(time.monotonic())
+        usage = self.answers.usage_document()
         body = page_html(status, page_query(parse_qs(query_text)), refresh_s, usage)
         return Response(200, HTML, body.encode(), PAGE_HEADERS)
 

@@ -123,6 +123,9 @@ class UsageStore:
         self.state_file = state_file
         self.restored_from = ""
         self.actors_read = False
+        self.version = 0
+        """Moves at each fold and restore: the document is the same until it does (but for
+        the ages, which move with the clock)."""
         self._lock = threading.Lock()
         self._pending: dict[str, list[NodeReport]] = {}
         self._saved_at = now
@@ -171,6 +174,7 @@ class UsageStore:
             if actors is not None:
                 self.window.mark_alive(a.actor_id for a in actors if a.state == "ALIVE")
             self.window.expire(now)
+            self.version += 1
 
     def document(
         self, now: float, window_s: Optional[float] = None, headroom_pct: float = DEFAULT_HEADROOM_PCT
@@ -267,6 +271,7 @@ class UsageStore:
             known = now - max(0.0, now + self._wall_offset - saved.known_since)
             self.window.known_since = min(self.window.known_since, known)
             self.window.expire(now)
+            self.version += 1
 
 
 def read_state(path: str) -> Optional[SavedUsage]:

@@ -23,6 +23,7 @@ from agent.sources import cuda, libraries
 from tests import fake_cuda
 from tests import fake_nvml as fake
 from tests.conftest import REPO, base_env, free_port
+from tests.reliability_plugin import FaultRecord
 
 NOBODY = 65534
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="planting a file of another uid needs root")
@@ -91,9 +92,9 @@ def run_node_in(cwd: Path, library_path: str, scenario: Path) -> "subprocess.Com
 
 
 @needs_root
-@pytest.mark.parametrize("where", ["trailing colon", "leading colon", "relative element"])
+@pytest.mark.fault
 def test_nvml_is_never_loaded_from_the_working_directory(
-    where: str, world_writable_dir: Path, fake_nvml_lib: fake.FakeNvml, tmp_path: Path
+    world_writable_dir: Path, fake_nvml_lib: fake.FakeNvml, tmp_path: Path, fault: FaultRecord
 ) -> None:
     """uid 65534's ``libnvidia-ml.so.1`` in the directory root runs ``node`` from, reached
     through an empty or relative element of ``LD_LIBRARY_PATH``: never loaded (no marker),
@@ -101,6 +102,13 @@ def test_nvml_is_never_loaded_from_the_working_directory(
     Positive control: in ``nvml._init`` load ``ctypes.CDLL(LIBRARY)`` (by name, as pynvml
     does) instead of ``libraries.load(LIBRARY)`` and the marker appears (before the fix: all
     three cases wrote it)."""
+    fault.expect(
+        "root runs `node` from uid 65534's world-writable directory holding a planted"
+        " libnvidia-ml.so.1, LD_LIBRARY_PATH with an empty or relative element (before: the"
+        " planted library ran as root in all three cases)",
+        "the planted library is never loaded; a trusted one later on the path still is; the NVML"
+        " line names the element left out",
+    )
     marker = tmp_path / "marker"
     plant(world_writable_dir, fake.LIBRARY, fake.SOURCE, marker)
     scenario = tmp_path / "scenario.txt"
@@ -111,24 +119,26 @@ def test_nvml_is_never_loaded_from_the_working_directory(
     empty_trusted = tmp_path / "nvidia-lib64"  # as /usr/local/nvidia/lib64 without the library
     empty_trusted.mkdir()
     genuine = str(fake_nvml_lib.lib_dir)
-    path = {
-        "trailing colon": f"{empty_trusted}:{genuine}:",  # the cwd after: the genuine one wins
+    cases = {
+        "trailing colon": f"{empty_trusted}:",  # the issue's: nothing trusted on the path holds it
         "leading colon": f":{genuine}",
         "relative element": f"{empty_trusted}:.:{genuine}",
-    }[where]
-    if where == "trailing colon":  # the issue's shape: nothing trusted on the path holds it
-        path = f"{empty_trusted}:"
-    result = run_node_in(world_writable_dir, path, scenario)
-    assert result.returncode == 0, result.stderr
-    assert not marker.exists(), f"the planted library ran as root: {result.stdout}"
-    if where == "trailing colon":
+    }
+    for where, path in cases.items():
+        result = run_node_in(world_writable_dir, path, scenario)
+        assert result.returncode == 0, result.stderr
+        assert not marker.exists(), f"{where}: the planted library ran as root: {result.stdout}"
         nvml_line = next(
-            line for line in result.stdout.splitlines() if line.startswith("  NVML:") or "Trusted GPU" in line
+            (line for line in result.stdout.splitlines() if line.startswith("  NVML:")), "NVML answered"
         )
-        if "not found" in nvml_line:  # no driver in this host's cache: the refusal is named
-            assert "refused the empty element of LD_LIBRARY_PATH (the working directory)" in nvml_line
-    else:
-        assert "Trusted GPU" in result.stdout, result.stdout
+        if where == "trailing colon":
+            if "not found" in nvml_line:  # no driver in this host's cache: the refusal is named
+                assert "refused the empty element of LD_LIBRARY_PATH (the working directory)" in nvml_line
+        else:
+            assert "Trusted GPU" in result.stdout, result.stdout
+        shown = "Trusted GPU shown" if "Trusted GPU" in result.stdout else nvml_line.strip()
+        named = path.replace(genuine, "$TRUSTED").replace(str(tmp_path), "$TMP")
+        fault.observe(f"{where} ({named}): not loaded; {shown}")
 
 
 @needs_root

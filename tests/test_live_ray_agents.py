@@ -16,6 +16,7 @@ import pytest
 
 from agent.ray_agents import RETRY_AFTER_INTERVALS
 from tests.conftest import HeadDaemon, LiveCluster, base_env, free_port, run_rayscope, running_cluster
+from tests.reliability_plugin import FaultRecord
 from tests.schemas import parsed
 from tests.waiting import eventually, timed
 
@@ -296,8 +297,9 @@ def test_the_agent_is_no_gpu_user(cluster: LiveCluster, ray_head: RayHead) -> No
     assert "libcuda" not in maps and "libcudart" not in maps
 
 
+@pytest.mark.fault
 def test_an_agent_name_someone_keeps_re_creating_is_named_in_healthz_and_status(
-    cluster: LiveCluster, tmp_path: Path, wire_token: Path
+    cluster: LiveCluster, tmp_path: Path, wire_token: Path, fault: FaultRecord
 ) -> None:
     """A Ray user's loop holds ``rayscope-agent:<deNBI>`` in namespace ``rayscope`` with an
     actor of its own and creates it again whenever it is gone (issue 30, rule 12). The head
@@ -307,6 +309,12 @@ def test_an_agent_name_someone_keeps_re_creating_is_named_in_healthz_and_status(
     8 times in 17 s), never placed its own, and ``/healthz`` said nothing was failing.
     Control: forget what ``_remove_others`` removed and the count stays 0 while the loop
     creates its actor again at every interval."""
+    fault.expect(
+        "a Ray user's loop re-creates rayscope-agent:<node> in namespace rayscope whenever it is gone"
+        " (before: the head removed it 10 times in 17 s, /healthz and status said nothing)",
+        "/healthz counts it (agents_name_held) within 4 intervals, status names it, the other node's"
+        " agent runs, the head removes the user's actor once per retry delay, not every interval",
+    )
     name = f"rayscope-agent:{cluster.node_id('denbi')}"
     cluster.request(op="squat", name=name, namespace=NAMESPACE, node="denbi")
     started = time.monotonic()
@@ -318,7 +326,7 @@ def test_an_agent_name_someone_keeps_re_creating_is_named_in_healthz_and_status(
             timeout_s=4 * INTERVAL + 10,
             what="/healthz counting the held agent name",
         )
-        print(f"agents_name_held 1 after {took:.1f} s")
+        fault.observe(f"agents_name_held 1 after {took:.1f} s")
         eventually(
             lambda: head.fresh_since(cluster.node_id("head"), 0),
             timeout_s=2 * INTERVAL + WORKER_START_S,
@@ -332,11 +340,12 @@ def test_an_agent_name_someone_keeps_re_creating_is_named_in_healthz_and_status(
         )
         said = done.stdout + done.stderr
         assert f"RAY_AGENTS: agent name held by another actor on 1 node(s) ({name})" in said, said
+        fault.observe("status: RAY_AGENTS: agent name held by another actor on 1 node(s); 1 agent running")
     finally:
         created = cluster.request(op="unsquat", name=name, namespace=NAMESPACE)["created"]
         elapsed = time.monotonic() - started
         code = head.daemon.stop(timeout_s=60)
-        print(f"in {elapsed:.0f} s the user's loop created its actor {created} time(s)")
+        fault.observe(f"in {elapsed:.0f} s the user's loop created its actor {created} time(s)")
         assert code == 0, head.daemon.log_text()
     # Each removal by the head is followed by the loop's next creation: removed once, then
     # once per retry delay, not at every interval.

@@ -18,6 +18,7 @@ import pytest
 from agent.errors import AgentError
 from agent.head.usage_store import open_store, read_state
 from agent.schema.usage import SavedActor, SavedDevice, SavedUsage
+from tests.reliability_plugin import FaultRecord
 
 WALL = 1_800_000_000.0
 MIB = 1024**2
@@ -108,27 +109,50 @@ def test_values_out_of_bounds_are_no_history_and_never_stop_the_head(
     assert store.document(0.0).actors == []
 
 
-def test_empty_device_entries_allocate_nothing(tmp_path: Path) -> None:
-    """1,000 actors, each with 64 device entries that hold no sample (``[]``, or only
-    ``-1``): no device series is restored (a series is 720 slots of 10 bytes, allocated
-    whole), nor an actor without a sample (as one with no device entry). Positive control:
-    drop the filter of empty slots in ``UsageWindow.restore`` and 482 MiB are traced (the
-    probe measured 544 MB of RSS); after the fix 16 MiB, the decoded file itself. Reading the
-    file with ``read(MAX_STATE_BYTES + 1)`` allocated 256 MiB at every start too."""
+@pytest.mark.fault
+def test_a_hostile_state_file_neither_stops_nor_bloats_the_head(
+    tmp_path: Path, fault: FaultRecord, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The probe's three files: root's of mode 0666 (refused in one line, exit 2), one with
+    ``slot_s: 1.7e308`` (no history: the head starts empty), and 1,000 actors of 64 device
+    entries without a sample each (nothing allocated for them: no device series, nor an actor
+    without a sample). Positive control: drop the filter of empty slots in
+    ``UsageWindow.restore`` and 482 MiB are traced for the last (the probe measured 544 MB of
+    RSS); reading the file with ``read(MAX_STATE_BYTES + 1)`` allocated 256 MiB at every
+    start too."""
+    fault.expect(
+        "a hostile --usage-state: mode 0666, slot_s 1.7e308, 1,000 actors x 64 empty devices (before:"
+        " read and saved again 0666; OverflowError stopped the head; 482 MiB traced)",
+        "refused in one line (exit 2); no history, the head starts; no memory for empty entries",
+    )
     path = tmp_path / "usage.json"
-    path.write_bytes(saved(actors=1000, devices=64, values=()))
+    path.write_bytes(saved())
+    path.chmod(0o666)
+    with pytest.raises(AgentError) as err:
+        open_store(3600, 5, str(path), now=0.0, wall_now=WALL)
+    assert err.value.exit_code == 2 and "\n" not in str(err.value)
+    fault.observe(f"0666: exit {err.value.exit_code}, {str(err.value).replace(str(tmp_path), '$TMP')}")
+
+    path.write_bytes(saved(values=(1024, 2048, 4096), slot_s=1.7e308))
     path.chmod(0o600)
+    store = open_store(3600, 5, str(path), now=0.0, wall_now=WALL)
+    assert store.restored_from == "" and "is not a usage history" in caplog.text
+    fault.observe("slot_s 1.7e308: not a usage history, the head starts with an empty one")
+
+    path.write_bytes(saved(actors=1000, devices=64, values=()))
     tracemalloc.start()
     try:
         store = open_store(3600, 5, str(path), now=0.0, wall_now=WALL)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    print(f"peak traced while restoring 1,000 x 64 empty devices: {peak / MIB:.1f} MiB")
     assert store.window.actors == {}
     assert peak < 64 * MIB
     path.write_bytes(saved(actors=2, devices=3, values=(-1, -1)))
     assert open_store(3600, 5, str(path), now=0.0, wall_now=WALL).window.actors == {}
+    fault.observe(
+        f"1,000 x 64 empty devices: peak {peak / MIB:.1f} MiB traced while restoring, 0 series kept"
+    )
 
 
 def test_read_state_still_reads_a_good_file(tmp_path: Path) -> None:

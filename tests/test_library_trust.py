@@ -142,6 +142,59 @@ def test_nvml_is_never_loaded_from_the_working_directory(
 
 
 @needs_root
+def test_a_dependency_of_the_library_is_never_loaded_from_the_working_directory(
+    world_writable_dir: Path, tmp_path: Path
+) -> None:
+    """The trusted NVML needs ``librayscopedep.so.1`` (as NVIDIA's needs ``libpthread.so.0``
+    and ``librt.so.1``, which a process need not have loaded); uid 65534 plants one in the
+    working directory. Loading NVML by its absolute path alone left the loader to search for
+    the dependency by name, the empty element first: the planted one ran (the marker). Now
+    the dependency is found the same way and loaded first. Positive control: skip the
+    dependencies in ``libraries._load`` and the marker appears."""
+    marker = tmp_path / "marker"
+    trusted = tmp_path / "lib"
+    trusted.mkdir()
+    dep_c = tmp_path / "dep.c"
+    dep_c.write_text("int rayscope_dep(void) { return 1; }\n")
+    dep = "librayscopedep.so.1"
+    compile_ = ["cc", "-shared", "-fPIC", "-O1"]
+    subprocess.run(
+        [*compile_, f"-Wl,-soname,{dep}", "-o", str(trusted / dep), str(dep_c)], check=True, timeout=120
+    )
+    subprocess.run(
+        [
+            *compile_,
+            "-o",
+            str(trusted / fake.LIBRARY),
+            str(fake.SOURCE),
+            "-Wl,--no-as-needed",
+            f"-L{trusted}",
+            f"-l:{dep}",
+        ],
+        check=True,
+        timeout=120,
+    )
+    assert dep in libraries.needed(str(trusted / fake.LIBRARY))
+    plant(world_writable_dir, dep, dep_c, marker, f"-Wl,-soname,{dep}")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from agent.sources import libraries; print(libraries.load('libnvidia-ml.so.1')._name)",
+        ],
+        cwd=world_writable_dir,
+        env={**base_env(), "PYTHONPATH": str(REPO), "LD_LIBRARY_PATH": f":{trusted}"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(trusted / fake.LIBRARY)
+    assert not marker.exists(), "the planted dependency ran as root"
+
+
+@needs_root
 def test_a_library_directory_another_user_can_write_is_refused(
     world_writable_dir: Path, tmp_path: Path
 ) -> None:

@@ -15,6 +15,9 @@ directory from ``/`` down to it are root's or the user's and not writable by gro
 built for another ELF class or machine is passed over, as the loader passes it over. When no
 trusted file is found, the plain name is loaded only if nothing was refused (the loader's own
 search then reaches nothing this one refused), else :class:`NotFound` names what was refused.
+The library's own dependencies (its ``DT_NEEDED`` entries: ``libpthread.so.0``, ``librt.so.1``
+for NVIDIA's) are found and loaded the same way first, since the loader would search for
+those by name too; it then finds each one loaded already (by its soname) and searches nothing.
 Children get ``LD_LIBRARY_PATH`` cut to its trusted elements (:func:`child_search_path`).
 """
 
@@ -36,6 +39,10 @@ _CACHE_COUNTS = struct.Struct("=II")  # number of entries, size of the string ta
 _CACHE_ENTRY = struct.Struct("=iIIIQ")  # flags, key (soname), value (path), os version, hwcap
 _CACHE_ENTRIES_AT = 48  # magic (20), counts (8), flags and padding (4), extension offset, unused
 _ELF_MAGIC = b"\x7fELF"
+MAX_DEPENDENCIES = 64
+"""Libraries loaded for one, its dependencies' dependencies included (NVML needs 5)."""
+_SHT_DYNAMIC = 6
+_DT_NEEDED = 1
 
 
 class SearchPath(NamedTuple):
@@ -186,13 +193,58 @@ def resolve(soname: str, environ: Mapping[str, str], *, me: Optional[int] = None
     return Resolution(None, refused)
 
 
+def needed(path: str) -> list[str]:
+    """The sonames ``path`` (an ELF shared object) names as ``DT_NEEDED``, in order; none
+    when it is not one this parser reads (the section headers of its ``.dynamic``)."""
+    try:
+        with open(path, "rb") as library:
+            return _needed(library.fileno())
+    except (OSError, ValueError, struct.error):
+        return []
+
+
+def _needed(fd: int) -> list[str]:
+    header = os.pread(fd, 64, 0)
+    if not header.startswith(_ELF_MAGIC) or header[4] not in (1, 2) or header[5] not in (1, 2):
+        return []
+    wide, order = header[4] == 2, "<" if header[5] == 1 else ">"
+    shoff = struct.unpack_from(order + ("Q" if wide else "I"), header, 0x28 if wide else 0x20)[0]
+    size, count = struct.unpack_from(order + "HH", header, 0x3A if wide else 0x2E)
+    section = struct.Struct(order + ("IIQQQQIIQQ" if wide else "IIIIIIIIII"))
+    table = os.pread(fd, size * count, shoff)
+    sections = [section.unpack_from(table, i * size) for i in range(count)]
+    entry = struct.Struct(order + ("qQ" if wide else "iI"))
+    names: list[str] = []
+    for _name, kind, _flags, _addr, offset, length, link, *_ in sections:
+        if kind != _SHT_DYNAMIC or link >= len(sections):
+            continue
+        strings = os.pread(fd, sections[link][5], sections[link][4])
+        dynamic = os.pread(fd, length, offset)
+        for i in range(len(dynamic) // entry.size):
+            tag, value = entry.unpack_from(dynamic, i * entry.size)
+            if tag == 0:
+                break
+            if tag == _DT_NEEDED:
+                names.append(strings[value : strings.index(b"\0", value)].decode("utf-8", "replace"))
+    return names
+
+
 def load(soname: str, environ: Optional[Mapping[str, str]] = None) -> ctypes.CDLL:
-    """``soname`` loaded from its trusted absolute path (by name only when nothing was
-    refused). :class:`NotFound` when no trusted file holds it but something was refused;
-    ``OSError`` when the file found does not load (or the name is not found)."""
-    found = resolve(soname, os.environ if environ is None else environ)
-    if found.path is not None:
-        return ctypes.CDLL(found.path)
-    if found.clean:
-        return ctypes.CDLL(soname)
-    raise NotFound("; ".join(found.refused))
+    """``soname`` loaded from its trusted absolute path, its dependencies first (each by name
+    only when nothing was refused). :class:`NotFound` when no trusted file holds one of them
+    but something was refused; ``OSError`` when a file found does not load (or a name is not
+    found)."""
+    return _load(soname, os.environ if environ is None else environ, {soname})
+
+
+def _load(soname: str, environ: Mapping[str, str], seen: set[str]) -> ctypes.CDLL:
+    found = resolve(soname, environ)
+    if found.path is None:
+        if found.clean:
+            return ctypes.CDLL(soname)
+        raise NotFound("; ".join(found.refused))
+    for dependency in needed(found.path):
+        if dependency not in seen and len(seen) < MAX_DEPENDENCIES:
+            seen.add(dependency)
+            _load(dependency, environ, seen)
+    return ctypes.CDLL(found.path)

@@ -58,6 +58,9 @@ RETRY_AFTER_INTERVALS = 10
 SHIPPED = ("agent", "msgspec", "psutil", "pynvml")
 """What the actor imports beyond Ray: rayscope's package and the push loop's libraries."""
 REMOVE_TIMEOUT_S = 30.0
+LOOK_WAIT_S = 0.2
+"""How long ``/healthz`` and a status render wait for a reconcile in progress (Ray's calls
+can take seconds) before answering with what they saw the last time they could look."""
 NO_GPU_ENV = {"CUDA_VISIBLE_DEVICES": ""}
 """The agent reads NVML, which never opens a device context; with no CUDA device visible
 either (Ray 2.60 leaves the variable unset for ``num_gpus=0``), nothing in its process can
@@ -182,6 +185,8 @@ class RayAgents:
         self._removed_at: dict[str, float] = {}  # node id -> when a holder not ours was removed
         self._held: set[str] = set()  # nodes whose agent name another actor keeps holding
         self._state = ""
+        self._last_health: dict[str, int] = {}
+        self._last_status = SourceStatus(name="ray_agents", ok=True)
         # Ray's C++ handler would print a stack dump at every SIGTERM the head takes; Ray
         # reads this when first imported, so before the head's GCS reader imports it.
         os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
@@ -311,25 +316,34 @@ class RayAgents:
     def health(self) -> dict[str, int]:
         """For ``/healthz``: agents placed (by this head, on alive nodes), running (push loop
         started), starting, and failing (start failed and waiting to be retried, or not
-        started after SLOW_START_S), and nodes whose agent name another actor holds."""
-        with self._lock:
+        started after SLOW_START_S), and nodes whose agent name another actor holds. Never
+        waits behind a reconcile longer than :data:`LOOK_WAIT_S`."""
+        if not self._lock.acquire(timeout=LOOK_WAIT_S):
+            return dict(self._last_health)
+        try:
             if self._cluster is not None and self._cluster.connected and not self._closed:
                 with contextlib.suppress(Exception):  # a health check never fails on Ray's account
                     self._check_starts()
             now = self._clock()
             slow = sum(1 for n in self._starting if now - self._placed.get(n, now) > SLOW_START_S)
-            return {
+            self._last_health = {
                 "agents_placed": len(self._placed),
                 "agents_running": len(self._running),
                 "agents_starting": len(self._starting) - slow,
                 "agents_failing": slow + len(self._retry_at),
                 "agents_name_held": len(self._held),
             }
+            return dict(self._last_health)
+        finally:
+            self._lock.release()
 
     def status(self) -> SourceStatus:
         """The ``ray_agents`` source: ok unless the last reconcile failed, or an agent's name
-        is held by an actor this head did not create (then why)."""
-        with self._lock:
+        is held by an actor this head did not create (then why). Never waits behind a
+        reconcile longer than :data:`LOOK_WAIT_S`."""
+        if not self._lock.acquire(timeout=LOOK_WAIT_S):
+            return self._last_status
+        try:
             reasons = [self._state] if self._state else []
             if self._held:
                 names = ", ".join(agent_name(n) for n in sorted(self._held)[:3])
@@ -340,7 +354,10 @@ class RayAgents:
                     " when removed; those nodes have no agent"
                 )
             reason = "; ".join(reasons)
-            return SourceStatus(name="ray_agents", ok=not reason, reason=reason)
+            self._last_status = SourceStatus(name="ray_agents", ok=not reason, reason=reason)
+            return self._last_status
+        finally:
+            self._lock.release()
 
     def remove_all(self) -> int:
         """Remove every rayscope agent in the cluster (this head's and any earlier one's) and

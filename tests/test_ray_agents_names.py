@@ -8,12 +8,14 @@ remove it at every interval and never place its own, while ``/healthz`` counted 
 failing and ``status`` named nothing.
 """
 
+import threading
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import pytest
 
-from agent.ray_agents import NAMESPACE, RETRY_AFTER_INTERVALS, RayAgents, agent_name, node_of
+from agent.ray_agents import LOOK_WAIT_S, NAMESPACE, RETRY_AFTER_INTERVALS, RayAgents, agent_name, node_of
 from agent.sources.ray_actors import NameTaken, RayCluster
 
 INTERVAL_S = 1.0
@@ -144,3 +146,41 @@ def test_a_name_taken_when_placing_is_held_and_the_rest_still_placed(clock: list
     assert cluster.kills == []
     agents.reconcile({"b", "c"})  # the node left: nothing held any more
     assert agents.health()["agents_name_held"] == 0
+
+
+class SlowRay(StandIn):
+    """Ray's listing takes as long as the test says (a busy GCS)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def named_actors(self) -> list[str]:
+        self.release.wait(30)
+        return super().named_actors()
+
+
+def test_healthz_and_status_never_wait_behind_a_reconcile(clock: list[float]) -> None:
+    """A reconcile held up in Ray's calls: ``/healthz``'s figures and the ``ray_agents``
+    source answer within :data:`LOOK_WAIT_S`, with what they saw last. Before: both took the
+    reconcile's lock and waited as long as Ray did (here 30 s). Positive control: take the
+    lock with ``with self._lock`` in ``health`` again and the first assertion fails."""
+    cluster = SlowRay()
+    agents = agents_for(cluster, clock)
+    cluster.release.set()
+    agents.reconcile({"a"})
+    assert agents.health()["agents_placed"] == 1
+    cluster.release.clear()
+    stuck = threading.Thread(target=agents.reconcile, args=({"a", "b"},))
+    stuck.start()
+    try:
+        time.sleep(0.2)  # the reconcile holds the lock, waiting in Ray's listing
+        started = time.monotonic()
+        health, status = agents.health(), agents.status()
+        took = time.monotonic() - started
+        assert took < 2 * LOOK_WAIT_S + 0.5
+        assert health["agents_placed"] == 1 and status.ok
+    finally:
+        cluster.release.set()
+        stuck.join(10)
+    assert agents.health()["agents_placed"] == 2

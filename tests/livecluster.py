@@ -15,6 +15,7 @@ Environment: the caller sets ``RAY_TMPDIR`` (short: Unix socket paths are limite
 """
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
@@ -130,6 +131,7 @@ class LiveCluster:
         self.cluster.wait_for_nodes()
         ray.init(address=self.cluster.address, log_to_driver=False, logging_level="ERROR")
         self.actors: dict[str, Any] = {}
+        self.squatters: dict[str, Any] = {}  # name -> (stop event, thread, handles created)
         self.waiting: dict[str, Any] = {}
         self.groups: dict[str, Any] = {}
         self.temp_dir = temp_dir
@@ -258,7 +260,10 @@ class LiveCluster:
             time.sleep(0.1)
         raise TimeoutError(f"the GCS never showed the bookings {expected}")
 
-    TOPOLOGY_OPS = ("add_node", "remove_node", "named_actors", "probe_named", "actor_table_hex", "kill_named")
+    TOPOLOGY_OPS = (
+        "add_node", "remove_node", "named_actors", "probe_named", "actor_table_hex", "kill_named",
+        "squat", "unsquat",
+    )  # fmt: skip
     """Commands named after the method that answers them (node agents placed through Ray)."""
 
     def add_node(self, name: str, args: Optional[dict[str, Any]] = None) -> dict[str, Any]:
@@ -280,6 +285,47 @@ class LiveCluster:
     def kill_named(self, name: str, namespace: str) -> dict[str, Any]:
         self.ray.kill(self.ray.get_actor(name, namespace=namespace), no_restart=True)
         return {"name": name}
+
+    def squat(self, name: str, namespace: str, node: str) -> dict[str, Any]:
+        """A Ray user's loop that keeps an actor of its own named ``name`` in ``namespace``
+        on ``node``: created again within 0.2 s whenever the name is free (until ``unsquat``)."""
+        import threading
+
+        strategies: Any = importlib.import_module("ray.util.scheduling_strategies")
+        strategy = strategies.NodeAffinitySchedulingStrategy(self.nodes[node].node_id, soft=False)
+
+        class Squatter:
+            def ready(self) -> bool:
+                return True
+
+        remote: Any = self.ray.remote(Squatter).options(
+            name=name, namespace=namespace, num_cpus=0, scheduling_strategy=strategy
+        )
+        stop = threading.Event()
+        created: list[Any] = []  # the handles: an actor whose handles are all gone is destroyed
+
+        def loop() -> None:
+            while not stop.is_set():
+                try:
+                    self.ray.get_actor(name, namespace=namespace)
+                except ValueError:  # free: take it
+                    with contextlib.suppress(ValueError):  # taken in between
+                        created.append(remote.remote())
+                stop.wait(0.2)
+
+        thread = threading.Thread(target=loop, daemon=True)
+        thread.start()
+        self.squatters[name] = (stop, thread, created)
+        return {"name": name}
+
+    def unsquat(self, name: str, namespace: str) -> dict[str, Any]:
+        """Stop ``squat``'s loop and kill what holds the name; how many actors it created."""
+        stop, thread, created = self.squatters.pop(name)
+        stop.set()
+        thread.join(timeout=10)
+        with contextlib.suppress(ValueError):
+            self.ray.kill(self.ray.get_actor(name, namespace=namespace), no_restart=True)
+        return {"name": name, "created": len(created)}
 
     def probe_named(self, name: str, namespace: str) -> dict[str, Any]:
         """An actor's own ``probe()`` answer (rayscope's node agents have one)."""

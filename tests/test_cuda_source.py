@@ -286,16 +286,17 @@ def test_no_cuda_library_is_a_reason(tmp_path: Path) -> None:
     (empty / fake_cuda.LIBRARY).write_bytes(b"")
     cuda = CudaSampler(60, 10, Clock(), environ={"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": str(empty)})
     reason = cuda.sample([request(UUID0)])[UUID0].reason
-    assert reason.startswith("CUDA: CUDA driver library (libcuda.so.1) not loadable:")
+    assert reason.startswith(f"CUDA: CUDA driver library ({empty / fake_cuda.LIBRARY}) not loadable:")
 
 
-def test_the_childs_environment_is_cut() -> None:
-    """Ray's and the loader path pass; CUDA_VISIBLE_DEVICES (which would hide or renumber
+def test_the_childs_environment_is_cut(tmp_path: Path) -> None:
+    """Ray's and the loader path's trusted elements pass (empty and relative ones do not:
+    tests/test_library_trust.py); CUDA_VISIBLE_DEVICES (which would hide or renumber
     devices), PYTHON* and LD_PRELOAD do not; the caller's extra names are added."""
     environ = {
         "PATH": "/usr/bin",
         "RAY_TMPDIR": "/tmp/r",
-        "LD_LIBRARY_PATH": "/usr/local/nvidia/lib64",
+        "LD_LIBRARY_PATH": f"{tmp_path}::lib",
         "LD_PRELOAD": "/tmp/evil.so",
         "PYTHONPATH": "/tmp",
         "CUDA_VISIBLE_DEVICES": "1",
@@ -304,7 +305,7 @@ def test_the_childs_environment_is_cut() -> None:
     assert cuda_child_env(environ, {"X": "1"}) == {
         "PATH": "/usr/bin",
         "RAY_TMPDIR": "/tmp/r",
-        "LD_LIBRARY_PATH": "/usr/local/nvidia/lib64",
+        "LD_LIBRARY_PATH": str(tmp_path),
         "X": "1",
     }
 

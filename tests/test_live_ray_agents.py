@@ -14,7 +14,9 @@ from typing import Any
 
 import pytest
 
+from rayscope.node.placed_agents import RETRY_AFTER_INTERVALS
 from tests.conftest import HeadDaemon, LiveCluster, base_env, free_port, run_rayscope, running_cluster
+from tests.reliability_plugin import FaultRecord
 from tests.schemas import parsed
 from tests.waiting import eventually, timed
 
@@ -293,3 +295,59 @@ def test_the_agent_is_no_gpu_user(cluster: LiveCluster, ray_head: RayHead) -> No
     assert probe["cuda_visible_devices"] == ""
     maps = Path(f"/proc/{probe['pid']}/maps").read_text()
     assert "libcuda" not in maps and "libcudart" not in maps
+
+
+@pytest.mark.fault
+def test_an_agent_name_someone_keeps_re_creating_is_named_in_healthz_and_status(
+    cluster: LiveCluster, tmp_path: Path, wire_token: Path, fault: FaultRecord
+) -> None:
+    """A Ray user's loop holds ``rayscope-agent:<deNBI>`` in namespace ``rayscope`` with an
+    actor of its own and creates it again whenever it is gone (issue 30, rule 12). The head
+    removes it once, then says so: ``/healthz`` counts it (``agents_name_held``), ``status``
+    names it (``RAY_AGENTS: agent name held by another actor``), and the other node's agent
+    runs. Before: the head removed the user's actor at every interval (the loop created it
+    8 times in 17 s), never placed its own, and ``/healthz`` said nothing was failing.
+    Control: forget what ``_remove_others`` removed and the count stays 0 while the loop
+    creates its actor again at every interval."""
+    fault.expect(
+        "a Ray user's loop re-creates rayscope-agent:<node> in namespace rayscope whenever it is gone"
+        " (before: the head removed it 10 times in 17 s, /healthz and status said nothing)",
+        "/healthz counts it (agents_name_held) within 4 intervals, status names it, the other node's"
+        " agent runs, the head removes the user's actor once per retry delay, not every interval",
+    )
+    name = f"rayscope-agent:{cluster.node_id('denbi')}"
+    cluster.request(op="squat", name=name, namespace=NAMESPACE, node="denbi")
+    started = time.monotonic()
+    head = RayHead(cluster, tmp_path, wire_token)
+    created = 0
+    try:
+        _, took = timed(
+            lambda: head.health().get("agents_name_held") == 1,
+            timeout_s=4 * INTERVAL + 10,
+            what="/healthz counting the held agent name",
+        )
+        fault.observe(f"agents_name_held 1 after {took:.1f} s")
+        eventually(
+            lambda: head.fresh_since(cluster.node_id("head"), 0),
+            timeout_s=2 * INTERVAL + WORKER_START_S,
+            what="the head node reporting through its agent",
+        )
+        time.sleep(3 * INTERVAL)  # a fight over the name would show in the next intervals
+        health = head.health()
+        assert (health["agents_name_held"], health["agents_running"]) == (1, 1), health
+        done = run_rayscope(
+            "status", "--head", head.daemon.url, "--token-file", str(head.token_file), env=head.env
+        )
+        said = done.stdout + done.stderr
+        assert f"RAY_AGENTS: agent name held by another actor on 1 node(s) ({name})" in said, said
+        fault.observe("status: RAY_AGENTS: agent name held by another actor on 1 node(s); 1 agent running")
+    finally:
+        created = cluster.request(op="unsquat", name=name, namespace=NAMESPACE)["created"]
+        elapsed = time.monotonic() - started
+        code = head.daemon.stop(timeout_s=60)
+        fault.observe(f"in {elapsed:.0f} s the user's loop created its actor {created} time(s)")
+        assert code == 0, head.daemon.log_text()
+    # Each removal by the head is followed by the loop's next creation: removed once, then
+    # once per retry delay, not at every interval.
+    assert 2 <= created <= 2 + elapsed // (RETRY_AFTER_INTERVALS * INTERVAL)
+    assert rayscope_actors(cluster) == []

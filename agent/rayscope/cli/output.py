@@ -99,8 +99,9 @@ def _fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
-def write_atomic(path: str, text: str) -> None:
+def write_atomic(path: str, text: str, mode: Optional[int] = None) -> None:
     """Replace ``path`` by ``text`` atomically; :class:`AgentError` (exit 3) if it cannot.
+    The new file gets ``mode`` where given, else the mode ``_new_mode`` says.
 
     The target is never opened, only renamed over: a check of it by ``lstat`` leaves no gap
     that matters (whatever is at the path when the rename happens is replaced, not followed
@@ -128,7 +129,7 @@ def write_atomic(path: str, text: str) -> None:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
-            os.fchmod(f.fileno(), _new_mode(existing))
+            os.fchmod(f.fileno(), _new_mode(existing) if mode is None else mode)
             os.fsync(f.fileno())
         os.replace(tmp, path)
         _fsync_dir(directory)

@@ -9,6 +9,8 @@ A slow client can hold only what it costs to read its request, never a worker:
 * only a complete request goes to a worker: :data:`HTTP_WORKERS` answer at once, at most
   :data:`MAX_WAITING` complete requests wait for one, and past that a request is answered
   ``503`` at once — never queued behind slow ones;
+* ``/healthz`` has a worker of its own (:data:`HEALTH_WORKERS`): it never waits behind
+  renders in the pool's queue;
 * connections still being read are capped per address and in all
   (:data:`MAX_READING_PER_HOST`, :data:`MAX_READING`); a new connection past a cap evicts the
   oldest one still being read (of its own address first), so a flood of slow clients cannot
@@ -33,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Optional, Union
+from urllib.parse import urlsplit
 
 from rayscope.defaults import SERVER_NAME
 from rayscope.head.routes import Request, Response, Routes, text
@@ -45,6 +48,9 @@ HTTP_WORKERS = 16
 """Requests answered at once (each answer may render a whole cluster)."""
 MAX_WAITING = 64
 """Complete requests that may wait for a worker; more are answered 503 at once."""
+HEALTH_WORKERS = 1
+HEALTH_WAITING = 16
+"""``/healthz`` requests that may wait for its worker (each takes milliseconds); more: 503."""
 REQUEST_DEADLINE_S = 5.0
 """From the connection (after TLS) to the last byte of the request."""
 MAX_READING = 1024
@@ -145,6 +151,10 @@ class HttpPort:
         self.routes, self.throttle = routes, throttle
         self.counters = HttpCounters()
         self.pool = ThreadPoolExecutor(max_workers=HTTP_WORKERS, thread_name_prefix="rayscope-http")
+        self.health_pool = ThreadPoolExecutor(
+            max_workers=HEALTH_WORKERS, thread_name_prefix="rayscope-healthz"
+        )
+        self._health_in_flight = 0
         self._reading: OrderedDict[HttpConnection, None] = OrderedDict()  # oldest first
         self._reading_by_host: dict[str, int] = {}
         self._in_flight = 0
@@ -180,6 +190,9 @@ class HttpPort:
 
     def serve(self, conn: "HttpConnection", request: Request) -> None:
         """Answer ``request`` in a worker, or ``503`` at once when too many wait."""
+        if urlsplit(request.target).path == "/healthz":
+            self._serve_health(conn, request)
+            return
         if self._in_flight >= HTTP_WORKERS + MAX_WAITING:
             self.counters.busy += 1
             self.throttle.note("http:busy", "HTTP port: %d requests in progress; 503", self._in_flight)
@@ -196,10 +209,27 @@ class HttpPort:
 
         future.add_done_callback(done)
 
+    def _serve_health(self, conn: "HttpConnection", request: Request) -> None:
+        """``/healthz`` in its own worker (issue 30: 40 parallel ``/v1/usage`` held it 19.8 s)."""
+        if self._health_in_flight >= HEALTH_WORKERS + HEALTH_WAITING:
+            self.counters.busy += 1
+            conn.send(text(503, "the head is busy: try again"), request.method == "HEAD")
+            return
+        self._health_in_flight += 1
+        future = asyncio.get_running_loop().run_in_executor(self.health_pool, self.routes.answer, request)
+
+        def done(finished: "asyncio.Future[Response]") -> None:
+            self._health_in_flight -= 1
+            if not finished.cancelled():
+                conn.send(finished.result(), request.method == "HEAD")
+
+        future.add_done_callback(done)
+
     def close(self) -> None:
         for conn in list(self._reading):
             conn.abort()
         self.pool.shutdown(wait=False)
+        self.health_pool.shutdown(wait=False)
 
 
 class HttpConnection(asyncio.Protocol):

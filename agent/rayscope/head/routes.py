@@ -38,7 +38,7 @@ from rayscope.render.metrics import metrics_text
 from rayscope.render.page.assets import PAGE_HEADERS
 from rayscope.render.page.document import login_html, page_html, page_query, session_html
 from rayscope.render.status import status_json_bytes
-from rayscope.render.usage import usage_json, usage_metrics
+from rayscope.render.usage import usage_metrics
 from rayscope.schema.status import ClusterStatus
 from rayscope.units import parse_amount
 
@@ -169,7 +169,7 @@ class Routes:
 
     def _metrics(self, status: ClusterStatus) -> Rendered:
         """The status families, then the usage history's per-app ones (cached with them)."""
-        usage = usage_metrics(self.state.usage.document(time.monotonic()))
+        usage = usage_metrics(self.answers.usage_document())
         return Rendered((metrics_text(status) + usage).encode(), ())
 
     def usage(self, query: dict[str, list[str]]) -> Response:
@@ -180,8 +180,7 @@ class Routes:
             headroom = checked_headroom(parse_amount(given, "headroom"))
         except ValueError as err:
             return text(400, f"bad query: {err}")
-        usage = self.state.usage.document(time.monotonic(), window_s, headroom)
-        return Response(200, JSON, usage_json(usage).encode())
+        return Response(200, JSON, self.answers.usage(window_s, headroom).body)
 
     def page(self, request: Request, query_text: str) -> Response:
         """``GET /``: the page (or its refresh) for a bearer token or a session header, else
@@ -193,7 +192,7 @@ class Routes:
         if credential is not Credential.OPEN:
             return Response(401, HTML, login_html(refresh_s=refresh_s).encode(), PAGE_HEADERS)
         status = self.state.status(time.monotonic(), gpus=True, wall_now=time.time())
-        usage = self.state.usage.document(time.monotonic())
+        usage = self.answers.usage_document()
         with recording(self.state.failures):
             body = per_node(page_html)(status, page_query(parse_qs(query_text)), refresh_s, usage)
         return Response(200, HTML, body.encode(), PAGE_HEADERS)

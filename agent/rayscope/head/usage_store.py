@@ -41,6 +41,8 @@ DEFAULT_WINDOW_S = 3600.0
 MAX_PENDING = 8
 """Reports of one node kept between two folds: an agent faster than the head's interval
 has its newest report replace the last one kept beyond this."""
+STATE_MODE = 0o600
+"""The state file's mode at every save: it holds what ``/v1/usage`` keeps behind the token."""
 SAVE_EVERY_S = 60.0
 """How often the history is written to ``--usage-state`` (and once more at shutdown)."""
 MAX_STATE_BYTES = 256 * MIB
@@ -121,6 +123,9 @@ class UsageStore:
         self.state_file = state_file
         self.restored_from = ""
         self.actors_read = False
+        self.version = 0
+        """Moves at each fold and restore: the document is the same until it does (but for
+        the ages, which move with the clock)."""
         self._lock = threading.Lock()
         self._pending: dict[str, list[NodeReport]] = {}
         self._saved_at = now
@@ -169,6 +174,7 @@ class UsageStore:
             if actors is not None:
                 self.window.mark_alive(a.actor_id for a in actors if a.state == "ALIVE")
             self.window.expire(now)
+            self.version += 1
 
     def document(
         self, now: float, window_s: Optional[float] = None, headroom_pct: float = DEFAULT_HEADROOM_PCT
@@ -222,7 +228,7 @@ class UsageStore:
     def save(self, now: float) -> None:
         """Write the state file now (atomically: rayscope.cli.output); :class:`AgentError` if it cannot."""
         if self.state_file:
-            write_atomic(self.state_file, msgspec.json.encode(self.saved(now)).decode())
+            write_atomic(self.state_file, msgspec.json.encode(self.saved(now)).decode(), STATE_MODE)
             self._saved_at = now
 
     def maybe_save(self, now: float) -> None:
@@ -265,13 +271,15 @@ class UsageStore:
             known = now - max(0.0, now + self._wall_offset - saved.known_since)
             self.window.known_since = min(self.window.known_since, known)
             self.window.expire(now)
+            self.version += 1
 
 
 def read_state(path: str) -> Optional[SavedUsage]:
-    """The state file at ``path``; ``None`` when there is none yet, or it is not one (logged:
-    the history starts empty and the file is replaced at the next save). :class:`AgentError`
-    (exit 2) for a file rayscope must not read: a symlink, not a regular file, another
-    user's, larger than :data:`MAX_STATE_BYTES` (the rules of rayscope.cli.output)."""
+    """The state file at ``path``; ``None`` when there is none yet, or it is not one, a value
+    past its bound included (logged: the history starts empty and the file is replaced at the
+    next save). :class:`AgentError` (exit 2) for a file rayscope must not read: a symlink,
+    not a regular file, another user's, writable by group or others (as a token file is
+    refused, agent/rayscope/net/tokens.py), larger than :data:`MAX_STATE_BYTES`."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -285,11 +293,19 @@ def read_state(path: str) -> Optional[SavedUsage]:
             f"cannot read --usage-state {path}: not a regular file of root or uid {os.geteuid()}",
             EXIT_NO_DATA,
         )
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        os.close(fd)
+        mode = stat.S_IMODE(st.st_mode)
+        raise AgentError(
+            f"cannot read --usage-state {path}: it is writable by group or others (mode {mode:03o}):"
+            f" `chmod 600 {path}`",
+            EXIT_NO_DATA,
+        )
     with os.fdopen(fd, "rb") as f:
         if st.st_size > MAX_STATE_BYTES:
             too_big = f"--usage-state {path} is larger than {MAX_STATE_BYTES // MIB} MiB"
             raise AgentError(too_big, EXIT_NO_DATA)
-        data = f.read(MAX_STATE_BYTES + 1)
+        data = f.read(st.st_size + 1)  # not MAX_STATE_BYTES: read(n) allocates n at once
     try:
         return msgspec.json.decode(data, type=SavedUsage)
     except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as err:

@@ -22,6 +22,14 @@ hash) and each node caches them.
 
 This module decides (the plan is pure); :mod:`rayscope.sources.placed_agent_calls` makes Ray's calls.
 A reconcile that fails is a source status (``ray_agents``) in every status the head serves.
+
+Anyone who can reach the cluster can create an actor named ``rayscope-agent:<node>`` in the
+``rayscope`` namespace. One this head did not create is removed once (an earlier head's agent,
+whose token or address may differ); if the name is held by another actor again within
+:data:`RETRY_AFTER_INTERVALS` intervals, or is taken when this head places its agent,
+someone keeps re-creating it: the node is counted as ``agents_name_held`` in ``/healthz``
+and named in the ``ray_agents`` source (``agent name held by another actor``), and the head
+removes the holder again only once per retry delay instead of fighting for the name.
 """
 
 import contextlib
@@ -32,11 +40,11 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from rayscope.net.addresses import is_loopback
 from rayscope.schema.report import STARTED_BY_RAY, SourceStatus
-from rayscope.sources.placed_agent_calls import RayCluster, this_worker
+from rayscope.sources.placed_agent_calls import NameTaken, RayCluster, this_worker
 
 log = logging.getLogger("rayscope.agents")
 
@@ -50,6 +58,9 @@ RETRY_AFTER_INTERVALS = 10
 SHIPPED = ("rayscope", "msgspec", "psutil", "pynvml")
 """What the actor imports beyond Ray: rayscope's package and the push loop's libraries."""
 REMOVE_TIMEOUT_S = 30.0
+LOOK_WAIT_S = 0.2
+"""How long ``/healthz`` and a status render wait for a reconcile in progress (Ray's calls
+can take seconds) before answering with what they saw the last time they could look."""
 NO_GPU_ENV = {"CUDA_VISIBLE_DEVICES": ""}
 """The agent reads NVML, which never opens a device context; with no CUDA device visible
 either (Ray 2.60 leaves the variable unset for ``num_gpus=0``), nothing in its process can
@@ -149,9 +160,11 @@ class RayAgents:
         token: bytes,
         interval_s: float,
         cluster: Optional[RayCluster] = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``cluster``: Ray's calls (default: a driver of the cluster at ``gcs_address``,
-        connected on first use, carrying :func:`shipped_modules`)."""
+        connected on first use, carrying :func:`shipped_modules`); ``clock``: monotonic
+        seconds (placement ages, retry delays)."""
         self.gcs_address, self.head, self.interval_s = gcs_address, head, interval_s
         if is_loopback(head[0]):
             log.info(
@@ -162,13 +175,18 @@ class RayAgents:
             )
         self._token = token
         self._cluster = cluster
+        self._clock = clock
         self._lock = threading.Lock()
         self._closed = False
         self._placed: dict[str, float] = {}  # node id -> when placed (monotonic)
         self._starting: dict[str, Any] = {}  # node id -> ObjectRef of start()
         self._running: set[str] = set()
         self._retry_at: dict[str, float] = {}  # node id -> monotonic time of the next try
+        self._removed_at: dict[str, float] = {}  # node id -> when a holder not ours was removed
+        self._held: set[str] = set()  # nodes whose agent name another actor keeps holding
         self._state = ""
+        self._last_health: dict[str, int] = {}
+        self._last_status = SourceStatus(name="ray_agents", ok=True)
         # Ray's C++ handler would print a stack dump at every SIGTERM the head takes; Ray
         # reads this when first imported, so before the head's GCS reader imports it.
         os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
@@ -197,7 +215,8 @@ class RayAgents:
         handle = cluster.place(
             RayscopeAgent, agent_name(node_id), node_id, (node_id, host, port, self.interval_s), NO_GPU_ENV
         )
-        self._placed[node_id] = time.monotonic()
+        self._placed[node_id] = self._clock()
+        self._held.discard(node_id)
         self._starting[node_id] = cluster.call(handle, "start", self._token)  # the token: a direct call only
 
     def _check_starts(self) -> None:
@@ -218,7 +237,7 @@ class RayAgents:
                 log.warning("agent on node %s failed to start: %s; retrying later", node_id, reason)
                 cluster.kill(agent_name(node_id))
                 self._placed.pop(node_id, None)
-                self._retry_at[node_id] = time.monotonic() + RETRY_AFTER_INTERVALS * self.interval_s
+                self._retry_at[node_id] = self._clock() + RETRY_AFTER_INTERVALS * self.interval_s
 
     def reconcile(self, alive: Iterable[str]) -> None:
         """One step towards one agent per alive node; logs, never raises (a failure is the
@@ -233,28 +252,57 @@ class RayAgents:
                 self._note(f"cannot place agents through Ray: {type(err).__name__}: {err}")
 
     def _reconcile(self, alive: set[str]) -> None:
-        cluster = self._ray()
         self._check_starts()
-        now = time.monotonic()
+        now = self._clock()
         waiting = {n for n, at in self._retry_at.items() if at > now}
         self._retry_at = {n: at for n, at in self._retry_at.items() if n in waiting}
         step = plan(alive, self._existing(), self._placed, waiting)
+        self._held &= alive
+        self._removed_at = {n: at for n, at in self._removed_at.items() if n in alive}
         for node_id in step.forget:
             log.info("node %s left the cluster: its agent went with it", node_id)
             self._drop(node_id)
-        if step.adopt_none:
-            log.info("replacing %d agent(s) placed by an earlier head", len(step.adopt_none))
-            for node_id in step.adopt_none:
-                cluster.kill(agent_name(node_id))
+        self._remove_others(step.adopt_none, now)
         for node_id in step.replace:
             log.warning("agent on node %s is gone (crashed or killed): placing a new one", node_id)
             self._drop(node_id)
         for node_id in step.place + step.replace:
-            self._place(node_id)
+            try:
+                self._place(node_id)
+            except NameTaken:  # created by someone else since the names were listed
+                self._name_held(node_id, now)
         if step.place:
             log.info("placed agents on %d node(s)", len(step.place))
 
+    def _remove_others(self, nodes: list[str], now: float) -> None:
+        """Remove the actors holding these nodes' agent names that this head did not create,
+        unless one was removed within the retry delay: then someone re-creates it."""
+        retry_s = RETRY_AFTER_INTERVALS * self.interval_s
+        again = [n for n in nodes if n in self._removed_at and now - self._removed_at[n] < retry_s]
+        for node_id in again:
+            self._name_held(node_id, None)
+        others = [n for n in nodes if n not in again]
+        if others:
+            log.info("replacing %d agent(s) this head did not place (an earlier head's?)", len(others))
+        for node_id in others:
+            self._removed_at[node_id] = now
+            self._ray().kill(agent_name(node_id))
+
+    def _name_held(self, node_id: str, now: Optional[float]) -> None:
+        """``node_id``'s agent name is held by an actor this head did not create, again."""
+        if node_id not in self._held:
+            log.warning(
+                "agent name %s is held by another actor (not placed by this head), again: someone"
+                " keeps creating it in namespace %s; no agent on that node",
+                agent_name(node_id),
+                NAMESPACE,
+            )
+        self._held.add(node_id)
+        if now is not None:
+            self._removed_at[node_id] = now
+
     def _drop(self, node_id: str) -> None:
+        self._held.discard(node_id)
         self._placed.pop(node_id, None)
         self._starting.pop(node_id, None)
         self._running.discard(node_id)
@@ -268,24 +316,48 @@ class RayAgents:
     def health(self) -> dict[str, int]:
         """For ``/healthz``: agents placed (by this head, on alive nodes), running (push loop
         started), starting, and failing (start failed and waiting to be retried, or not
-        started after SLOW_START_S)."""
-        with self._lock:
+        started after SLOW_START_S), and nodes whose agent name another actor holds. Never
+        waits behind a reconcile longer than :data:`LOOK_WAIT_S`."""
+        if not self._lock.acquire(timeout=LOOK_WAIT_S):
+            return dict(self._last_health)
+        try:
             if self._cluster is not None and self._cluster.connected and not self._closed:
                 with contextlib.suppress(Exception):  # a health check never fails on Ray's account
                     self._check_starts()
-            now = time.monotonic()
+            now = self._clock()
             slow = sum(1 for n in self._starting if now - self._placed.get(n, now) > SLOW_START_S)
-            return {
+            self._last_health = {
                 "agents_placed": len(self._placed),
                 "agents_running": len(self._running),
                 "agents_starting": len(self._starting) - slow,
                 "agents_failing": slow + len(self._retry_at),
+                "agents_name_held": len(self._held),
             }
+            return dict(self._last_health)
+        finally:
+            self._lock.release()
 
     def status(self) -> SourceStatus:
-        """The ``ray_agents`` source: ok unless the last reconcile failed (then why)."""
-        with self._lock:
-            return SourceStatus(name="ray_agents", ok=not self._state, reason=self._state)
+        """The ``ray_agents`` source: ok unless the last reconcile failed, or an agent's name
+        is held by an actor this head did not create (then why). Never waits behind a
+        reconcile longer than :data:`LOOK_WAIT_S`."""
+        if not self._lock.acquire(timeout=LOOK_WAIT_S):
+            return self._last_status
+        try:
+            reasons = [self._state] if self._state else []
+            if self._held:
+                names = ", ".join(agent_name(n) for n in sorted(self._held)[:3])
+                more = f" and {len(self._held) - 3} more" if len(self._held) > 3 else ""
+                reasons.append(
+                    f"agent name held by another actor on {len(self._held)} node(s) ({names}{more}):"
+                    f" an actor this head did not create, re-created in namespace {NAMESPACE}"
+                    " when removed; those nodes have no agent"
+                )
+            reason = "; ".join(reasons)
+            self._last_status = SourceStatus(name="ray_agents", ok=not reason, reason=reason)
+            return self._last_status
+        finally:
+            self._lock.release()
 
     def remove_all(self) -> int:
         """Remove every rayscope agent in the cluster (this head's and any earlier one's) and

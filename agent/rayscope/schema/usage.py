@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import msgspec
 
-from rayscope.schema.report import Amount, Count
+from rayscope.schema.report import Count
 from rayscope.schema.status import DOCUMENT_SCHEMA
 
 MAX_SLOTS = 720
@@ -18,6 +18,14 @@ MAX_ACTORS = 16_384
 """Actors the head remembers at once (alive and gone); one more is not recorded (counted)."""
 MAX_DEVICES_PER_ACTOR = 64
 """GPUs (or MIG instances) one actor is followed on: a report's own bound."""
+MAX_SLOT_COUNT = 65_535
+"""Samples counted per slot (an ``array('H')``); more in one slot is still one maximum."""
+MAX_SECONDS = 2.0**33
+"""The bound of every time in the state file, a wall clock (the year 2242) or an age or slot
+width (272 years): any real one fits, and no sum or product of them overflows a float."""
+MAX_BOOKED = 2.0**53
+"""The bound of a booking (MiB or GPUs) in the state file: the largest float that counts
+every unit exactly; Ray itself holds at most 2**63 ten-thousandths of a unit (9.2e14)."""
 
 
 class ActorUsage(msgspec.Struct, kw_only=True):
@@ -117,8 +125,12 @@ class UsageDocument(msgspec.Struct, kw_only=True):
 
 
 Slot = Annotated[int, msgspec.Meta(ge=-1, le=2**62)]
-"""A slot's maximum in bytes, or its sample count; ``-1``: no sample."""
+"""A slot's maximum in bytes; ``-1``: no sample."""
 Slots = Annotated[list[Slot], msgspec.Meta(max_length=MAX_SLOTS)]
+SlotCount = Annotated[int, msgspec.Meta(ge=0, le=MAX_SLOT_COUNT)]
+"""A slot's sample count."""
+Seconds = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_SECONDS)]
+Booked = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_BOOKED)]
 
 
 class SavedDevice(msgspec.Struct, kw_only=True, array_like=True):
@@ -127,7 +139,7 @@ class SavedDevice(msgspec.Struct, kw_only=True, array_like=True):
 
     device: str
     values: Slots
-    counts: Slots
+    counts: Annotated[list[SlotCount], msgspec.Meta(max_length=MAX_SLOTS)]
 
 
 class SavedActor(msgspec.Struct, kw_only=True):
@@ -140,11 +152,11 @@ class SavedActor(msgspec.Struct, kw_only=True):
     node_id: str = ""
     job_id: str = ""
     alive: bool = True
-    booked_vram_mb: Amount = 0.0
-    booked_gpu: Amount = 0.0
-    booked_mb: Optional[Amount] = None
+    booked_vram_mb: Booked = 0.0
+    booked_gpu: Booked = 0.0
+    booked_mb: Optional[Booked] = None
     reason: str = ""
-    first_seen_s_ago: Amount = 0.0
+    first_seen_s_ago: Seconds = 0.0
     devices: Annotated[list[SavedDevice], msgspec.Meta(max_length=MAX_DEVICES_PER_ACTOR)] = []
 
 
@@ -152,8 +164,8 @@ class SavedUsage(msgspec.Struct, kw_only=True):
     """The ``--usage-state`` file: written atomically, read once at the head's start."""
 
     version: int = 1
-    saved_at: Amount
+    saved_at: Seconds
     """Wall clock at the save: the downtime until the next start is counted from it."""
-    slot_s: Amount
-    known_since: Amount
+    slot_s: Annotated[float, msgspec.Meta(gt=0.0, le=MAX_SECONDS)]
+    known_since: Seconds
     actors: Annotated[list[SavedActor], msgspec.Meta(max_length=MAX_ACTORS)] = []

@@ -13,6 +13,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 
+class NameTaken(Exception):
+    """The actor's name is held by another live actor in the namespace."""
+
+
 def _ray() -> Any:
     """ray itself, imported on first use (ray's own stubs do not cover these calls)."""
     return importlib.import_module("ray")
@@ -66,9 +70,10 @@ class RayCluster:
     ) -> Any:
         """A detached, named actor of ``actor_class`` pinned to ``node_id``
         (``NodeAffinitySchedulingStrategy(soft=False)``), booking nothing (``num_cpus=0``, no
-        GPU, no custom resource), never restarted by Ray; its handle."""
+        GPU, no custom resource), never restarted by Ray; its handle. :class:`NameTaken` when
+        another live actor holds ``name``."""
         strategies: Any = importlib.import_module("ray.util.scheduling_strategies")
-        return (
+        options = (
             _ray()
             .remote(actor_class)
             .options(
@@ -81,8 +86,13 @@ class RayCluster:
                 scheduling_strategy=strategies.NodeAffinitySchedulingStrategy(node_id, soft=False),
                 runtime_env={"env_vars": dict(env_vars)},
             )
-            .remote(*args)
         )
+        try:
+            return options.remote(*args)
+        except ValueError as err:  # Ray 2.33-2.60: "The name ... is already taken."
+            if "already taken" in str(err):
+                raise NameTaken(name) from None
+            raise
 
     def call(self, handle: Any, method: str, *args: Any) -> Any:
         """A direct actor call (caller to the actor's worker, not through the GCS): its ref."""

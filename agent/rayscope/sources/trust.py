@@ -69,12 +69,12 @@ def _parts(path: str) -> list[str]:
     return [part for part in path.split("/") if part][::-1]
 
 
-def open_trusted(path: str, me: int) -> int:
-    """A read-only descriptor of the regular file ``path``, opened only if it and every
-    directory from ``/`` down to it pass :func:`file_refusal` (root's or ``me``'s, not
-    writable by group or others; directories that are may be sticky, since everything under
-    them must be root's or ``me``'s too); a symlink on the way is followed when it is root's
-    or ``me``'s, at most :data:`MAX_SYMLINKS`.
+def open_trusted(path: str, me: int, *, directory: bool = False) -> int:
+    """A read-only descriptor of the regular file ``path`` (of the directory, when
+    ``directory``), opened only if it and every directory from ``/`` down to it pass
+    :func:`file_refusal` (root's or ``me``'s, not writable by group or others; directories
+    that are may be sticky, since everything under them must be root's or ``me``'s too); a
+    symlink on the way is followed when it is root's or ``me``'s, at most :data:`MAX_SYMLINKS`.
 
     Checked on what was opened: each directory is ``os.open(name, O_DIRECTORY|O_NOFOLLOW,
     dir_fd=parent)`` then ``fstat``, the file ``O_NOFOLLOW|O_NONBLOCK`` (a FIFO does not
@@ -84,13 +84,15 @@ def open_trusted(path: str, me: int) -> int:
     """
     if not os.path.isabs(path):
         raise Refused(f"{path} is not an absolute path")
-    walk = _Walk(path, me)
+    walk = _Walk(path, me, directory)
     try:
         while True:
             reason = file_refusal(walk.where, os.fstat(walk.fd), me)
             if reason:
                 raise Refused(reason)
             if not walk.todo:  # the path named a directory
+                if directory:
+                    return walk.fd
                 raise Refused(f"{path} is not a regular file")
             found = walk.step(walk.todo.pop())
             if found is not None:
@@ -104,8 +106,8 @@ class _Walk:
     """Where :func:`open_trusted` is: the descriptor it holds (``fd``, the directory named
     ``where``; at the end the file), the names still to walk (a stack), the symlinks followed."""
 
-    def __init__(self, path: str, me: int) -> None:
-        self.path, self.me = path, me
+    def __init__(self, path: str, me: int, directory: bool = False) -> None:
+        self.path, self.me, self.directory = path, me, directory
         self.fd, self.where, self.todo, self.hops = os.open("/", _DIR_FLAGS), "/", _parts(path), 0
 
     def _hold(self, fd: int, where: str) -> None:
@@ -126,7 +128,7 @@ class _Walk:
         if stat.S_ISLNK(link.st_mode):
             self._follow(name, here, link)
             return None
-        if self.todo:
+        if self.todo or self.directory:
             self._hold(os.open(name, _DIR_FLAGS, dir_fd=self.fd), here)
             return None
         self._hold(os.open(name, _FILE_FLAGS, dir_fd=self.fd), here)

@@ -21,9 +21,9 @@ from array import array
 from collections.abc import Iterable, Sequence
 from typing import Optional
 
-from rayscope.schema.usage import MAX_ACTORS, MAX_DEVICES_PER_ACTOR, MAX_SLOTS
+from rayscope.schema.usage import MAX_ACTORS, MAX_DEVICES_PER_ACTOR, MAX_SLOT_COUNT, MAX_SLOTS
 
-COUNT_MAX = 65_535
+COUNT_MAX = MAX_SLOT_COUNT
 """Samples counted per slot (``array('H')``); more in one slot is still one maximum."""
 EMPTY = -1
 """A slot's value when no sample fell in it."""
@@ -210,7 +210,12 @@ class UsageWindow:
     def restore(
         self, meta: ActorMeta, first_seen: float, device: str, slots: Sequence[tuple[int, int, int]]
     ) -> None:
-        """Saved slots of one device of one actor: ``(slot, value, count)`` on this clock."""
+        """Saved slots of one device of one actor: ``(slot, value, count)`` on this clock.
+        Slots without a sample are skipped; a device with none allocates nothing (a ring is
+        :data:`MAX_SLOTS` slots, allocated whole), nor does an actor."""
+        slots = sorted(s for s in slots if s[1] != EMPTY)
+        if not slots:
+            return
         series = self._series(meta, first_seen)
         if series is None:
             return
@@ -220,8 +225,8 @@ class UsageWindow:
             if len(series.devices) >= MAX_DEVICES_PER_ACTOR:
                 return
             ring = series.devices[device] = SlotRing(self.n)
-        for slot, value, count in sorted(slots):
-            if value != EMPTY and ring.add(slot, value, count):
+        for slot, value, count in slots:
+            if ring.add(slot, value, count):
                 series.last_slot = max(series.last_slot, slot)
 
     def mark_alive(self, alive: Iterable[str]) -> None:

@@ -2,7 +2,8 @@
 :mod:`rayscope.sources.cuda.sample`, in a child process that exits as soon as it has answered.
 
 Standard library only (ctypes), so it runs as a script with no rayscope on the path. It loads
-the CUDA driver library by name (``libcuda.so.1``, the loader's own search), lists CUDA's
+the CUDA driver library ``LIBRARY`` (the absolute path the parent resolved from trusted
+directories, :mod:`rayscope.sources.libraries`; the name only when none holds it), lists CUDA's
 devices with their UUIDs and PCI bus ids, matches them to the requested NVML devices (by UUID,
 else by a PCI bus id only one CUDA device has; never by index), and on each matched device
 retains the primary context, reads ``cuMemGetInfo_v2`` (device-wide free and total bytes as

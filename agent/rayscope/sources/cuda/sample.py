@@ -8,9 +8,11 @@ MiB on recent GPUs) and makes its process a GPU user while it lives. So:
 * the read runs in a short-lived child process (:mod:`rayscope.sources.cuda.read`), which
   creates the context, reads, releases it and exits; the agent itself never loads libcuda.
   The child is isolated as the GCS read's is (``python -I``, working directory ``/``, the
-  environment of :func:`rayscope.sources.trust.child_env`), plus ``LD_LIBRARY_PATH`` so it
-  finds ``libcuda.so.1`` where this process's loader found ``libnvidia-ml.so.1``; no
-  ``CUDA_VISIBLE_DEVICES``: it sees every device and picks the asked ones by UUID;
+  environment of :func:`rayscope.sources.trust.child_env`), plus the trusted elements of
+  ``LD_LIBRARY_PATH`` (as where the driver is mounted under /usr/local/nvidia); it loads
+  ``libcuda.so.1`` by the absolute path this process resolved from trusted directories only
+  (:mod:`rayscope.sources.libraries`); no ``CUDA_VISIBLE_DEVICES``: it sees every device and
+  picks the asked ones by UUID;
 * it is killed at a deadline; a child the kernel cannot kill (stuck in the driver) is
   remembered, and no other starts while it lives;
 * :class:`CudaSampler` samples only the GPUs asked for, each at most once per
@@ -34,7 +36,7 @@ from typing import Callable, Optional
 import msgspec
 
 from rayscope.schema.report import Amount, Count
-from rayscope.sources import trust
+from rayscope.sources import libraries, trust
 from rayscope.sources.cuda import read as cuda_read
 from rayscope.units import MIB
 
@@ -123,13 +125,16 @@ def refusal(request: CudaRequest, context_cost_bytes: int) -> Optional[str]:
 
 
 def cuda_child_env(environ: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
-    """The child's environment: :func:`trust.child_env`'s names, ``LD_LIBRARY_PATH`` (the
-    loader path this process itself was started with, where ``libcuda.so.1`` may live, as in
-    containers that mount the driver under /usr/local/nvidia), then ``extra`` as given by the
-    caller. No ``CUDA_*`` (``CUDA_VISIBLE_DEVICES`` would hide or renumber devices)."""
+    """The child's environment: :func:`trust.child_env`'s names, ``LD_LIBRARY_PATH`` cut to
+    its trusted elements (:func:`libraries.child_search_path`: where ``libcuda.so.1`` and its
+    own dependencies may live, as in containers that mount the driver under
+    /usr/local/nvidia; never an empty, relative or another user's element), then ``extra``
+    as given by the caller. No ``CUDA_*`` (``CUDA_VISIBLE_DEVICES`` would hide or renumber
+    devices)."""
     env = trust.child_env(environ)
-    if environ.get("LD_LIBRARY_PATH"):
-        env["LD_LIBRARY_PATH"] = environ["LD_LIBRARY_PATH"]
+    search = libraries.child_search_path(environ)
+    if search:
+        env["LD_LIBRARY_PATH"] = search
     env.update(extra)
     return env
 
@@ -213,6 +218,12 @@ class CudaSampler:
             answer[request.uuid] = msgspec.structs.replace(last, age_s=age)
         return answer
 
+    def library_path(self) -> str:
+        """The library the child loads: its trusted absolute path in the loader's order
+        (:func:`libraries.resolve` over this sampler's environment), else the name as given
+        (the child's own search then reaches only trusted directories and ``/``)."""
+        return libraries.resolve(self.library, self.environ).path or self.library
+
     def _note(self, uuid: str, reason: str) -> None:
         """Keep the last figures, replace the reason."""
         last = self._last.get(uuid) or CudaSample(uuid=uuid)
@@ -265,7 +276,7 @@ class CudaSampler:
         source = cuda_read.__loader__.get_source(cuda_read.__name__)  # type: ignore[union-attr]
         try:
             child = subprocess.Popen(  # isolated (SECURITY.md rule 1): -I, cwd /, a cut environment
-                [self.python, "-I", "-c", source, self.library, json.dumps(wanted)],
+                [self.python, "-I", "-c", source, self.library_path(), json.dumps(wanted)],
                 cwd="/",
                 env=cuda_child_env(self.environ, self.extra_env),
                 stdin=subprocess.DEVNULL,

@@ -26,11 +26,13 @@ from typing import Any, Callable, Optional
 import pynvml
 
 from rayscope.schema.report import UNSET, GpuDevice, GpuHealth, GpuProcess, SourceStatus
+from rayscope.sources import libraries
 from rayscope.sources.nvml import modes as nvml_modes
 from rayscope.sources.nvml.calls import newest_list, query
 from rayscope.sources.nvml.calls import text as _text
 from rayscope.sources.nvml.health import read_health
 
+LIBRARY = "libnvidia-ml.so.1"
 INIT_RETRY_START_S = 1.0
 INIT_RETRY_MAX_S = 60.0
 """A failed ``nvmlInit`` is tried again after 1, 2, 4 ... 60 s (each collection before that
@@ -55,6 +57,27 @@ _REASONS: dict[int, str] = {
 def reason_for(err: "pynvml.NVMLError") -> str:
     """The operator's reading of an NVML error."""
     return _REASONS.get(err.value, f"NVML error: {err}")
+
+
+def _init() -> Optional[str]:
+    """``nvmlInit``, pynvml's library first loaded from a trusted path
+    (:mod:`rayscope.sources.libraries`; pynvml itself would load it by name, the working
+    directory included): the reason it failed, or ``None``."""
+    try:
+        with pynvml.libLoadLock:
+            if pynvml.nvmlLib is None:
+                try:
+                    pynvml.nvmlLib = libraries.load(LIBRARY)
+                except OSError:  # read as pynvml reads a library that does not load
+                    raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND) from None
+        pynvml.nvmlInit()
+    except libraries.NotFound as err:
+        return f"{_REASONS[pynvml.NVML_ERROR_LIBRARY_NOT_FOUND]} (refused {err})"
+    except pynvml.NVMLError as err:
+        return reason_for(err)
+    except OSError as err:  # a library that exists but cannot load
+        return f"NVML library failed to load: {err}"
+    return None
 
 
 def _shutdown() -> None:
@@ -82,14 +105,9 @@ class NvmlInit:
             now = clock()
             if self._error is not None and now < self._next_at:
                 return self._error
-            try:
-                pynvml.nvmlInit()
-            except pynvml.NVMLError as err:
-                self._error = reason_for(err)
-            except OSError as err:  # a library that exists but cannot load
-                self._error = f"NVML library failed to load: {err}"
-            else:
-                self._done, self._error = True, None
+            self._error = _init()
+            if self._error is None:
+                self._done = True
                 atexit.register(_shutdown)
                 return None
             self._retry_s = min(INIT_RETRY_MAX_S, max(INIT_RETRY_START_S, 2 * self._retry_s))

@@ -77,8 +77,11 @@ def free_port() -> int:
 
 
 def scenario_text(name: str, pid: int) -> str:
+    """``two_gpus``: the fake's two RTX 3090s, plus a utilisation sample of the process that
+    holds 1.2 GiB on GPU 0: SM 30 %, memory bus busy 50 % of the time (Ray 2.50-2.56 read the
+    50 % as half the GPU's memory: ray-project/ray#61456)."""
     if name == "two_gpus":
-        return fake_nvml.two_gpus(pid)
+        return fake_nvml.two_gpus(pid) + fake_nvml.process_utilization("gpu0", pid, 30, 50)
     raise SystemExit(f"unknown scenario {name}")
 
 

@@ -73,19 +73,30 @@ def test_a_recorded_summary_reads_every_gpu_in_bytes(path: Path) -> None:
 
 
 @pytest.mark.parametrize("path", RECORDED, ids=lambda p: p.stem)
-def test_a_pid_listed_twice_is_one_process_and_belief_follows_the_release(path: Path) -> None:
-    """The sleeper holds 1.2 GiB (compute) and 1.0 GiB (graphics) in the fake; Ray 2.33-2.49
-    list it twice, later releases once (the graphics entry, which overwrote the compute one)."""
+def test_per_process_memory_and_its_belief_follow_the_release(path: Path) -> None:
+    """The fake's GPU 0: the sleeper holds 1.2 GiB (compute) and 1.0 GiB (graphics), with a
+    utilisation sample of SM 30 %, memory bus 50 %; a pid no host knows holds 0.5 GiB.
+
+    * 2.33-2.49 list the sleeper once per NVML list: one entry here, its larger figure;
+    * 2.50-2.56 take the sample's 50 % for half the GPU's 24 GiB (ray-project/ray#61456), and
+      list only the sampled process: not believed;
+    * 2.57 on read the lists again, the sleeper once (the graphics entry, Ray's last)."""
     doc = recorded(path)
-    nodes, _ = dashboard.parse_summary(200, summary_body(doc), URL, doc["ray"])
+    nodes, status = dashboard.parse_summary(200, summary_body(doc), URL, doc["ray"])
     [node] = nodes.values()
     assert node.gpus is not None
     processes = {p.pid: p.used_memory_bytes for p in node.gpus[0].processes}
-    assert processes[fake_nvml.NO_SUCH_PID] == 512 * MIB
-    [sleeper] = set(processes) - {fake_nvml.NO_SUCH_PID}
-    assert processes[sleeper] == (1228 if release(doc) < (2, 50) else 1024) * MIB
+    sleeper = int(doc["scenario"].split("gpu0.proc_util ")[1].split()[0])
+    if release(doc) < (2, 50):
+        expected = {sleeper: 1228 * MIB, fake_nvml.NO_SUCH_PID: 512 * MIB}
+    elif release(doc) < (2, 57):
+        expected = {sleeper: 12288 * MIB}
+    else:
+        expected = {sleeper: 1024 * MIB, fake_nvml.NO_SUCH_PID: 512 * MIB}
+    assert processes == expected
     wrong = (2, 50) <= release(doc) < (2, 57)
     assert node.gpus[0].processes_believed is not wrong
+    assert ("per-process memory not believed" in status.detail) is wrong
 
 
 @pytest.mark.parametrize("path", RECORDED, ids=lambda p: p.stem)
@@ -191,7 +202,9 @@ def test_a_500_without_json_says_its_first_line() -> None:
         ({"memoryUsed": 2**40}, "<= 17179869184"),
         ({"memoryUsed": "²"}, "not a number"),
         ({"memoryUsed": "1e3"}, "not a number"),
-        ({"memoryUsed": 1.5}, "Expected `int | str`"),
+        ({"memoryUsed": 1e300}, "<= 17179869184"),
+        ({"memoryUsed": True}, "Expected `int | float | str`"),
+        ({"memoryUsed": None}, "Expected `int | float | str`"),
         ({"index": "0x1"}, "not a number"),
         ({"name": "x" * 300}, "length <= 256"),
         ({"processesPids": [{"pid": -4, "gpuMemoryUsage": 1}]}, "Expected `int` >= 0"),
@@ -203,6 +216,14 @@ def test_a_node_that_breaks_a_rule_is_left_out_and_the_rest_stand(bad: dict[str,
     nodes, status = parse(answer(node(**bad), good))
     assert set(nodes) == {"cd" * 28}
     assert status.ok and "1 node(s) refused, first: " in status.detail and why in status.detail
+
+
+def test_a_fraction_of_a_mib_rounds_down() -> None:
+    """Ray 2.50 writes per-process MiB as a float (``12288.0``, recorded)."""
+    nodes, _ = parse(answer(node(memoryUsed=1.5, processesPids=[{"pid": 7, "gpuMemoryUsage": 12288.0}])))
+    gpus = nodes[NODE_ID].gpus
+    assert gpus is not None and gpus[0].memory_used_bytes == MIB + MIB // 2
+    assert gpus[0].processes[0].used_memory_bytes == 12288 * MIB
 
 
 def test_numbers_as_text_go_through_the_one_parser() -> None:
@@ -274,6 +295,7 @@ def test_a_dashboard_url(text: str, url: str) -> None:
             "http://head\x1b:80",
             "http://" + "h" * 3000,
         ],
+        *["http://hëad:80", "http://head/r\u2028ay"],
     ],
 )
 def test_not_a_dashboard_url(text: str) -> None:

@@ -29,12 +29,12 @@ class DashboardProcess(msgspec.Struct, kw_only=True, gc=False):
 
 
 class DashboardGpu(msgspec.Struct, kw_only=True, gc=False):
-    """One GPU (or, from Ray 2.50 on, one MIG instance) of one node, as its dashboard agent
+    """One GPU (or, from Ray 2.49 on, one MIG instance) of one node, as its dashboard agent
     measured it with NVML (``nvmlDeviceGetMemoryInfo``, the v1 call: ``used`` includes the
     memory the driver reserves, unlike the v2 figure rayscope's own agent reads)."""
 
     index: Count
-    """NVML's device index; a MIG instance reads ``parent × 1000 + instance`` (Ray 2.50+)."""
+    """NVML's device index; a MIG instance reads ``parent × 1000 + instance`` (Ray 2.49+)."""
     uuid: Optional[str] = None
     name: Optional[str] = None
     memory_total_bytes: Count

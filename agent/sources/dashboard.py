@@ -52,9 +52,12 @@ read NVML's process lists (read from each release's wheel: docs/dashboard.md).""
 
 NO_DASHBOARD_FIX = "install ray[default] on the head (its dashboard), or run a rayscope node agent"
 
-# The dashboard's JSON: only the fields read; numbers as JSON numbers or as text.
+# The dashboard's JSON: only the fields read; numbers as JSON numbers or as text. MiB may
+# be a float: Ray 2.50's per-process figure is (``12288.0``, measured).
 _Mib = Union[
-    Annotated[int, msgspec.Meta(ge=0, le=MAX_MEMORY_MIB)], Annotated[str, msgspec.Meta(max_length=20)]
+    Annotated[int, msgspec.Meta(ge=0, le=MAX_MEMORY_MIB)],
+    Annotated[float, msgspec.Meta(ge=0, le=MAX_MEMORY_MIB)],
+    Annotated[str, msgspec.Meta(max_length=20)],
 ]
 _Int = Union[Annotated[int, msgspec.Meta(ge=0, le=MAX_PID)], Annotated[str, msgspec.Meta(max_length=20)]]
 _Text = Annotated[str, msgspec.Meta(max_length=MAX_TEXT)]
@@ -71,7 +74,7 @@ class _Gpu(msgspec.Struct, rename="camel"):
     memory_total: _Mib
     uuid: Optional[_Text] = None
     name: Optional[_Text] = None
-    # Ray 2.33-2.44 list a pid once per NVML list (compute, graphics): twice the bound.
+    # Ray 2.33-2.44 list a pid once per NVML list (compute, graphics; 2.49 on once): twice the bound.
     processes_pids: Optional[
         Annotated[list[_Process], msgspec.Meta(max_length=2 * MAX_PROCESSES_PER_GPU)]
     ] = None
@@ -118,7 +121,12 @@ def parse_url(text: str) -> str:
     """``HOST[:PORT]`` or ``http[s]://HOST[:PORT][/prefix]`` → the dashboard's base URL;
     ``ValueError`` saying what is wrong (the text quoted, so controls show escaped)."""
     stripped = text.strip()
-    if not stripped or len(stripped) > 2048 or not stripped.isprintable() or " " in stripped:
+    if (
+        not stripped
+        or len(stripped) > 2048
+        or not (stripped.isascii() and stripped.isprintable())
+        or " " in stripped
+    ):
         raise ValueError(f"{text[:80]!r} is not a dashboard URL (http://HOST:PORT)")
     url = urlsplit(stripped if "://" in stripped else f"http://{stripped}")
     if url.scheme not in ("http", "https") or not url.hostname or url.username or url.query or url.fragment:
@@ -188,29 +196,29 @@ def _number(value: Union[int, str], what: str, maximum: int) -> int:
     return parse_count(value, what, maximum) if isinstance(value, str) else value
 
 
+def _bytes(mib: Union[int, float, str], what: str) -> int:
+    """A MiB figure (bounded by its type) in bytes; a fraction of a MiB rounds down."""
+    if isinstance(mib, float):
+        return int(mib * MIB)
+    return _number(mib, what, MAX_MEMORY_MIB) * MIB
+
+
 def _gpu(raw: _Gpu, believed: bool) -> DashboardGpu:
     used: dict[int, Optional[int]] = {}
     for entry in raw.processes_pids or []:
         pid = _number(entry.pid, "pid", MAX_PID)
-        mib = (
-            None
-            if entry.gpu_memory_usage is None
-            else _number(entry.gpu_memory_usage, "gpuMemoryUsage", MAX_MEMORY_MIB)
-        )
+        held = None if entry.gpu_memory_usage is None else _bytes(entry.gpu_memory_usage, "gpuMemoryUsage")
         # A pid in NVML's compute and graphics lists (Ray 2.33-2.44 list it twice): its larger figure.
-        used[pid] = max(used.get(pid) or 0, mib) if mib is not None else used.get(pid)
+        used[pid] = max(used.get(pid) or 0, held) if held is not None else used.get(pid)
     if len(used) > MAX_PROCESSES_PER_GPU:
         raise ValueError(f"more than {MAX_PROCESSES_PER_GPU} processes on one GPU")
     return DashboardGpu(
         index=_number(raw.index, "index", MAX_PID),
         uuid=printable(raw.uuid) if raw.uuid is not None else None,
         name=printable(raw.name) if raw.name is not None else None,
-        memory_total_bytes=_number(raw.memory_total, "memoryTotal", MAX_MEMORY_MIB) * MIB,
-        memory_used_bytes=_number(raw.memory_used, "memoryUsed", MAX_MEMORY_MIB) * MIB,
-        processes=[
-            DashboardProcess(pid=pid, used_memory_bytes=None if mib is None else mib * MIB)
-            for pid, mib in sorted(used.items())
-        ],
+        memory_total_bytes=_bytes(raw.memory_total, "memoryTotal"),
+        memory_used_bytes=_bytes(raw.memory_used, "memoryUsed"),
+        processes=[DashboardProcess(pid=pid, used_memory_bytes=held) for pid, held in sorted(used.items())],
         processes_believed=believed,
     )
 

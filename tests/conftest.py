@@ -208,7 +208,11 @@ def running_dashboard_cluster(
     for name, text in scenarios.items():
         fake_nvml.write_scenario(root / "nvml" / name, text)
     env = {"RAY_AUTH_MODE": "disabled", "LD_LIBRARY_PATH": str(nvml.lib_dir)}
-    cluster = LiveCluster(root, topology, env, ["--dashboard", "--nvml-scenarios", str(root / "nvml")])
+    try:  # a cluster that did not start has stopped itself: its directory goes all the same
+        cluster = LiveCluster(root, topology, env, ["--dashboard", "--nvml-scenarios", str(root / "nvml")])
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
     try:
         yield cluster
     finally:

@@ -17,7 +17,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -77,7 +77,9 @@ def run_rayscope(
 class LiveCluster:
     """A handle on ``tests/livecluster.py serve``: its state file and its command channel."""
 
-    def __init__(self, root: Path, topology: str, auth_env: Mapping[str, str]) -> None:
+    def __init__(
+        self, root: Path, topology: str, auth_env: Mapping[str, str], options: Sequence[str] = ()
+    ) -> None:
         self.root = root
         self.env = base_env(RAY_TMPDIR=str(root), **auth_env)
         self.log = open(root / "launcher.log", "w")  # noqa: SIM115 - closed in stop()
@@ -90,6 +92,7 @@ class LiveCluster:
                 str(root / "state.json"),
                 "--topology",
                 topology,
+                *options,
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -185,10 +188,36 @@ def running_cluster(topology: str) -> Iterator[LiveCluster]:
         shutil.rmtree(cluster.root, ignore_errors=True)
 
 
-def start_cluster(topology: str, auth_env: Mapping[str, str]) -> LiveCluster:
+def start_cluster(topology: str, auth_env: Mapping[str, str], options: Sequence[str] = ()) -> LiveCluster:
     # Short path: Ray's Unix socket paths must stay under 108 bytes.
     root = Path(tempfile.mkdtemp(prefix="rs-", dir="/tmp"))
-    return LiveCluster(root, topology, auth_env)
+    return LiveCluster(root, topology, auth_env, options)
+
+
+@contextlib.contextmanager
+def running_dashboard_cluster(
+    topology: str, nvml: fake_nvml.FakeNvml, scenarios: Mapping[str, str]
+) -> Iterator[LiveCluster]:
+    """A live cluster of ``topology`` with Ray's dashboard on (``ray[default]``), every
+    raylet (and so its dashboard agent) on the fake NVML ``nvml``, node ``name`` reading the
+    scenario text ``scenarios[name]`` (none: no GPU); ready once the dashboard lists every
+    node's GPUs. Its address: ``state["dashboard_url"]``; scenarios can be rewritten under
+    ``root / "nvml" / name`` (``fake_nvml.write_scenario``) while it runs."""
+    root = Path(tempfile.mkdtemp(prefix="rs-", dir="/tmp"))
+    (root / "nvml").mkdir()
+    for name, text in scenarios.items():
+        fake_nvml.write_scenario(root / "nvml" / name, text)
+    env = {"RAY_AUTH_MODE": "disabled", "LD_LIBRARY_PATH": str(nvml.lib_dir)}
+    try:  # a cluster that did not start has stopped itself: its directory goes all the same
+        cluster = LiveCluster(root, topology, env, ["--dashboard", "--nvml-scenarios", str(root / "nvml")])
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,10 @@ cluster with ``ray.cluster_utils.Cluster`` (several raylets on this host, fake G
 with ``num_gpus``), books the seed's replicas as real actors, writes FILE (GCS address,
 node ids, every pid it started), then answers JSON commands on stdin — one per line,
 replies on stdout prefixed with ``@@`` — until stdin closes or SIGTERM; then it shuts the
-cluster down. ``python tests/livecluster.py demo`` runs the README's demo.
+cluster down. ``python tests/livecluster.py demo`` runs the README's demo. ``--dashboard``:
+with Ray's dashboard on and each node's dashboard agent reading the fake NVML (the caller
+puts it on ``LD_LIBRARY_PATH``; ``--nvml-scenarios DIR`` holds a scenario per node name),
+ready once the dashboard lists every node's GPUs (FILE's ``dashboard_url``).
 
 Keeping Ray out of the pytest process keeps its process-wide state (auth mode, the
 driver) from leaking between clusters, and lets a token-auth cluster run beside the main one.
@@ -17,14 +20,18 @@ Environment: the caller sets ``RAY_TMPDIR`` (short: Unix socket paths are limite
 import argparse
 import contextlib
 import importlib
+import importlib.util
 import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
+from collections.abc import Iterator
 from typing import Any, Optional
 
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # honour 127.0.0.1 (docs/architecture.md)
@@ -107,10 +114,54 @@ def _node_pids(node: Any) -> list[int]:
     return [info.process.pid for infos in node.all_processes.values() for info in infos if info.process]
 
 
-class LiveCluster:
-    """The cluster, its named nodes and the actors booked on them (this process is the driver)."""
+SCENARIO_ENV = "RAYSCOPE_FAKE_NVML_SCENARIO"
+"""The fake NVML's scenario file (tests/fake_nvml): per node, the raylet's environment, so
+its dashboard agent (Ray starts it from the raylet) reads that node's own GPUs."""
+DASHBOARD_TIMEOUTS = {
+    # Ray 2.45+ give each dashboard module process 30 s, `ray start` 60 s (2.60) for the
+    # dashboard: a loaded 2-core host needs more.
+    "RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT": "300",
+    "RAY_DASHBOARD_STARTUP_TIMEOUT_S": "300",
+}
+DASHBOARD_WAIT_S = 240.0
 
-    def __init__(self, topology: str) -> None:
+
+@contextlib.contextmanager
+def _environ(env: dict[str, str]) -> Iterator[None]:
+    """``env`` in this process's environment for the block: what a Ray process started in it
+    inherits."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _scenario_env(scenarios: Optional[str], name: str) -> dict[str, str]:
+    """``RAYSCOPE_FAKE_NVML_SCENARIO`` for node ``name`` when ``scenarios/name`` exists."""
+    path = os.path.join(scenarios, name) if scenarios else ""
+    return {SCENARIO_ENV: path} if path and os.path.exists(path) else {}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        return int(s.getsockname()[1])
+
+
+class LiveCluster:
+    """The cluster, its named nodes and the actors booked on them (this process is the driver).
+
+    ``dashboard``: the head runs Ray's dashboard on 127.0.0.1 (``ray[default]`` needed) and
+    every node its dashboard agent, each reading the fake NVML (``LD_LIBRARY_PATH``, set by
+    the caller) with the scenario ``scenarios/<node name>`` where one exists."""
+
+    def __init__(self, topology: str, dashboard: bool = False, scenarios: Optional[str] = None) -> None:
         # Imported as Any: this harness drives Ray's test utilities, which ray's stubs omit.
         ray: Any = importlib.import_module("ray")
         cluster_class: Any = importlib.import_module("ray.cluster_utils").Cluster
@@ -121,14 +172,24 @@ class LiveCluster:
         common = {"node_ip_address": LOOPBACK, "temp_dir": temp_dir, "dashboard_agent_listen_port": None}
         spec = TOPOLOGIES[topology]
         head_name, head_args = spec[0]
-        self.cluster = cluster_class(
-            initialize_head=True,
-            head_node_args={**common, "include_dashboard": False, **head_args},
-        )
+        shown: dict[str, Any] = {"include_dashboard": False}
+        if dashboard:
+            if importlib.util.find_spec("aiohttp") is None:
+                raise RuntimeError(f"no Ray dashboard under {sys.executable}: install ray[default] there")
+            for key, value in DASHBOARD_TIMEOUTS.items():
+                os.environ.setdefault(key, value)
+            shown = {"include_dashboard": True, "dashboard_host": LOOPBACK, "dashboard_port": _free_port()}
+        with _environ(_scenario_env(scenarios, head_name)):
+            self.cluster = cluster_class(
+                initialize_head=True,
+                head_node_args={**common, **shown, **head_args},
+            )
         self.nodes: dict[str, Any] = {head_name: self.cluster.head_node}
         for name, args in spec[1:]:
-            self.nodes[name] = self._add_node(common, args or {})
+            env = {**(args or {}).get("env", {}), **_scenario_env(scenarios, name)}
+            self.nodes[name] = self._add_node(common, {**(args or {}), "env": env})
         self.cluster.wait_for_nodes()
+        self.dashboard_url: Optional[str] = None
         ray.init(address=self.cluster.address, log_to_driver=False, logging_level="ERROR")
         self.actors: dict[str, Any] = {}
         self.squatters: dict[str, Any] = {}  # name -> (stop event, thread, handles created)
@@ -138,17 +199,8 @@ class LiveCluster:
 
     def _add_node(self, common: dict[str, Any], args: dict[str, Any]) -> Any:
         """A raylet started with ``args["env"]`` in its environment (its workers inherit it)."""
-        env = args.get("env", {})
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
+        with _environ(args.get("env", {})):
             return self.cluster.add_node(**common, **{k: v for k, v in args.items() if k != "env"})
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
 
     def place(self, name: str, node: str, options: dict[str, Any], class_name: str = "") -> dict[str, Any]:
         """A real actor pinned to ``node``; returns its pid, actor id and ``ray.get_gpu_ids()``
@@ -349,6 +401,35 @@ class LiveCluster:
         entries = list(infos.values()) if isinstance(infos, dict) else list(infos)
         return {"actors": [info.SerializeToString().hex() for info in entries]}
 
+    def wait_dashboard(self, timeout_s: float = DASHBOARD_WAIT_S) -> str:
+        """The address the dashboard published in the GCS, once its node summary lists every
+        node's GPUs (each node's agent has reported once: Ray's agents report every 5 s)."""
+        from rayscope.sources.gcs import read as gcs_read
+        from rayscope.sources.gcs import raycompat
+
+        client = gcs_read.connect(self.cluster.address)
+        expected = {node.node_id for node in self.nodes.values()}
+        deadline = time.monotonic() + timeout_s
+        seen: Any = "nothing"
+        while time.monotonic() < deadline:
+            url, _ = raycompat.dashboard_url(client, 5.0)
+            if url:
+                request = urllib.request.Request(f"http://{url}/nodes?view=summary")
+                request.add_header("User-Agent", "rayscope-tests")  # Ray 2.33-2.44 need one
+                try:
+                    with urllib.request.urlopen(request, timeout=10) as response:
+                        seen = json.loads(response.read())["data"]["summary"]
+                except (OSError, ValueError, KeyError) as err:
+                    seen = f"{type(err).__name__}: {err}"
+                reported = (
+                    {n["raylet"]["nodeId"] for n in seen if "gpus" in n} if isinstance(seen, list) else set()
+                )
+                if reported >= expected:
+                    self.dashboard_url = url
+                    return url
+            time.sleep(0.5)
+        raise TimeoutError(f"the dashboard never listed every node's GPUs: {str(seen)[:300]}")
+
     def state(self) -> dict[str, Any]:
         nodes = {
             name: {"node_id": n.node_id, "raylet_pid": n.all_processes["raylet"][0].process.pid}
@@ -362,6 +443,7 @@ class LiveCluster:
             "python": sys.executable,
             "nodes": nodes,
             "pids": pids,
+            "dashboard_url": self.dashboard_url,
         }
 
     def shutdown(self) -> None:
@@ -374,7 +456,7 @@ class Stopped(Exception):
 
 
 def serve(args: argparse.Namespace) -> int:
-    cluster = LiveCluster(args.topology)
+    cluster = LiveCluster(args.topology, args.dashboard, args.nvml_scenarios)
 
     def on_sigterm(*_: object) -> None:
         # Raise, do not close stdin: closing it under a read in progress raised "reentrant
@@ -386,6 +468,8 @@ def serve(args: argparse.Namespace) -> int:
     try:
         actors = ACTORS.get(args.topology, SEED_ACTORS)
         placed = [cluster.place(*actor) for actor in actors if actor[1] in cluster.nodes]
+        if args.dashboard:
+            cluster.wait_dashboard()
         state = {**cluster.state(), "actors": placed}
         tmp = args.state + ".tmp"
         with open(tmp, "w") as f:
@@ -544,6 +628,10 @@ def main() -> int:
     serve_parser = sub.add_parser("serve")
     serve_parser.add_argument("--state", required=True)
     serve_parser.add_argument("--topology", choices=sorted(TOPOLOGIES), default="seed")
+    serve_parser.add_argument("--dashboard", action="store_true", help="run Ray's dashboard (ray[default])")
+    serve_parser.add_argument(
+        "--nvml-scenarios", help="a directory of fake NVML scenarios, one per node name"
+    )
     demo_parser = sub.add_parser("demo")
     demo_parser.add_argument("--keep", action="store_true", help="keep the cluster up until Ctrl-C")
     args = parser.parse_args()

@@ -133,6 +133,12 @@ def process(device: str, pid: int, used_gib: float, kind: str = "compute") -> st
     return f"{device}.{kind} {pid} {int(used_gib * GIB)}\n"
 
 
+def process_utilization(device: str, pid: int, sm_pct: int, memory_bus_pct: int) -> str:
+    """One ``nvmlDeviceGetProcessesUtilizationInfo`` sample (driver 550+): the process's SM
+    and memory-bus busy percentages (the bus's share of time, not of memory)."""
+    return f"{device}.proc_util {pid} {sm_pct} {memory_bus_pct}\n"
+
+
 # NVML's nvmlGpuVirtualizationMode_t and nvmlComputeMode_t codes.
 VIRT_NONE, VIRT_PASSTHROUGH, VIRT_VGPU, VIRT_HOST_VGPU, VIRT_HOST_VSGA = 0, 1, 2, 3, 4
 COMPUTE_DEFAULT, COMPUTE_EXCLUSIVE_THREAD, COMPUTE_PROHIBITED, COMPUTE_EXCLUSIVE_PROCESS = 0, 1, 2, 3

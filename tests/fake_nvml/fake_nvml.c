@@ -26,9 +26,12 @@
  *                                   2 prohibited, 3 exclusive process; absent: Not Supported
  *   gpuI.mps PID BYTES [GI CI]      one line per MPS client (nvmlDeviceGetMPSComputeRunningProcesses);
  *                                   none: the call answers an empty list, as without MPS
+ *   gpuI.proc_util PID SM MEM       one line per process sample of nvmlDeviceGetProcessesUtilizationInfo
+ *                                   (driver 550+): SM and memory-bus busy percentages; none: the call
+ *                                   answers Not Found, as a device with no sample does
  *   <device>.error.FIELD CODE       FIELD answers CODE: handle, name, uuid, pci, memory,
  *                                   memory_v2, util, temperature, power, power_limit, mig,
- *                                   compute, graphics, virtualization, compute_mode, mps
+ *                                   compute, graphics, virtualization, compute_mode, mps, proc_util
  *
  * Health (absent key = Not Supported):
  *   gpuI.ecc_uncorrected N          volatile uncorrected ECC errors
@@ -365,6 +368,46 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned in
 
 nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t d, unsigned int *count, nvmlProcessInfo_t *infos) {
     return processes(d, "graphics", count, infos);
+}
+
+/* Driver 550+. Ray 2.50-2.56's dashboard took memUtil (the share of time the memory bus was
+ * busy) for the share of memory a process holds (ray-project/ray#61456): a sample here shows it. */
+typedef struct {
+    unsigned long long timeStamp;
+    unsigned int pid, smUtil, memUtil, encUtil, decUtil, jpgUtil, ofaUtil;
+} nvmlProcessUtilizationInfo_v1_t;
+typedef struct {
+    unsigned int version, processSamplesCount;
+    unsigned long long lastSeenTimeStamp;
+    nvmlProcessUtilizationInfo_v1_t *procUtilArray;
+} nvmlProcessesUtilizationInfo_t;
+#define PROCESSES_UTILIZATION_INFO_V1 0x01000018u
+
+nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t d, nvmlProcessesUtilizationInfo_t *info) {
+    nvmlReturn_t err = device_error(d, "proc_util");
+    if (err) return err;
+    if (info->version != PROCESSES_UTILIZATION_INFO_V1) return ARGUMENT_VERSION_MISMATCH;
+    char key[128], p[32];
+    prefix(d, p, sizeof p);
+    snprintf(key, sizeof key, "%s.proc_util", p);
+    unsigned int n = 0;
+    for (int i = 0; i < entries; i++) {
+        if (strcmp(keys[i], key)) continue;
+        if (info->procUtilArray && n < info->processSamplesCount) {
+            nvmlProcessUtilizationInfo_v1_t *sample = &info->procUtilArray[n];
+            memset(sample, 0, sizeof *sample);
+            sscanf(values[i], "%u %u %u", &sample->pid, &sample->smUtil, &sample->memUtil);
+            sample->timeStamp = info->lastSeenTimeStamp + 1;
+        }
+        n++;
+    }
+    if (n == 0) return NOT_FOUND;
+    if (!info->procUtilArray || info->processSamplesCount < n) {
+        info->processSamplesCount = n;
+        return INSUFFICIENT_SIZE;
+    }
+    info->processSamplesCount = n;
+    return OK;
 }
 #endif
 

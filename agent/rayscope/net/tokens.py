@@ -20,10 +20,12 @@ The head answers wrong tokens slowly (:mod:`rayscope.head.guesses`), but a token
 bytes is guessed anyway; every reader refuses it, so the head does not start with one."""
 
 
-def read_token_file(path: Optional[str]) -> bytes:
+def read_token_file(path: Optional[str], shared_read: bool = False) -> bytes:
     """The token in ``path``; ``b""`` when no file is given; ``ValueError`` (one line) when
     the file is unreadable, open to group or others, empty, not one printable line, or
-    shorter than :data:`MIN_TOKEN_BYTES`."""
+    shorter than :data:`MIN_TOKEN_BYTES`. ``shared_read``: a file others may read is taken
+    (Ray's own token file: ``ray get-auth-token --generate`` writes ``~/.ray/auth_token``
+    mode 644), one others may write is not."""
     if path is None:
         return b""
     try:  # O_NONBLOCK: a FIFO at the path is refused below, never waited on
@@ -39,7 +41,7 @@ def read_token_file(path: Optional[str]) -> bytes:
             )
         if not stat.S_ISREG(mode):
             raise ValueError(f"token file {path} is not a regular file: name the file that holds the token")
-        if mode & 0o066:
+        if mode & (0o022 if shared_read else 0o066):
             raise ValueError(
                 f"token file {path} is open to group or others (mode {mode & 0o777:03o}): `chmod 600 {path}`"
             )
@@ -48,19 +50,26 @@ def read_token_file(path: Optional[str]) -> bytes:
         raise ValueError(f"cannot read token file {path}: {err.strerror}") from None
     finally:
         os.close(fd)
+    return check_token(data, f"token file {path}")
+
+
+def check_token(data: bytes, where: str) -> bytes:
+    """``data`` as a token, surrounding whitespace stripped: one line of printable ASCII, at
+    most :data:`MAX_TOKEN_FILE_BYTES`; ``ValueError`` naming ``where`` (``token file PATH``,
+    ``$RAY_AUTH_TOKEN``), never the token."""
     token = data.strip()
     if not token:
-        raise ValueError(f"token file {path} is empty")
+        raise ValueError(f"{where} is empty")
     if len(data) > MAX_TOKEN_FILE_BYTES or b"\n" in token or b"\r" in token:
-        raise ValueError(f"token file {path} holds more than one line: a token is one line ({MAKE_ONE})")
+        raise ValueError(f"{where} holds more than one line: a token is one line ({MAKE_ONE})")
     if any(byte < 0x20 or byte > 0x7E for byte in token):
         raise ValueError(
-            f"token file {path} holds bytes that are not printable ASCII: a token is one line"
+            f"{where} holds bytes that are not printable ASCII: a token is one line"
             f" of printable ASCII ({MAKE_ONE})"
         )
     if len(token) < MIN_TOKEN_BYTES:
         raise ValueError(
-            f"token file {path} holds a token of {len(token)} bytes: a token has at least"
+            f"{where} holds a token of {len(token)} bytes: a token has at least"
             f" {MIN_TOKEN_BYTES} ({MAKE_ONE})"
         )
     return token

@@ -116,7 +116,11 @@ def _child_answer(
     try:
         answer = json.loads(done.stdout)
     except ValueError:
-        said = [line for line in done.stderr.strip().splitlines() if line != gcs_read.IMPORTED]
+        said = [
+            line
+            for line in done.stderr.strip().splitlines()
+            if line != gcs_read.IMPORTED and not line.startswith(gcs_read.DASHBOARD_MARK)
+        ]
         last = (said or [f"exit code {done.returncode}"])[-1]
         raise gcs.GcsUnavailable(f"GCS read under {python} failed: {last}") from None
     return answer  # type: ignore[no-any-return]

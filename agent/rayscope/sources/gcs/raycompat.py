@@ -17,6 +17,8 @@ GCS client's actor table call              added 2.35      ``async_get_all_actor
                                            by 2.44 (Inner) the class
 ``GlobalStateAccessor.disconnect``         gone by 2.53    called only where it exists
 cluster's Ray version                      never           KV ``cluster/CLUSTER_METADATA``
+the dashboard's address                    never (measured KV ``dashboard/webui:url``, else
+                                           2.33-2.60)      ``dashboard/dashboard``
 what ``ray/__init__`` sets up for          any release     :func:`import_raylet` does only that
 ``ray._raylet`` (and ``ray.util``'s)                       much; if a Ray needs more, the read
                                                            is run again with ``import ray``
@@ -183,6 +185,30 @@ def cluster_ray_version(client: Any, timeout_s: float) -> tuple[Optional[str], s
     except (ValueError, AttributeError):
         return None, "the cluster's metadata is not JSON"
     return (str(version), "") if version else (None, "the cluster's metadata names no Ray version")
+
+
+DASHBOARD_NAMESPACE = b"dashboard"
+DASHBOARD_KEYS = (b"webui:url", b"dashboard")
+"""Where a head started with its dashboard publishes the dashboard's ``HOST:PORT``, in every
+supported release (``ray start`` writes the first once the dashboard answers, the dashboard
+itself the second; both hold the same text). Absent: no dashboard (``ray`` without
+``[default]``, ``--include-dashboard=false``) or one that never came up."""
+MAX_DASHBOARD_URL_BYTES = 2048
+
+
+def dashboard_url(client: Any, timeout_s: float) -> tuple[Optional[str], str]:
+    """(the dashboard's address as the cluster published it, ``""``) or ``(None, why not)``;
+    the text is the GCS's, unchecked: the caller parses it (``rayscope.sources.dashboard``)."""
+    for key in DASHBOARD_KEYS:
+        try:
+            raw = client.internal_kv_get(key, DASHBOARD_NAMESPACE, timeout=timeout_s)
+        except Exception as err:
+            return None, f"dashboard address not readable: {type(err).__name__}: {err}"
+        if raw:
+            if len(raw) > MAX_DASHBOARD_URL_BYTES:
+                return None, f"the published dashboard address is over {MAX_DASHBOARD_URL_BYTES} bytes"
+            return raw.decode("utf-8", "replace"), ""
+    return None, "the cluster published no dashboard address"
 
 
 def installed_ray_version(raylet_path: str) -> Optional[str]:

@@ -4,7 +4,8 @@ Standalone on purpose â€” the standard library, ``ray`` and ``raycompat`` only â
 file also runs as a script under the Ray node's own Python when the interpreter running
 rayscope cannot import ray (``gcs.py`` runs ``raycompat`` and this file joined as one
 script: ``ADDRESS TIMEOUT`` prints one JSON document; ``ADDRESS TIMEOUT actors`` adds the
-live actors, ``pending`` what waits to be placed: see :func:`read_pending`). Differences
+live actors, ``pending`` what waits to be placed: see :func:`read_pending`; every answer
+carries the address the cluster's dashboard published, ``dashboard_url``). Differences
 between Ray releases live in ``raycompat`` only.
 
 Output, per node: ``node_id`` (hex), ``node_ip``, ``hostname``, ``is_head``, ``alive``,
@@ -225,6 +226,11 @@ IMPORTED = "rayscope: ray imported"
 deadline tells a slow import from a GCS that did not answer."""
 
 
+DASHBOARD_MARK = "rayscope: dashboard "
+"""Written to stderr, then the dashboard's published address as JSON (``null`` when none), as
+soon as the KV answered: the same text as the answer's ``dashboard_url``, early."""
+
+
 class _RetryWhole(Exception):
     """A light import's symptom during a read (see :func:`raycompat.import_raylet`)."""
 
@@ -240,8 +246,12 @@ def _read(words: list[str], light: bool) -> dict[str, Any]:
 
     try:
         client = connect(address)
+        # First, so that a parent reading stderr can start the dashboard's GET at once.
+        dashboard, dashboard_error = raycompat.dashboard_url(client, timeout_s)
+        print(DASHBOARD_MARK + json.dumps(dashboard), file=sys.stderr, flush=True)
         state = resource_state(client, timeout_s)
         out: dict[str, Any] = {"ok": True, "nodes": read_nodes(client, timeout_s, state)}
+        out["dashboard_url"], out["dashboard_url_error"] = dashboard, dashboard_error
         out["ray_version"] = ray_version()
         out["cluster_ray_version"], out["cluster_ray_version_error"] = raycompat.cluster_ray_version(
             client, timeout_s

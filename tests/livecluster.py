@@ -404,8 +404,8 @@ class LiveCluster:
     def wait_dashboard(self, timeout_s: float = DASHBOARD_WAIT_S) -> str:
         """The address the dashboard published in the GCS, once its node summary lists every
         node's GPUs (each node's agent has reported once: Ray's agents report every 5 s)."""
-        from rayscope.sources.gcs import read as gcs_read
         from rayscope.sources.gcs import raycompat
+        from rayscope.sources.gcs import read as gcs_read
 
         client = gcs_read.connect(self.cluster.address)
         expected = {node.node_id for node in self.nodes.values()}

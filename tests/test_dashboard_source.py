@@ -22,8 +22,7 @@ from typing import Any, Callable, Optional
 import pytest
 
 from rayscope.schema.dashboard import DashboardNode
-from rayscope.sources import dashboard
-from rayscope.sources import dashboard_http
+from rayscope.sources import dashboard, dashboard_http
 from rayscope.sources.gcs import raycompat
 from rayscope.units import MIB
 from tests import fake_nvml

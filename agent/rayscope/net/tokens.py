@@ -20,12 +20,14 @@ The head answers wrong tokens slowly (:mod:`rayscope.head.guesses`), but a token
 bytes is guessed anyway; every reader refuses it, so the head does not start with one."""
 
 
-def read_token_file(path: Optional[str], shared_read: bool = False) -> bytes:
+def read_token_file(
+    path: Optional[str], shared_read: bool = False, min_bytes: int = MIN_TOKEN_BYTES
+) -> bytes:
     """The token in ``path``; ``b""`` when no file is given; ``ValueError`` (one line) when
     the file is unreadable, open to group or others, empty, not one printable line, or
     shorter than :data:`MIN_TOKEN_BYTES`. ``shared_read``: a file others may read is taken
     (Ray's own token file: ``ray get-auth-token --generate`` writes ``~/.ray/auth_token``
-    mode 644), one others may write is not."""
+    mode 644), one others may write is not. ``min_bytes``: Ray's token is Ray's to size (1)."""
     if path is None:
         return b""
     try:  # O_NONBLOCK: a FIFO at the path is refused below, never waited on
@@ -50,10 +52,10 @@ def read_token_file(path: Optional[str], shared_read: bool = False) -> bytes:
         raise ValueError(f"cannot read token file {path}: {err.strerror}") from None
     finally:
         os.close(fd)
-    return check_token(data, f"token file {path}")
+    return check_token(data, f"token file {path}", min_bytes)
 
 
-def check_token(data: bytes, where: str) -> bytes:
+def check_token(data: bytes, where: str, min_bytes: int = MIN_TOKEN_BYTES) -> bytes:
     """``data`` as a token, surrounding whitespace stripped: one line of printable ASCII, at
     most :data:`MAX_TOKEN_FILE_BYTES`; ``ValueError`` naming ``where`` (``token file PATH``,
     ``$RAY_AUTH_TOKEN``), never the token."""
@@ -67,10 +69,9 @@ def check_token(data: bytes, where: str) -> bytes:
             f"{where} holds bytes that are not printable ASCII: a token is one line"
             f" of printable ASCII ({MAKE_ONE})"
         )
-    if len(token) < MIN_TOKEN_BYTES:
+    if len(token) < min_bytes:
         raise ValueError(
-            f"{where} holds a token of {len(token)} bytes: a token has at least"
-            f" {MIN_TOKEN_BYTES} ({MAKE_ONE})"
+            f"{where} holds a token of {len(token)} bytes: a token has at least {min_bytes} ({MAKE_ONE})"
         )
     return token
 

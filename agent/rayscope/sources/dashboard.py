@@ -23,15 +23,18 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from rayscope.schema.dashboard import DashboardGpu, DashboardNode, DashboardProcess
-from rayscope.schema.report import MAX_DEVICES, MAX_PROCESSES_PER_GPU, Amount, SourceStatus
-from rayscope.sources.gcs import read as gcs_read
-from rayscope.sources.dashboard_http import DEFAULT_PORT, Unanswered, get
 from rayscope.labels import printable
 from rayscope.net.tokens import check_token, read_token_file
+
+from rayscope.schema.dashboard import DashboardGpu, DashboardNode, DashboardProcess
+from rayscope.schema.report import MAX_DEVICES, MAX_PROCESSES_PER_GPU, Amount, SourceStatus
+from rayscope.sources.dashboard_http import DEFAULT_PORT, Unanswered, get
+from rayscope.sources.gcs import read as gcs_read
 from rayscope.units import MIB, parse_count
 
 SOURCE = "dashboard"
+RAY_TOKEN_MIN_BYTES = 1
+"""Ray's token is Ray's to size: rayscope forwards it and imposes no length of its own."""
 DASHBOARD_ENV = "RAYSCOPE_DASHBOARD"
 OFF = "none"
 """``--dashboard none`` / ``RAYSCOPE_DASHBOARD=none``: the source is not read."""
@@ -178,9 +181,11 @@ def ray_token(environ: Mapping[str, str]) -> tuple[Optional[bytes], str]:
     if found is None or env.get(gcs_read.AUTH_MODE) != "token":
         return None, ""
     if found == "RAY_AUTH_TOKEN":
-        return check_token(env["RAY_AUTH_TOKEN"].encode("utf-8", "replace"), "$RAY_AUTH_TOKEN"), found
+        return check_token(
+            env["RAY_AUTH_TOKEN"].encode("utf-8", "replace"), "$RAY_AUTH_TOKEN", RAY_TOKEN_MIN_BYTES
+        ), found
     path = env["RAY_AUTH_TOKEN_PATH"] if found == "RAY_AUTH_TOKEN_PATH" else os.path.expanduser(found)
-    return read_token_file(path, shared_read=True), found
+    return read_token_file(path, shared_read=True, min_bytes=RAY_TOKEN_MIN_BYTES), found
 
 
 def sends_token(address: Address, gcs_host: Optional[str]) -> bool:

@@ -25,7 +25,6 @@ import msgspec
 
 from rayscope.labels import printable
 from rayscope.net.tokens import check_token, read_token_file
-
 from rayscope.schema.dashboard import DashboardGpu, DashboardNode, DashboardProcess
 from rayscope.schema.report import MAX_DEVICES, MAX_PROCESSES_PER_GPU, Amount, SourceStatus
 from rayscope.sources.dashboard_http import DEFAULT_PORT, Unanswered, get

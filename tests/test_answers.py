@@ -9,14 +9,13 @@ from email.message import Message
 import msgspec
 import pytest
 
-from rayscope.cli import output
 from rayscope.core.completeness import assess
 from rayscope.core.rollup import merge, scheduler_nodes, scheduler_sums
 from rayscope.head import answers
 from rayscope.head.routes import Request, Routes
 from rayscope.head.state import HeadState
 from rayscope.logs import LogThrottle
-from rayscope.render.status import SUMMARY_NODES, status_lines
+from rayscope.render.status import SUMMARY_NODES, status_lines, status_text_lines
 from rayscope.schema.report import SourceStatus
 from rayscope.schema.status import ReceivedReport
 from tests.reliability_plugin import FaultRecord
@@ -121,7 +120,7 @@ def test_status_answers_carry_what_status_would_say() -> None:
     code, headers, body = get(routes, "/v1/status?format=lines&gpus=1")
     status = state.status(NOW, gpus=True)
     assert code == 200
-    assert body.decode() == "\n".join(output.status_text_lines(status, False, True)) + "\n"
+    assert body.decode() == "\n".join(status_text_lines(status, False, True)) + "\n"
     exit_code, note = assess(status)
     assert (int(headers["X-Rayscope-Exit"]), json.loads(headers["X-Rayscope-Note"])) == (
         exit_code,

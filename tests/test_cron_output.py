@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from rayscope.cli import output
+from rayscope.cli import files
 from rayscope.core import completeness
 from rayscope.core.completeness import completeness_note
 from rayscope.errors import AgentError
@@ -191,25 +191,25 @@ def test_ndjson_line_is_one_document_with_a_timestamp() -> None:
 
 def test_write_atomic_replaces_and_keeps_the_mode(tmp_path: Path) -> None:
     target = tmp_path / "status.json"
-    output.write_atomic(str(target), "one\n")
+    files.write_atomic(str(target), "one\n")
     assert stat.S_IMODE(target.stat().st_mode) == 0o666 & ~_umask()
     target.chmod(0o640)
-    output.write_atomic(str(target), "two\n")
+    files.write_atomic(str(target), "two\n")
     assert target.read_text() == "two\n" and stat.S_IMODE(target.stat().st_mode) == 0o640
     assert sorted(p.name for p in tmp_path.iterdir()) == ["status.json"]  # no temp file left
 
 
 def test_write_atomic_failure_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
     with pytest.raises(AgentError) as err:
-        output.write_atomic(str(tmp_path / "missing" / "status.json"), "x")
+        files.write_atomic(str(tmp_path / "missing" / "status.json"), "x")
     assert err.value.exit_code == 3
     assert str(err.value) == f"cannot write {tmp_path / 'missing' / 'status.json'}: No such file or directory"
 
 
 def test_append_line_adds_exactly_one_line(tmp_path: Path) -> None:
     target = tmp_path / "status.ndjson"
-    output.append_line(str(target), '{"a": 1}')
-    output.append_line(str(target), '{"a": 2}\n')
+    files.append_line(str(target), '{"a": 1}')
+    files.append_line(str(target), '{"a": 2}\n')
     assert target.read_text() == '{"a": 1}\n{"a": 2}\n'
 
 
@@ -221,7 +221,7 @@ def _umask() -> int:
 
 WRITER = """
 import sys
-from rayscope.cli.output import write_atomic
+from rayscope.cli.files import write_atomic
 path, docs = sys.argv[1], [open(p).read() for p in sys.argv[2:]]
 print("ready", flush=True)
 i = 0
@@ -229,7 +229,7 @@ while True:
     write_atomic(path, docs[i % len(docs)])
     i += 1
 """
-NAIVE_WRITER = WRITER.replace("from rayscope.cli.output import write_atomic", "").replace(
+NAIVE_WRITER = WRITER.replace("from rayscope.cli.files import write_atomic", "").replace(
     "write_atomic(path, docs[i % len(docs)])", "open(path, 'w').write(docs[i % len(docs)])"
 )
 

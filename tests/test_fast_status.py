@@ -31,10 +31,10 @@ import pytest
 
 from rayscope import __main__ as entry
 from rayscope.cli import app as cli
-from rayscope.cli import fast_status, output
+from rayscope.cli import fast_status
 from rayscope.client import request as head_request
 from rayscope.core.completeness import assess
-from rayscope.render.status import source_details, status_json
+from rayscope.render.status import source_details, status_json, status_text_lines
 from rayscope.schema import DOCUMENT_SCHEMA
 from rayscope.schema.report import SourceStatus
 from rayscope.schema.status import ClusterStatus
@@ -138,7 +138,7 @@ class FakeHead:
         if self.mode == "old":
             headers = []
         elif query.get("format") == ["lines"]:
-            lines = output.status_text_lines(self.status, include_dead, gpus)
+            lines = status_text_lines(self.status, include_dead, gpus)
             if self.mode == "bent":  # a wire (or a head) not to be trusted with a terminal
                 lines = ["\x1b]0;owned\x07" + line + "\u2028\x1b[2J" for line in lines]
             return 200, "text/plain; charset=utf-8", ("\n".join(lines) + "\n").encode(), headers

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from rayscope.cli import output
+from rayscope.cli import files
 from rayscope.errors import AgentError
 from tests.conftest import REPO
 from tests.reliability_plugin import FaultRecord
@@ -46,23 +46,23 @@ def planted() -> Iterator[tuple[Path, Path]]:
 
 @needs_root
 def test_append_never_follows_a_planted_symlink(planted: tuple[Path, Path]) -> None:
-    """Positive control: drop ``O_NOFOLLOW`` in ``output.append_line`` and root's line lands
+    """Positive control: drop ``O_NOFOLLOW`` in ``files.append_line`` and root's line lands
     in the victim."""
     link, victim = planted
     with pytest.raises(AgentError) as caught:
-        output.append_line(str(link), '{"a": 1}')
-    assert caught.value.exit_code == output.EXIT_CANNOT_WRITE
+        files.append_line(str(link), '{"a": 1}')
+    assert caught.value.exit_code == files.EXIT_CANNOT_WRITE
     assert "is a symlink" in str(caught.value) and "\n" not in str(caught.value)
     assert victim.read_text() == "root's data\n"
 
 
 @needs_root
 def test_output_never_replaces_or_follows_a_planted_symlink(planted: tuple[Path, Path]) -> None:
-    """Positive control: drop the ``lstat`` check in ``output.write_atomic``: the symlink is
+    """Positive control: drop the ``lstat`` check in ``files.write_atomic``: the symlink is
     replaced by a file that took the victim's mode."""
     link, victim = planted
     with pytest.raises(AgentError) as caught:
-        output.write_atomic(str(link), "new\n")
+        files.write_atomic(str(link), "new\n")
     assert "is a symlink" in str(caught.value)
     assert link.is_symlink() and victim.read_text() == "root's data\n"
     assert not [p for p in link.parent.iterdir() if p.name.endswith(".tmp")]
@@ -84,7 +84,7 @@ def small_tmpfs(size: str) -> Iterator[Path]:
 def test_a_full_disk_never_leaves_a_fragment_in_append(fault: FaultRecord) -> None:
     """Lines of 10 kB appended to a 64 kB tmpfs until the disk is full: every line in the file
     is whole (one JSON document and its newline), and the file ends at a line's end.
-    Positive control: drop the ``ftruncate`` in ``output.append_line``: the seventh line's
+    Positive control: drop the ``ftruncate`` in ``files.append_line``: the seventh line's
     first 5,536 bytes stay behind, and the file no longer parses line by line."""
     fault.expect(
         "disk fills during --append (a 64 KiB tmpfs)",
@@ -96,7 +96,7 @@ def test_a_full_disk_never_leaves_a_fragment_in_append(fault: FaultRecord) -> No
         failures: list[str] = []
         for i in range(12):
             try:
-                output.append_line(str(path), json.dumps({"n": i, "pad": "x" * 10_000}))
+                files.append_line(str(path), json.dumps({"n": i, "pad": "x" * 10_000}))
                 written += 1
             except AgentError as err:
                 failures.append(str(err))
@@ -108,7 +108,7 @@ def test_a_full_disk_never_leaves_a_fragment_in_append(fault: FaultRecord) -> No
         assert failures and all("\n" not in f and "no space" in f.lower() for f in failures)
         # The next good line after the disk frees up is not glued to anything.
         path.write_bytes(data[: len(data) // 2].rpartition(b"\n")[0] + b"\n")
-        output.append_line(str(path), '{"n": "after"}')
+        files.append_line(str(path), '{"n": "after"}')
         assert json.loads(path.read_text().splitlines()[-1]) == {"n": "after"}
         fault.observe(f"{written} whole lines, {len(failures)} refused ({failures[0]}); no fragment")
 
@@ -117,12 +117,12 @@ def test_a_full_disk_never_leaves_a_fragment_in_append(fault: FaultRecord) -> No
 
 APPEND_IN_CHILD = """
 import sys
-from rayscope.cli import output
+from rayscope.cli import files
 from rayscope.errors import AgentError
 try:
-    output.append_line(sys.argv[1], '{"a": 1}', lock_wait_s=float(sys.argv[2]))
+    files.append_line(sys.argv[1], '{"a": 1}', lock_wait_s=float(sys.argv[2]))
 except TypeError:  # the code before issue 19 had no lock_wait_s
-    output.append_line(sys.argv[1], '{"a": 1}')
+    files.append_line(sys.argv[1], '{"a": 1}')
 except AgentError as err:
     print(err.exit_code, err)
     sys.exit(0)
@@ -166,7 +166,7 @@ def _plant_fifo(path: Path) -> None:
 def test_append_never_blocks_on_a_planted_fifo(shared: Path) -> None:
     """uid 65534 makes a FIFO at the ``--append`` path: root's cron job must not wait for a
     reader (for ever, and the next one too). Positive control: drop ``O_NONBLOCK`` in
-    ``output.append_line``: the child is still blocked in ``open`` after 10 s."""
+    ``files.append_line``: the child is still blocked in ``open`` after 10 s."""
     fifo = shared / "status.ndjson"
     _plant_fifo(fifo)
     said = _append_in_child(fifo)
@@ -185,7 +185,7 @@ def test_append_writes_nothing_into_a_fifo_someone_reads(shared: Path) -> None:
     reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
     try:
         with pytest.raises(AgentError) as caught:
-            output.append_line(str(fifo), '{"a": 1}')
+            files.append_line(str(fifo), '{"a": 1}')
         try:
             came_through = os.read(reader, 100)
         except BlockingIOError:  # a writer still has it open, and wrote nothing
@@ -193,7 +193,7 @@ def test_append_writes_nothing_into_a_fifo_someone_reads(shared: Path) -> None:
         assert came_through == b""
     finally:
         os.close(reader)
-    assert caught.value.exit_code == output.EXIT_CANNOT_WRITE and "is a FIFO" in str(caught.value)
+    assert caught.value.exit_code == files.EXIT_CANNOT_WRITE and "is a FIFO" in str(caught.value)
 
 
 @needs_root
@@ -203,13 +203,13 @@ def test_output_refuses_a_fifo_and_appends_refuse_a_device(shared: Path) -> None
     fifo = shared / "status.prom"
     _plant_fifo(fifo)
     with pytest.raises(AgentError) as caught:
-        output.write_atomic(str(fifo), "x\n")
+        files.write_atomic(str(fifo), "x\n")
     assert str(caught.value) == (
         f"cannot write {fifo}: it is a FIFO, not a regular file (rayscope writes regular files only)"
     )
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
     with pytest.raises(AgentError) as caught:
-        output.append_line("/dev/null", "x")
+        files.append_line("/dev/null", "x")
     assert "it is a character device, not a regular file" in str(caught.value)
 
 
@@ -222,8 +222,8 @@ def test_output_never_takes_the_mode_of_a_file_another_user_planted(shared: Path
     os.chown(target, NOBODY, NOBODY)
     target.chmod(0o6777)
     with pytest.raises(AgentError) as caught:
-        output.write_atomic(str(target), "root's\n")
-    assert caught.value.exit_code == output.EXIT_CANNOT_WRITE
+        files.write_atomic(str(target), "root's\n")
+    assert caught.value.exit_code == files.EXIT_CANNOT_WRITE
     assert str(caught.value) == (
         f"cannot write {target}: it belongs to uid {NOBODY}, not to root or uid 0"
         " (remove it, or name a file of your own)"
@@ -241,7 +241,7 @@ def test_append_refuses_a_file_another_user_owns(shared: Path) -> None:
     target.write_text("")
     os.chown(target, NOBODY, NOBODY)
     with pytest.raises(AgentError) as caught:
-        output.append_line(str(target), '{"a": 1}')
+        files.append_line(str(target), '{"a": 1}')
     assert f"it belongs to uid {NOBODY}, not to root or uid 0" in str(caught.value)
     assert target.read_text() == ""
 
@@ -276,5 +276,5 @@ def test_output_keeps_the_permissions_of_its_own_file_but_never_set_uid(tmp_path
     target = tmp_path / "status.prom"
     target.write_text("old\n")
     target.chmod(0o6755)
-    output.write_atomic(str(target), "new\n")
+    files.write_atomic(str(target), "new\n")
     assert stat.S_IMODE(target.stat().st_mode) == 0o755 and target.read_text() == "new\n"

@@ -61,7 +61,7 @@ from rayscope.core.rollup import STALE_INTERVALS
 from rayscope.defaults import DEFAULT_HTTP_PORT, DEFAULT_REPORT_PORT, DEFAULT_TIMEOUT_S
 from rayscope.errors import one_line_errors
 from rayscope.net.tls import TlsFiles
-from rayscope.render.status import source_details
+from rayscope.render.status import source_details, status_text_lines
 from rayscope.schema.report import SourceStatus
 from rayscope.schema.status import ClusterStatus
 
@@ -151,7 +151,7 @@ def status(
             from rayscope.cli import watch
 
             plain = fmt == "text" and not output_file and not append_file
-            lines = lambda result: output.status_text_lines(result, all_nodes, gpus)  # noqa: E731
+            lines = lambda result: status_text_lines(result, all_nodes, gpus)  # noqa: E731
             raise SystemExit(watch.watch_status(read, lines, watch_s, plain))
         result = read()
         code = output.deliver_status(result, fmt, all_nodes, gpus, output_file, append_file)

@@ -15,27 +15,22 @@ work done per node is isolated, in one place:
 An unreadable node keeps the scheduler's numbers and its identity; its report's parts (GPUs,
 attribution, placement, sources) are gone and ``unreadable`` says why, printable and
 bounded: its line ends ``report unreadable: ValueError: ...``. Each failure is counted by the
-:class:`NodeFailures` recording in the thread (the head's, shown in ``/healthz``) and logged
-there, throttled. A failure that is no node's (the whole status fails with no node at all) is
-raised as before.
+:class:`Recorder` recording in the thread (the head's ``NodeFailures``, shown in
+``/healthz`` and logged there, throttled). A failure that is no node's (the whole status
+fails with no node at all) is raised as before.
 """
 
 import contextvars
 import functools
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
+from typing import Any, Callable, Optional, Protocol, TypeVar
 
 from msgspec import UNSET
 from msgspec.structs import replace
 
 from rayscope.labels import printable
 from rayscope.schema.status import NA, ClusterStatus, NodeStatus
-
-if TYPE_CHECKING:  # the CLI renders without the daemons' logging
-    from rayscope.logs import LogThrottle
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -55,45 +50,19 @@ def reason_of(err: BaseException) -> str:
     return printable(text)[:MAX_REASON_CHARS]
 
 
-class NodeFailures:
-    """What ``/healthz`` says about merges and renders that failed for a node: how many, since
-    when, the last one and when (wall clock). Safe across threads."""
+class Recorder(Protocol):
+    """Who counts node failures (the head's :class:`rayscope.head.failures.NodeFailures`)."""
 
-    def __init__(self, throttle: "Optional[LogThrottle]" = None) -> None:
-        self._lock = threading.Lock()
-        self._throttle = throttle
-        self.count = 0
-        self.first_at: Optional[float] = None
-        self.last = ""
-        self.last_at: Optional[float] = None
-
-    def note(self, stage: str, node_id: str, reason: str) -> None:
-        what = f"{stage} of node {printable(node_id)[:60]}: {reason}"
-        with self._lock:
-            now = time.time()
-            self.count += 1
-            self.first_at = self.first_at or now
-            self.last, self.last_at = what, now
-            if self._throttle is not None:
-                self._throttle.note(f"unreadable:{stage}", "report unreadable: %s", what)
-
-    def snapshot(self) -> dict[str, Any]:
-        with self._lock:
-            return {
-                "render_errors": self.count,
-                "render_errors_since": self.first_at,
-                "last_render_error": self.last,
-                "last_render_error_at": self.last_at,
-            }
+    def note(self, stage: str, node_id: str, reason: str) -> None: ...
 
 
-_RECORDING: contextvars.ContextVar[Optional[NodeFailures]] = contextvars.ContextVar(
+_RECORDING: contextvars.ContextVar[Optional[Recorder]] = contextvars.ContextVar(
     "rayscope_node_failures", default=None
 )
 
 
 @contextmanager
-def recording(failures: NodeFailures) -> Iterator[None]:
+def recording(failures: Recorder) -> Iterator[None]:
     """Count the node failures of the merges and renders run in this block (this thread)."""
     token = _RECORDING.set(failures)
     try:

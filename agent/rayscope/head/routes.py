@@ -25,7 +25,6 @@ from urllib.parse import parse_qs, urlsplit
 
 import msgspec
 
-from rayscope.cli import output
 from rayscope.core.isolation import per_node, recording
 from rayscope.core.usage.summary import DEFAULT_HEADROOM_PCT, checked_headroom, parse_window
 from rayscope.head import session
@@ -37,7 +36,7 @@ from rayscope.logs import LogThrottle
 from rayscope.render.metrics import metrics_text
 from rayscope.render.page.assets import PAGE_HEADERS
 from rayscope.render.page.document import login_html, page_html, page_query, session_html
-from rayscope.render.status import status_json_bytes
+from rayscope.render.status import status_json_bytes, status_text_lines
 from rayscope.render.usage import usage_metrics
 from rayscope.schema.status import ClusterStatus
 from rayscope.units import parse_amount
@@ -273,7 +272,7 @@ def _lines(include_dead: bool, gpus: bool) -> Callable[[ClusterStatus], Rendered
     """What ``status`` prints on stdout for the same options (``format=lines``)."""
 
     def render(status: ClusterStatus) -> Rendered:
-        lines = output.status_text_lines(status, include_dead, gpus)
+        lines = status_text_lines(status, include_dead, gpus)
         return Rendered(("\n".join(lines) + "\n").encode(), status_headers(status))
 
     return render

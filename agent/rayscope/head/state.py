@@ -17,11 +17,12 @@ import msgspec
 from rayscope.core import validate
 from rayscope.core.capacity import pending
 from rayscope.core.gpu.attribution import attribute_cluster
-from rayscope.core.isolation import NodeFailures, recording
+from rayscope.core.isolation import recording
 from rayscope.core.rollup import STALE_INTERVALS, merge, scheduler_nodes, scheduler_sums
 from rayscope.core.validate import ReportError
 from rayscope.defaults import DEFAULT_TIMEOUT_S
 from rayscope.head.admission import IngestCounters
+from rayscope.head.failures import NodeFailures
 from rayscope.head.reports import ReportTable
 from rayscope.head.usage_store import DEFAULT_WINDOW_S, UsageStore
 from rayscope.logs import LogThrottle

@@ -23,7 +23,7 @@ from typing import Optional
 
 import msgspec
 
-from rayscope.cli.output import write_atomic
+from rayscope.cli.files import write_atomic
 from rayscope.core.actor_names import actor_name
 from rayscope.core.gpu import memory as gpu_memory
 from rayscope.core.gpu.attribution import attribute_node, leaf_devices

@@ -27,7 +27,7 @@ from rayscope.render.fmt import (
     visible_nodes,
     vram_note,
 )
-from rayscope.render.gpus import device_line, fuller_devices
+from rayscope.render.gpus import device_line, fuller_devices, status_gpu_lines
 from rayscope.schema.pending import PendingDemand
 from rayscope.schema.report import AGENT_STARTERS, SourceStatus, known
 from rayscope.schema.status import ClusterStatus, NodeStatus
@@ -216,3 +216,23 @@ def status_ndjson(status: ClusterStatus, include_dead: bool = False) -> str:
     stamp = datetime.fromtimestamp(status.generated_at, tz=timezone.utc)
     timestamp = stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
     return msgspec.json.encode({"timestamp": timestamp, **msgspec.to_builtins(status)}).decode()
+
+
+def render_status(result: ClusterStatus, fmt: str, include_dead: bool, gpus: bool) -> str:
+    """The status as ``fmt`` (``text``: the lines, and with ``gpus`` the per-GPU block)."""
+    if fmt == "json":
+        return status_json(result, include_dead=include_dead) + "\n"
+    if fmt == "prom":
+        from rayscope.render.metrics import metrics_text
+
+        return metrics_text(result)
+    return "\n".join(status_text_lines(result, include_dead, gpus)) + "\n"
+
+
+def status_text_lines(result: ClusterStatus, include_dead: bool, gpus: bool) -> list[str]:
+    """``status``'s lines (the summary of a large cluster unless ``include_dead``), and with
+    ``gpus`` the per-GPU block: what the CLI prints and the head serves as ``format=lines``."""
+    lines = status_lines(result, include_dead=include_dead, summary=not include_dead)
+    if not gpus:
+        return lines
+    return lines + status_gpu_lines(result, include_dead=include_dead)

@@ -181,7 +181,7 @@ def test_a_dependency_of_the_library_is_never_loaded_from_the_working_directory(
         [
             sys.executable,
             "-c",
-            "from agent.sources import libraries; print(libraries.load('libnvidia-ml.so.1')._name)",
+            "from rayscope.sources import libraries; print(libraries.load('libnvidia-ml.so.1')._name)",
         ],
         cwd=world_writable_dir,
         env={**base_env(), "PYTHONPATH": str(REPO), "LD_LIBRARY_PATH": f":{trusted}"},

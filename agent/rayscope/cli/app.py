@@ -19,6 +19,7 @@ from rayscope import SUPPORTED_PYTHON, SUPPORTED_RAY, __version__
 from rayscope.cli import argv as cmdline
 from rayscope.cli import output
 from rayscope.cli.options import (
+    Agents,
     AgentsOption,
     AllNodesOption,
     AppendFileOption,
@@ -229,7 +230,7 @@ def head_agent(
     tls_key: TlsKeyOption = None,
     tls_ca: TlsCaOption = None,
     max_pending: MaxPendingOption = 256,
-    agents: AgentsOption = "none",
+    agents: AgentsOption = Agents.none,
     remove: RemoveOption = False,
     usage_window: UsageWindowOption = 3600.0,
     usage_state: UsageStateOption = None,
@@ -255,7 +256,7 @@ def head_agent(
             read_token_file=read_token_file,
             tls=TlsFiles(tls_cert, tls_key, tls_ca),
             max_pending=max_pending,
-            agents=agents,
+            agents=agents.value,
             remove=remove,
             usage_window_s=usage_window,
             usage_state=usage_state,

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from enum import Enum
 from typing import Annotated, Any, Optional
 
-import click
 import typer
 
+from rayscope.cli.typer_click import OptionError, from_environment
 from rayscope.client import head as client
 from rayscope.core import limits
 from rayscope.core.limits import Limit, Number
@@ -30,10 +30,6 @@ from rayscope.net.addresses import (
 )
 
 WATCH_DEFAULT_S = 2.0
-
-
-class OptionError(click.UsageError):
-    """A usage error whose message is the whole line (the option, the value, what to do)."""
 
 
 def within(limit: Limit) -> Callable[..., Any]:
@@ -69,8 +65,7 @@ def _one_source(ctx: typer.Context, given: str) -> None:
     other = "gcs" if given == "head" else "head"
     if ctx.params.get(other) is None:
         return
-    from_env = ctx.get_parameter_source("head") == click.core.ParameterSource.ENVIRONMENT
-    if from_env:
+    if from_environment(ctx, "head"):
         raise OptionError(
             f"--gcs with ${client.HEAD_ENV} set: two sources, drop --gcs or unset {client.HEAD_ENV}"
         )
@@ -177,6 +172,11 @@ class Format(str, Enum):
     text = "text"
     json = "json"
     prom = "prom"
+
+
+class Agents(str, Enum):
+    none = "none"
+    ray = "ray"
 
 
 class Sizing(str, Enum):
@@ -348,11 +348,10 @@ ReplicasOption = Annotated[
 ]
 
 AgentsOption = Annotated[
-    str,
+    Agents,
     typer.Option(
         "--agents",
         metavar="none|ray",
-        click_type=click.Choice(["none", "ray"]),
         help="ray: keep a node agent on every alive node, placed through Ray (removed at shutdown).",
     ),
 ]

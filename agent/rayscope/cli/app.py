@@ -182,14 +182,14 @@ def fit(
     Exit 0: fits. Exit 1: does not fit (by booking, by measured memory, or refused).
     Exit 2: could not tell (cluster unreadable, a GPU size unknown) or bad usage.
     """
+    from rayscope import api
     from rayscope.core.capacity import fit as fitting
     from rayscope.core.capacity.sizing import fit_request
     from rayscope.render.fit import fit_json, fit_lines
 
     with one_line_errors(_verbose):
         request = fit_request(gpu_memory_mb, shape, replicas, num_cpus, memory_mb, gpu_total_mb, sizing.value)
-        # gpus=True: the actor table too, for Ray's per-device placement (rayscope.core.gpu.placement).
-        result = fitting.fit(client.read_cluster(head, token_file, gcs, timeout, gpus=True), request)
+        result = api.fit_result(request, api.Source(head, gcs), token_file, timeout)
         output.to_stdout((fit_json(result) if json_out else "\n".join(fit_lines(result))) + "\n")
     raise SystemExit(fitting.exit_code(result))
 

@@ -2,6 +2,9 @@
 own process, imports only rayscope's public names and asks the seed cluster
 ``rayscope.cluster_state(gcs=...)`` and ``rayscope.fit(gpu_memory_mb=4096, gcs=...)``.
 
+A Ray actor asks the same (:func:`test_the_api_answers_inside_a_ray_actor`), as BioEngine's
+cluster actor would.
+
 Positive controls: make :func:`rayscope.api.cluster_state` print what it read and
 :func:`test_a_program_gets_the_status_and_fit_documents` fails on stdout; make
 ``rayscope/__init__.py`` import :mod:`rayscope.api` at the top and
@@ -84,3 +87,11 @@ def test_a_program_gets_the_status_and_fit_documents(live_cluster: LiveCluster) 
     assert placed[live_cluster.node_id("head")] == 1
     assert doc["error"] == "GCS unreachable at 127.0.0.1:1 (connection refused)"
     assert doc["ray_imported"] is False  # the GCS read ran in a child process: no ray.init here
+
+
+@pytest.mark.live
+def test_the_api_answers_inside_a_ray_actor(live_cluster: LiveCluster) -> None:
+    """As BioEngine's cluster actor would call it: no ray.init of its own, nothing printed."""
+    reply = live_cluster.request(op="api_in_actor", timeout_s=RUN_TIMEOUT_S)
+    head = reply["state"]["nodes"][live_cluster.node_id("head")]
+    assert (head["used_vram_mb"], reply["fit"]["fits"], reply["printed"]) == (20480, True, "")

@@ -13,12 +13,13 @@ export RAY_USAGE_STATS_ENABLED := 0
 
 setup: $(STAMP)  ## .venv with rayscope (editable), ray and the test tools, pinned by constraints.txt
 
-# editable_mode=compat: a plain path entry, not setuptools' import-hook finder, which costs
-# every Python started in .venv ~15 ms (the CLI's start-up is benchmarked against ray status).
+# Editable through hatchling: a .pth line naming agent/ (pyproject.toml's dev-mode-dirs), a
+# plain path entry and no import-hook finder, which would cost every Python started in .venv
+# ~15 ms (the CLI's start-up is benchmarked against ray status).
 $(STAMP): pyproject.toml constraints.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -r requirements-dev.txt \
-		-e '.[ray]' --config-settings editable_mode=compat
+		-e '.[ray]'
 	touch $@
 
 test: setup  ## the whole suite, live Ray cluster included
@@ -26,6 +27,10 @@ test: setup  ## the whole suite, live Ray cluster included
 
 test-fast: setup  ## the inner loop: no live cluster, not the slowest files (make test runs everything)
 	$(BIN)/python -m pytest -q -m "not live and not slow"
+
+.PHONY: install-ends
+install-ends: setup  ## `pip install .` in two fresh venvs, the newest and the lowest versions pyproject.toml allows: --version, every --help, the tests of the dependencies, the GCS read via the Ray node's Python
+	$(BIN)/python -m tests.install_ends
 
 lint: setup  ## ruff + mypy (strict)
 	$(BIN)/ruff check agent tests build
@@ -71,7 +76,7 @@ lock:  ## re-pin constraints.txt from requirements-dev.txt in a scratch venv
 	mv constraints.txt.new constraints.txt && rm -rf .lock-venv
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
 
 fuzz: setup  ## 100,000 generated inputs to the head's frame and report decoders: none unhandled, every rejection counted -> RELIABILITY.md
 	mkdir -p $(RELIABILITY_DIR)

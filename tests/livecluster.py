@@ -314,7 +314,7 @@ class LiveCluster:
 
     TOPOLOGY_OPS = (
         "add_node", "remove_node", "named_actors", "probe_named", "actor_table_hex", "kill_named",
-        "squat", "unsquat",
+        "squat", "unsquat", "api_in_actor",
     )  # fmt: skip
     """Commands named after the method that answers them (node agents placed through Ray)."""
 
@@ -333,6 +333,32 @@ class LiveCluster:
     def named_actors(self) -> dict[str, Any]:
         """Every named actor the GCS lists (not DEAD), in every namespace."""
         return {"actors": self.ray.util.list_named_actors(all_namespaces=True)}
+
+    def api_in_actor(self) -> dict[str, Any]:
+        """rayscope's Python API called inside a Ray actor on the head, as BioEngine's cluster
+        actor would call it: what it answered, and what it wrote to the actor's stdout/stderr."""
+        strategies: Any = importlib.import_module("ray.util.scheduling_strategies")
+
+        class ApiCaller:
+            def ask(self, gcs: str) -> dict[str, Any]:
+                import contextlib
+                import io
+
+                import rayscope
+
+                said = io.StringIO()
+                with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+                    state = rayscope.cluster_state(gcs=gcs, timeout=60.0)
+                    answer = rayscope.fit(gpu_memory_mb=4096, gcs=gcs, timeout=60.0)
+                return {"state": state, "fit": answer, "printed": said.getvalue()}
+
+        strategy = strategies.NodeAffinitySchedulingStrategy(self.nodes["head"].node_id, soft=False)
+        actor = self.ray.remote(ApiCaller).options(num_cpus=0, scheduling_strategy=strategy).remote()
+        try:
+            reply: dict[str, Any] = self.ray.get(actor.ask.remote(self.cluster.address), timeout=120)
+        finally:
+            self.ray.kill(actor)
+        return reply
 
     def kill_named(self, name: str, namespace: str) -> dict[str, Any]:
         self.ray.kill(self.ray.get_actor(name, namespace=namespace), no_restart=True)

@@ -27,10 +27,18 @@ def render_help(command: str, width: int) -> str:
 
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("command", COMMANDS)
-def test_help_matches_its_golden_file_and_fits_the_width(command: str, width: int) -> None:
+def test_help_fits_the_width(command: str, width: int) -> None:
     text = render_help(command, width)
     assert max(len(line) for line in text.splitlines()) <= width
-    check_golden(f"help_{command or 'rayscope'}_{width}.txt", text)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_matches_its_golden_file(command: str, width: int) -> None:
+    """The golden files are the help as the lock's typer draws it (constraints.txt, the
+    single file's typer): another typer release draws its own boxes (0.29 writes ``<bool>``
+    beside every flag), so ``make install-ends`` leaves this one out and runs the one above."""
+    check_golden(f"help_{command or 'rayscope'}_{width}.txt", render_help(command, width))
 
 
 @pytest.mark.parametrize("width", WIDTHS)

@@ -36,6 +36,12 @@ class AgentError(Exception):
         self.exit_code = exit_code
 
 
+class RayscopeError(AgentError):
+    """What the Python API (``rayscope.cluster_state``, ``fit``, ``usage``) raises, for every
+    failure: ``str(err)`` is the one line the command line would print for it, ``exit_code``
+    the exit code it would end with (2: the cluster could not be read, or a bad argument)."""
+
+
 def say(message: str) -> None:
     """``rayscope: <message>`` on stderr, through the one printable rule."""
     from rayscope.labels import printable

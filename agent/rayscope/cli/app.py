@@ -30,6 +30,7 @@ from rayscope.cli.daemon_options import (
     RemoveOption,
 )
 from rayscope.cli.options import (
+    Agents,
     AllNodesOption,
     AppendFileOption,
     FormatOption,
@@ -184,14 +185,14 @@ def fit(
     Exit 0: fits. Exit 1: does not fit (by booking, by measured memory, or refused).
     Exit 2: could not tell (cluster unreadable, a GPU size unknown) or bad usage.
     """
+    from rayscope.client import api
     from rayscope.core.capacity import fit as fitting
     from rayscope.core.capacity.sizing import fit_request
     from rayscope.render.fit import fit_json, fit_lines
 
     with one_line_errors(_verbose):
         request = fit_request(gpu_memory_mb, shape, replicas, num_cpus, memory_mb, gpu_total_mb, sizing.value)
-        # gpus=True: the actor table too, for Ray's per-device placement (rayscope.core.gpu.placement).
-        result = fitting.fit(client.read_cluster(head, token_file, gcs, timeout, gpus=True), request)
+        result = api.fit_result(request, api.Source(head, gcs), token_file, timeout)
         output.to_stdout((fit_json(result) if json_out else "\n".join(fit_lines(result))) + "\n")
     raise SystemExit(fitting.exit_code(result))
 
@@ -233,7 +234,7 @@ def head_agent(
     tls_key: TlsKeyOption = None,
     tls_ca: TlsCaOption = None,
     max_pending: MaxPendingOption = 256,
-    agents: AgentsOption = "none",
+    agents: AgentsOption = Agents.none,
     remove: RemoveOption = False,
     usage_window: UsageWindowOption = 3600.0,
     usage_state: UsageStateOption = None,
@@ -259,7 +260,7 @@ def head_agent(
             read_token_file=read_token_file,
             tls=TlsFiles(tls_cert, tls_key, tls_ca),
             max_pending=max_pending,
-            agents=agents,
+            agents=agents.value,
             remove=remove,
             usage_window_s=usage_window,
             usage_state=usage_state,

@@ -13,10 +13,10 @@ import sys
 from collections.abc import Sequence
 from typing import Optional
 
-import click
 import typer
 
-from rayscope.cli.options import WATCH_DEFAULT_S, OptionError
+from rayscope.cli import typer_click
+from rayscope.cli.options import WATCH_DEFAULT_S
 from rayscope.errors import EXIT_INTERRUPTED, EXIT_USAGE, say
 
 GLOBAL_FLAGS = ("--verbose", "-v")
@@ -39,24 +39,15 @@ def optional_watch_value(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def _takes_value(command: click.Command) -> set[str]:
-    return {
-        name
-        for param in command.params
-        if isinstance(param, click.Option) and not param.is_flag and not param.count
-        for name in (*param.opts, *param.secondary_opts)
-    }
-
-
-def global_flags_first(argv: Sequence[str], group: click.Group) -> list[str]:
+def global_flags_first(argv: Sequence[str], group: typer_click.Command) -> list[str]:
     """``status --verbose --json`` → ``--verbose status --json``; a flag that is an option's
     value (``--token-file -v``) or comes after ``--`` stays where it is."""
     args = list(argv)
     at = next((i for i, arg in enumerate(args) if not arg.startswith("-") or arg == "--"), len(args))
-    command = group.commands.get(args[at]) if at < len(args) else None
+    command = typer_click.commands(group).get(args[at]) if at < len(args) else None
     if command is None:
         return args
-    values = _takes_value(command)
+    values = typer_click.options_with_values(command)
     moved: list[str] = []
     kept = args[: at + 1]
     rest = iter(args[at + 1 :])
@@ -74,7 +65,7 @@ def global_flags_first(argv: Sequence[str], group: click.Group) -> list[str]:
     return moved + kept
 
 
-def _where(ctx: Optional[click.Context], command: str) -> str:
+def _where(ctx: Optional[typer_click.Context], command: str) -> str:
     """``status`` for ``rayscope status``; empty for the top level. Click's parser raises some
     errors without a context (an option missing its value): then the command named in argv."""
     if ctx is None:
@@ -82,28 +73,28 @@ def _where(ctx: Optional[click.Context], command: str) -> str:
     return ctx.command_path.partition(" ")[2]
 
 
-def _option(err: click.UsageError) -> str:
-    param = getattr(err, "param", None)
-    if isinstance(param, click.Option):
-        return param.opts[0]
+def _option(err: typer_click.UsageError) -> str:
+    param = getattr(err, "param", None)  # click's Option or typer's own, by its kind's name
+    if param is not None and param.param_type_name == "option":
+        return str(param.opts[0])
     return str(getattr(err, "param_hint", None) or getattr(err, "option_name", None) or "")
 
 
-def usage_line(err: click.UsageError, commands: Sequence[str], command: str = "") -> str:
+def usage_line(err: typer_click.UsageError, commands: Sequence[str], command: str = "") -> str:
     """The one line a usage error is said in (without the ``rayscope:`` prefix); ``command``:
     the command argv names, if any."""
     where = _where(err.ctx, command)
     said = err.format_message().strip().rstrip(".")
-    if isinstance(err, OptionError):
+    if isinstance(err, typer_click.OptionError):
         return f"{where} {said}".strip()
-    if isinstance(err, click.NoSuchOption):
+    if isinstance(err, typer_click.NoSuchOption):
         maybe = f" (did you mean {' or '.join(err.possibilities)}?)" if err.possibilities else ""
         text = f"no such option {err.option_name}{maybe}"
-    elif isinstance(err, click.MissingParameter):
+    elif isinstance(err, typer_click.MissingParameter):
         text = f"{_option(err)} is required"
-    elif isinstance(err, click.BadParameter):
-        return f"{where} {_option(err)}: {err.message.rstrip('.')}".strip()
-    elif isinstance(err, click.BadOptionUsage) and "requires an argument" in said:
+    elif isinstance(err, typer_click.BadParameter):
+        return f"{where} {_option(err)}: {typer_click.message(err).rstrip('.')}".strip()
+    elif isinstance(err, typer_click.BadOptionUsage) and "requires an argument" in said:
         return f"{where} {err.option_name}: needs a value".strip()
     elif said.startswith("No such command"):
         return f"{said[len('No such command ') :]} is not a command: {', '.join(commands)}"
@@ -117,19 +108,24 @@ def usage_line(err: click.UsageError, commands: Sequence[str], command: str = ""
 def run(app: typer.Typer, argv: Sequence[str]) -> None:
     """``rayscope ARGV``: the exit code of the command, a usage error as one line (exit 2),
     Ctrl-C as 130. Raises ``SystemExit`` always."""
-    group = typer.main.get_command(app)
-    assert isinstance(group, click.Group)
+    group = typer_click.root_command(app)
+    names = typer_click.commands(group)
     args = global_flags_first(optional_watch_value(argv), group)
     try:
         code = group.main(args=args, prog_name="rayscope", standalone_mode=False)
-    except click.UsageError as err:
+    except typer_click.UsageError as err:
+        if typer_click.asks_for_help(err):
+            help_text = err.format_message()  # empty where typer has written the help itself
+            if help_text:
+                typer.echo(help_text)
+            raise SystemExit(0) from None
         first = next((arg for arg in args if not arg.startswith("-")), "")
-        command = first if first in group.commands else ""
-        say(usage_line(err, sorted(group.commands), command))
+        command = first if first in names else ""
+        say(usage_line(err, sorted(names), command))
         if sys.stderr.isatty():
             where = _where(err.ctx, command)
             sys.stderr.write(f"  (rayscope {where + ' ' if where else ''}--help lists the options)\n")
         raise SystemExit(EXIT_USAGE) from None
-    except click.Abort:
+    except typer_click.Abort:
         raise SystemExit(EXIT_INTERRUPTED) from None
     raise SystemExit(code if isinstance(code, int) else 0)

@@ -4,10 +4,9 @@ like :mod:`rayscope.cli.options`' and checked at parse time the same way."""
 
 from typing import Annotated, Optional
 
-import click
 import typer
 
-from rayscope.cli.options import endpoint, within
+from rayscope.cli.options import Agents, endpoint, within
 from rayscope.core import limits
 from rayscope.defaults import DEFAULT_HTTP_PORT, DEFAULT_REPORT_PORT, READ_TOKEN_FILE_ENV
 
@@ -82,11 +81,10 @@ MaxPendingOption = Annotated[
 ]
 
 AgentsOption = Annotated[
-    str,
+    Agents,
     typer.Option(
         "--agents",
         metavar="none|ray",
-        click_type=click.Choice(["none", "ray"]),
         help="ray: keep a node agent on every alive node, placed through Ray (removed at shutdown).",
     ),
 ]

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from enum import Enum
 from typing import Annotated, Any, Optional
 
-import click
 import typer
 
+from rayscope.cli.typer_click import OptionError, from_environment
 from rayscope.client import head as client
 from rayscope.core import limits
 from rayscope.core.limits import Limit, Number
@@ -33,10 +33,6 @@ from rayscope.defaults import (
 from rayscope.net.addresses import parse_address, with_port
 
 WATCH_DEFAULT_S = 2.0
-
-
-class OptionError(click.UsageError):
-    """A usage error whose message is the whole line (the option, the value, what to do)."""
 
 
 def within(limit: Limit) -> Callable[..., Any]:
@@ -72,8 +68,7 @@ def _one_source(ctx: typer.Context, given: str) -> None:
     other = "gcs" if given == "head" else "head"
     if ctx.params.get(other) is None:
         return
-    from_env = ctx.get_parameter_source("head") == click.core.ParameterSource.ENVIRONMENT
-    if from_env:
+    if from_environment(ctx, "head"):
         raise OptionError(f"--gcs with ${HEAD_ENV} set: two sources, drop --gcs or unset {HEAD_ENV}")
     raise OptionError("--head with --gcs: two sources, give one (--head reads a head agent, --gcs the GCS)")
 
@@ -178,6 +173,11 @@ class Format(str, Enum):
     text = "text"
     json = "json"
     prom = "prom"
+
+
+class Agents(str, Enum):
+    none = "none"
+    ray = "ray"
 
 
 class Sizing(str, Enum):

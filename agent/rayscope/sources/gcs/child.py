@@ -62,6 +62,16 @@ def _no_ray_reason() -> str:
     )
 
 
+def _no_ray_reason_at(address: str, timeout_s: float) -> str:
+    """Why no read was tried without ray here, the address's own fault first: nothing
+    listening there, or plainly no GCS (a head's port), says so before ray's absence does."""
+    try:
+        naming = gcs.check_port(address, timeout_s)
+    except gcs.GcsUnavailable as err:
+        return str(err)
+    return gcs.not_a_gcs(address, naming) or _no_ray_reason()
+
+
 child_script = gcs_prestart.child_script
 
 
@@ -186,7 +196,15 @@ def read_cluster(
     """
     python = python or sys.executable
     if python == sys.executable and not gcs.ray_importable():
-        return [], None, [SourceStatus(name="gcs", ok=False, reason=_no_ray_reason(), detail=address)]
+        return (
+            [],
+            None,
+            [
+                SourceStatus(
+                    name="gcs", ok=False, reason=_no_ray_reason_at(address, timeout_s), detail=address
+                )
+            ],
+        )
     try:
         extra = (["actors"] if actors else []) + (["pending"] if _answer is not None else [])
         answer = _run_child(address, timeout_s, python, *extra)

@@ -15,7 +15,7 @@ from typing import Callable, Optional
 from urllib.parse import urlsplit
 
 from rayscope import __version__
-from rayscope.units import MIB, parse_count
+from rayscope.units import MIB, is_count, parse_count
 
 DEFAULT_PORT = 8265
 """Ray's dashboard port when ``ray start`` is given none (``--dashboard HOST`` means it)."""

@@ -346,7 +346,7 @@ def test_eight_copies_started_at_once_unpack_once(pyz: Path, tmp_path: Path) -> 
     assert all(out == f"rayscope {__version__}\n" and err == "" for out, err in results)
     build_id = build_info(pyz)["build_id"][:16]
     assert builds_in(cache) == [build_id]  # no .tmp, no second copy
-    assert (cache / build_id / "site-packages" / "agent" / "cli.py").is_file()
+    assert (cache / build_id / "site-packages" / "rayscope" / "cli" / "app.py").is_file()
 
 
 def test_default_cache_is_under_xdg_cache_home(pyz: Path, tmp_path: Path) -> None:

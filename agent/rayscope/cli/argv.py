@@ -9,6 +9,9 @@
   On a terminal a short hint follows (where ``--help`` is).
 """
 
+import ast
+import difflib
+import re
 import sys
 from collections.abc import Sequence
 from typing import Optional
@@ -32,11 +35,17 @@ def optional_watch_value(argv: Sequence[str]) -> list[str]:
             return out + args[i + 1 :]
         if arg == "--watch":
             following = args[i + 1] if i + 1 < len(args) else ""
-            try:
-                float(following)
-            except ValueError:
-                out.append(f"{WATCH_DEFAULT_S:g}")
+            if not following or (following.startswith("-") and not _is_number(following)):
+                out.append(f"{WATCH_DEFAULT_S:g}")  # else its value, a number or not ("2s" is refused)
     return out
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _takes_value(command: click.Command) -> set[str]:
@@ -89,6 +98,31 @@ def _option(err: click.UsageError) -> str:
     return str(getattr(err, "param_hint", None) or getattr(err, "option_name", None) or "")
 
 
+RAY_OPTIONS = {"--address": "--gcs", "--gcs-address": "--gcs"}
+"""Ray's own names for an option rayscope calls otherwise (``ray status --address``)."""
+
+
+def _instead(err: click.NoSuchOption) -> str:
+    """`` (did you mean --gcs?)``; for Ray's name of an option, rayscope's: `` (Ray's name:
+    the GCS address is --gcs HOST:PORT here)``; ``""`` when nothing is close."""
+    ours = RAY_OPTIONS.get(err.option_name)
+    takes = {opt for p in err.ctx.command.params for opt in p.opts} if err.ctx is not None else set()
+    if ours is not None and ours in takes:
+        return f" (Ray's name: the GCS address is {ours} HOST:PORT here)"
+    return f" (did you mean {' or '.join(err.possibilities)}?)" if err.possibilities else ""
+
+
+def _named(quoted: str) -> str:
+    """The name in click's ``'statuss'.`` (its repr, maybe followed by typer's suggestion)."""
+    found = re.match(r"""('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")""", quoted)
+    if found is None:
+        return quoted
+    try:
+        return str(ast.literal_eval(found.group(1)))
+    except (ValueError, SyntaxError):
+        return found.group(1)[1:-1]
+
+
 def usage_line(err: click.UsageError, commands: Sequence[str], command: str = "") -> str:
     """The one line a usage error is said in (without the ``rayscope:`` prefix); ``command``:
     the command argv names, if any."""
@@ -97,8 +131,7 @@ def usage_line(err: click.UsageError, commands: Sequence[str], command: str = ""
     if isinstance(err, OptionError):
         return f"{where} {said}".strip()
     if isinstance(err, click.NoSuchOption):
-        maybe = f" (did you mean {' or '.join(err.possibilities)}?)" if err.possibilities else ""
-        text = f"no such option {err.option_name}{maybe}"
+        text = f"no such option {err.option_name}{_instead(err)}"
     elif isinstance(err, click.MissingParameter):
         text = f"{_option(err)} is required"
     elif isinstance(err, click.BadParameter):
@@ -106,7 +139,10 @@ def usage_line(err: click.UsageError, commands: Sequence[str], command: str = ""
     elif isinstance(err, click.BadOptionUsage) and "requires an argument" in said:
         return f"{where} {err.option_name}: needs a value".strip()
     elif said.startswith("No such command"):
-        return f"{said[len('No such command ') :]} is not a command: {', '.join(commands)}"
+        name = _named(said[len("No such command ") :])
+        close = difflib.get_close_matches(name, commands)
+        maybe = f" (did you mean {' or '.join(close)}?)" if close else ""
+        return f"{name!r} is not a command{maybe}: {', '.join(commands)}"
     elif said.startswith("Missing command"):
         return f"give a command: {', '.join(commands)} (rayscope --help)"
     else:

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import click
 import typer
 
-from rayscope.cli.options import endpoint, within
+from rayscope.cli.options import as_given, endpoint, within
 from rayscope.core import limits
 from rayscope.net.addresses import DEFAULT_HTTP_PORT, DEFAULT_REPORT_PORT
 
@@ -77,6 +77,7 @@ MaxPendingOption = Annotated[
         "--max-pending",
         metavar="N",
         callback=within(limits.CONNECTIONS),
+        parser=as_given,
         help="Connections per source address before their first good frame.",
     ),
 ]

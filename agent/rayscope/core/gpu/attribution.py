@@ -367,6 +367,9 @@ def attribute_cluster(
     """
     nodes = dict(status.nodes)
     id_maps: dict[str, Mapping[int, Optional[int]]] = {}
+    by_node: dict[str, list[ActorBooking]] = {}  # once: per node over all actors was quadratic
+    for booking in actors or ():
+        by_node.setdefault(booking.node_id, []).append(booking)
     if actors is not None:
         for node_id, scheduled in nodes.items():
             group = set((co_hosted or {}).get(node_id, ())) | {node_id}
@@ -374,7 +377,7 @@ def attribute_cluster(
             own = reports.get(node_id)
             raylet = (raylets or {}).get(node_id) or (own.raylet if own is not None else None)
             gpus = next((r.gpus for r in host_reports if r.gpus is not None), None)
-            placement = place_devices(scheduled, actors, raylet, gpus)
+            placement = place_devices(scheduled, by_node.get(node_id, []), raylet, gpus)
             nodes[node_id] = msgspec.structs.replace(scheduled, placement=placement)
             if raylet is not None and raylet.environ_read and gpus is not None:
                 id_maps[node_id] = id_map(placement)
@@ -387,7 +390,7 @@ def attribute_cluster(
         gpus, attribution = attribute_node(
             report.gpus,
             report.processes,
-            actors,
+            None if actors is None else [a for n in sorted(group) for a in by_node.get(n, [])],
             group,
             total_vram_mb=ray_round(sum(m.total_vram_mb for m in members)),
             used_vram_mb=ray_round(sum(m.used_vram_mb for m in members)),

@@ -9,9 +9,6 @@
   On a terminal a short hint follows (where ``--help`` is).
 """
 
-import ast
-import difflib
-import re
 import sys
 from collections.abc import Sequence
 from typing import Optional
@@ -113,7 +110,11 @@ def _instead(err: click.NoSuchOption) -> str:
 
 
 def _named(quoted: str) -> str:
-    """The name in click's ``'statuss'.`` (its repr, maybe followed by typer's suggestion)."""
+    """The name in click's ``'statuss'.`` (its repr, maybe followed by typer's suggestion).
+    Imports here: a usage error's path only, not every start's."""
+    import ast
+    import re
+
     found = re.match(r"""('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")""", quoted)
     if found is None:
         return quoted
@@ -139,6 +140,8 @@ def usage_line(err: click.UsageError, commands: Sequence[str], command: str = ""
     elif isinstance(err, click.BadOptionUsage) and "requires an argument" in said:
         return f"{where} {err.option_name}: needs a value".strip()
     elif said.startswith("No such command"):
+        import difflib  # click's own way to find what was meant
+
         name = _named(said[len("No such command ") :])
         close = difflib.get_close_matches(name, commands)
         maybe = f" (did you mean {' or '.join(close)}?)" if close else ""

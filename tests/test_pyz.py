@@ -197,7 +197,7 @@ def test_pythons_older_than_3_9_get_one_line(pyz: Path, shared_cache: Path) -> N
         for command in ([python, str(pyz), "status"], [python, "-m", "rayscope", "--help"]):
             done = subprocess.run(
                 command,
-                cwd=REPO,
+                cwd=REPO / "agent",  # the source root: where `python -m rayscope` finds the package
                 env=user_env(shared_cache),
                 check=False,
                 capture_output=True,

@@ -42,6 +42,11 @@ REMEDY = (
 )
 
 
+EXIT_CANNOT_START = 2
+"""A launch that failed reads nothing: rayscope's "no data" (``rayscope.errors.EXIT_NO_DATA``;
+a test holds them equal), never status' 1, which means a partial answer."""
+
+
 class LaunchError(Exception):
     """Why rayscope.pyz cannot start here; ``str()`` is the operator's one line."""
 
@@ -370,6 +375,6 @@ def main() -> None:
         run(info, archive_path, os.environ)
     except LaunchError as err:
         sys.stderr.write(f"rayscope: {err}\n")
-        sys.exit(1)
+        sys.exit(EXIT_CANNOT_START)
     except KeyboardInterrupt:  # Ctrl-C while unpacking or importing: no traceback
         sys.exit(130)

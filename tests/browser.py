@@ -186,6 +186,23 @@ class Browser:
         data = self.page("Page.captureScreenshot", format="png", captureBeyondViewport=False)["data"]
         path.write_bytes(base64.b64decode(data))
 
+    def at_width(self, width: int, height: int = 900) -> None:
+        """Lay the page out as a window ``width`` CSS pixels wide (DevTools' device metrics)."""
+        self.page(
+            "Emulation.setDeviceMetricsOverride",
+            width=width,
+            height=height,
+            deviceScaleFactor=1,
+            mobile=False,
+        )
+
+    def screenshot_whole(self, path: Path, width: int, most: int = 2400) -> None:
+        """The page at ``width`` from its top to its end (``most`` pixels at most), as one PNG."""
+        self.at_width(width)
+        height = min(most, int(self.evaluate("document.documentElement.scrollHeight")))
+        self.at_width(width, height)
+        self.screenshot(path)
+
     def requested_urls(self) -> list[str]:
         """Every URL the page asked for (DevTools' ``Network.requestWillBeSent``)."""
         return [

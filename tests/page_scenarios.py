@@ -1,6 +1,8 @@
 """Clusters for the head's page: the seed with its actors, and a big one (N nodes × 8 GPUs)
 with actors placed per device, processes and the odd problem, for size and readability."""
 
+from typing import TYPE_CHECKING
+
 from msgspec.structs import replace
 
 from rayscope.core.gpu.attribution import attribute_cluster
@@ -9,6 +11,9 @@ from rayscope.schema.report import GpuHealth, GpuProcess, NodeReport, ProcessInf
 from rayscope.schema.status import ActorBooking, ClusterStatus, RayNode, ReceivedReport
 from tests.bench import synthetic_reports, synthetic_views
 from tests.scenarios import NOW
+
+if TYPE_CHECKING:
+    from rayscope.schema.usage import UsageDocument
 
 GPUS = 8
 VRAM_MB = 81920.0
@@ -67,8 +72,11 @@ def big_status(nodes: int) -> ClusterStatus:
         )
         reports.append(report)
     views: list[RayNode] = []
+    by_node: dict[str, list[ActorBooking]] = {}
+    for booking in actors:
+        by_node.setdefault(booking.node_id, []).append(booking)
     for view in synthetic_views(reports):
-        mine = [a for a in actors if a.node_id == view.node_id]
+        mine = by_node.get(view.node_id, [])
         booked = {k: sum(a.required[k] for a in mine) for k in ("GPU", "VRAM_MB")}
         available = {**(view.available or {}), **{k: view.total[k] - booked[k] for k in booked}}
         views.append(replace(view, available=available, hostname=f"gpu-{len(views):05d}"))
@@ -88,3 +96,95 @@ def big_status(nodes: int) -> ClusterStatus:
     )
     fresh = {k: r.report for k, r in received.items() if not status.nodes[k].stale}
     return attribute_cluster(status, fresh, actors)
+
+
+VM = "5e" * 28
+"""A node whose agent reports without NVML (no driver in the VM): Ray's placement only."""
+
+
+def first_hour_status() -> ClusterStatus:
+    """What a new operator's first hour shows (issue 34): Europa's agent with NVML and its
+    four replicas; a VM of the same booking whose agent has no NVML (its bars from Ray's
+    placement: a segment per actor still); the deNBI T4 and its 0.33 app without an agent;
+    the CPU node. As a head serves it with ``?gpus=1``."""
+    from tests.scenarios import CPU, EUROPA, SEED_REPORTS, SEED_VIEWS, T4, report, view
+    from tests.test_attribution import EUROPA_ACTORS, EUROPA_PROCESSES, actor, outsider, seed_with_gpus
+
+    seeded, _ = seed_with_gpus()
+    europa = seeded.nodes[EUROPA]
+    europa_report = NodeReport(
+        node_id=EUROPA,
+        collected_at=NOW - 2,
+        raylet=SEED_REPORTS[EUROPA].report.raylet,
+        host=SEED_REPORTS[EUROPA].report.host,
+        gpus=[replace(g, attribution=None) for g in europa.gpus or []],
+        processes=[*EUROPA_PROCESSES, outsider(7000, "jupyter-lab")],
+    )
+    vm_view = view(
+        VM,
+        "10.0.0.6",
+        {"CPU": 8, "GPU": 1, "VRAM_MB": 24576, "accelerator_type:A10G": 1},
+        {"CPU": 4, "GPU": 0.96, "VRAM_MB": 4096, "accelerator_type:A10G": 1},
+    )
+    views = [SEED_VIEWS[0], vm_view, *SEED_VIEWS[1:]]
+    received = {
+        EUROPA: ReceivedReport(report=europa_report, received_at=NOW - 2),
+        VM: report(VM, None, "10.0.0.6"),
+        CPU: SEED_REPORTS[CPU],
+    }
+    status = merge(
+        scheduler_nodes(views),
+        received,
+        now=NOW,
+        stale_after_s=15.0,
+        view="head",
+        gcs_address="172.17.0.3:6379",
+        sources=[SourceStatus(name="gcs", ok=True), SourceStatus(name="gcs_actors", ok=True)],
+        scheduler_read_at=NOW - 1.0,
+    )
+    vm_actors = [
+        actor(
+            f"5e{i:02x}" + "0" * 28,
+            300 + i,
+            f"SERVE_REPLICA::seg#cellpose#{i:04x}",
+            vram_mb=5120,
+            gpu=0.01,
+            node_id=VM,
+        )
+        for i in range(4)
+    ]
+    denbi = actor("d00d" + "0" * 28, 900, name="denbi-app", gpu=0.33, node_id=T4)
+    fresh = {k: r.report for k, r in received.items()}
+    return attribute_cluster(status, fresh, [*EUROPA_ACTORS, *vm_actors, denbi])
+
+
+def first_hour_usage() -> "UsageDocument":
+    """The head's usage history beside it: one app measured, one that held no GPU memory."""
+    from rayscope.schema.usage import AppUsage, UsageDocument
+
+    unet = AppUsage(
+        app="federated-unet",
+        replicas=4,
+        actors=4,
+        booked_mb=5120.0,
+        booked_vram_mb=5120.0,
+        peak_used_bytes=5530 * 1024**2,
+        p95_used_bytes=5400 * 1024**2,
+        samples=712,
+        suggested_vram_mb=6144,
+        frees_mb=-4096.0,
+        oom_risk=True,
+    )
+    idle = AppUsage(
+        app="denbi-app",
+        replicas=1,
+        actors=1,
+        booked_mb=5069.0,
+        booked_gpu=0.33,
+        samples=0,
+        reason="held no GPU memory in the window (its processes are not on a measured GPU)",
+    )
+    return UsageDocument(
+        generated_at=NOW, window_s=3600, head_window_s=3600, slot_s=5, headroom_pct=10,
+        known_since=NOW - 3600, covered_s=3600, apps=[unet, idle],
+    )  # fmt: skip

@@ -29,6 +29,11 @@ import pytest
 from tests.conftest import REPO, base_env, free_port, run_rayscope
 
 DAY = "give more than 0 and at most 86400 seconds"
+GPU_MB = "give more than 0 and at most 1048576 MB, or -1 for a whole GPU"
+UNUSED_TOKEN = (
+    "--token-file without --head: the token is a head agent's, and the GCS read takes Ray's own"
+    " ($RAY_AUTH_TOKEN_PATH): drop --token-file, or read a head with --head URL"
+)
 RAY_GCS_SETTINGS = bytes.fromhex("000018040000000000000400400000000500400000000600004000fe0300000001")
 """What Ray 2.60's GCS sends on accept, before any request (an HTTP/2 SETTINGS frame)."""
 
@@ -63,7 +68,7 @@ USAGE = [
     (
         ["fit", "--gpu-memory-mb", "1", "--memory-mb", "inf"],
         2,
-        "fit --memory-mb inf: not a finite number: give 0 to 1073741824 MB",
+        "fit --memory-mb inf: not a finite number: give 0 to 67108864 MB",
     ),
     (
         ["fit", "--gpu-memory-mb", "1", "--gpu-total-mb", "nan"],
@@ -125,6 +130,78 @@ USAGE = [
     (["fit", "--replicas"], 2, "fit --replicas: needs a value"),
     (["status", "--format", "xml"], 2, "status --format: 'xml' is not one of 'text', 'json', 'prom'"),
     (["bogus"], 2, "'bogus' is not a command: fit, head, node, push, status, usage"),
+    # issue 34 -----------------------------------------------------------------------------
+    # before: "'statuss'. Did you mean 'status'? is not a command: fit, ..." (typer's words inside)
+    (
+        ["statuss"],
+        2,
+        "'statuss' is not a command (did you mean status?): fit, head, node, push, status, usage",
+    ),
+    # before: "fit --gpu-memory-mb: '4GB' is not a valid integer" (click's words: no unit, no range)
+    (
+        ["fit", "--gpu-memory-mb", "4GB"],
+        2,
+        f"fit --gpu-memory-mb 4GB: the number alone, in MB: {GPU_MB}",
+    ),
+    # before: "fit --gpu-memory-mb: '0.5' is not a valid integer"
+    (["fit", "--gpu-memory-mb", "0.5"], 2, f"fit --gpu-memory-mb 0.5: not a whole number: {GPU_MB}"),
+    # before: "fit --gpu-memory-mb: '1e12' is not a valid integer"
+    (["fit", "--gpu-memory-mb", "1e12"], 2, f"fit --gpu-memory-mb 1e12: {GPU_MB}"),
+    # before: "status --timeout: '5s' is not a valid float"
+    (["status", "--timeout", "5s"], 2, f"status --timeout 5s: the number alone, in seconds: {DAY}"),
+    # before: "status: Got unexpected extra argument (2s)" (--watch took 2 and left "2s")
+    (["status", "--watch", "2s"], 2, f"status --watch 2s: the number alone, in seconds: {DAY}"),
+    # before: accepted, then "needs 976562.5 GB" (the range was a pebibyte)
+    (["fit", "--gpu-memory-mb", "1", "--memory-mb", "1e9"], 2, "fit --memory-mb 1e9: give 0 to 67108864 MB"),
+    # before: "fit --replicas: '1.5' is not a valid integer"
+    (
+        ["fit", "--gpu-memory-mb", "1", "--replicas", "1.5"],
+        2,
+        "fit --replicas 1.5: not a whole number: give 1 to 100000 replicas",
+    ),
+    # before: "head --max-pending: 'many' is not a valid integer"
+    (
+        ["head", "--max-pending", "many"],
+        2,
+        "head --max-pending many: not a number: give 1 to 1000000 connections",
+    ),
+    # before: "usage --headroom: '10%' is not a valid float"
+    (
+        ["usage", "--headroom", "10%"],
+        2,
+        "usage --headroom 10%: the number alone, in percent: give 0 to 1000 percent",
+    ),
+    # before: "status: no such option --address"
+    (
+        ["status", "--address", "127.0.0.1:6379"],
+        2,
+        "status: no such option --address (Ray's name: the GCS address is --gcs HOST:PORT here)",
+    ),
+    # before: "fit: no such option --gcs-address"
+    (
+        ["fit", "--gcs-address", "127.0.0.1:6379"],
+        2,
+        "fit: no such option --gcs-address (Ray's name: the GCS address is --gcs HOST:PORT here)",
+    ),
+    # before: "status --gcs: 'http://127.0.0.1:6379': not a host name or IP address"
+    (
+        ["status", "--gcs", "http://127.0.0.1:6379"],
+        2,
+        "status --gcs: 'http://127.0.0.1:6379' is a URL: give HOST:PORT without http:// (127.0.0.1:6379)",
+    ),
+    # before: "push --head: 'http://10.0.0.1': port must be a number from 1 to 65535"
+    (
+        ["push", "--head", "http://10.0.0.1"],
+        2,
+        "push --head: 'http://10.0.0.1' is a URL: give HOST:PORT without http:// (10.0.0.1)",
+    ),
+    # before: the token file ignored without a word ("GCS unreachable at 127.0.0.1:1 ...")
+    (["status", "--gcs", "127.0.0.1:1", "--token-file", "token"], 2, f"status {UNUSED_TOKEN}"),
+    (
+        ["fit", "--token-file", "token", "--gcs", "127.0.0.1:1", "--gpu-memory-mb", "1"],
+        2,
+        f"fit {UNUSED_TOKEN}",
+    ),
     (["--verbose"], 2, "give a command: fit, head, node, push, status, usage (rayscope --help)"),
 ]
 
@@ -318,6 +395,15 @@ def test_gcs_at_a_heads_port_is_no_gcs_and_says_what_it_is(head_daemon: Any, por
     )
 
 
+def a_node_id_here() -> str:
+    """A node id ``push --node-id`` takes on this host: a raylet's that runs here (another
+    test's cluster), else one of its own (no raylet: a host-only agent)."""
+    from rayscope.sources import raylet
+
+    raylets, _ = raylet.find_raylets()
+    return raylets[0].node_id if raylets else "f" * 56
+
+
 def push_warning(head: str, *extra: str, timeout_s: float = 30.0) -> str:
     """The first warning ``rayscope push --head HEAD`` logs (then SIGTERM): its message."""
     process = subprocess.Popen(
@@ -331,7 +417,7 @@ def push_warning(head: str, *extra: str, timeout_s: float = 30.0) -> str:
             "--interval",
             "1",
             "--node-id",
-            "f" * 56,
+            a_node_id_here(),
             *extra,
         ],
         cwd=REPO,
@@ -422,3 +508,89 @@ def msgspec_replace(info: Any, **changes: Any) -> Any:
     import msgspec
 
     return msgspec.structs.replace(info, **changes)
+
+
+# --- issue 34: a new operator's first hour, second round ----------------------------------
+
+
+def test_https_against_a_plain_http_head_says_it_serves_plain_http(head_daemon: Any) -> None:
+    """Before: ``head agent unreachable at https://127.0.0.1:PORT ([ssl:
+    unexpected_eof_while_reading] eof occurred in violation of protocol (_ssl.c:1006))``."""
+    url = f"https://127.0.0.1:{head_daemon.http_port}"
+    done = run_rayscope("status", "--head", url, "--timeout", "5")
+    assert (one_line(done), done.returncode) == (
+        f"{url}: the head there serves plain HTTP, not TLS: use http://127.0.0.1:{head_daemon.http_port}"
+        " without --tls-* (or start the head with --tls-cert and --tls-key)",
+        2,
+    )
+
+
+def test_push_refuses_a_node_id_no_raylet_here_has(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: one INFO line ("reporting it without one"), then a phantom node reported for
+    good (``vm [worker] VRAM: NA/NA GB  agent: manual, no raylet``) while ``status`` exited 0.
+    A host without raylets keeps its host-only agent, whatever id it is given."""
+    from rayscope.errors import AgentError
+    from rayscope.net.tls import NO_TLS
+    from rayscope.node import push
+    from rayscope.schema.report import RayletInfo, SourceStatus
+    from rayscope.sources import raylet
+
+    here = [
+        RayletInfo(pid=10, node_id="a" * 56, node_ip="10.0.0.1", gcs_address="10.0.0.1:6379"),
+        RayletInfo(pid=11, node_id="ab" + "c" * 54, node_ip="10.0.0.1", gcs_address="10.0.0.1:6379"),
+    ]
+    monkeypatch.setattr(raylet, "find_raylets", lambda: (here, SourceStatus(name="raylet", ok=True)))
+    with pytest.raises(AgentError) as refused:
+        push.run("127.0.0.1:7531", None, 5.0, "deadbeef", NO_TLS)
+    assert (str(refused.value), refused.value.exit_code) == (
+        "--node-id deadbeef: no raylet on this host has that id (here: aaaaaaaaaaaa (pid 10),"
+        " abcccccccccc (pid 11); a prefix is enough): pass one of them, or leave --node-id out"
+        " (`rayscope node` lists them)",
+        2,
+    )
+    with pytest.raises(AgentError) as several:
+        push.run("127.0.0.1:7531", None, 5.0, "a", NO_TLS)
+    assert str(several.value) == (
+        "--node-id a: 2 raylets on this host have ids that start with it (aaaaaaaaaaaa (pid 10),"
+        " abcccccccccc (pid 11)): give more of the id"
+    )
+    assert raylet.node_id_mistake(here, "ab") == ""  # a prefix one raylet has
+    assert raylet.node_id_mistake([], "deadbeef") == ""  # a host-only agent: its id is the operator's
+
+
+def test_a_second_head_on_a_busy_port_says_who_may_hold_it(head_daemon: Any, wire_token: Path) -> None:
+    """Before: ``head agent cannot start: error while attempting to bind on address
+    ('127.0.0.1', 7531): address already in use``."""
+    busy = {"--listen": head_daemon.listen_port, "--http": head_daemon.http_port}
+    for option, port in busy.items():
+        ports = {"--listen": free_port(), "--http": free_port(), option: port}
+        done = run_rayscope(
+            "head",
+            *(word for name, free in ports.items() for word in (name, f"127.0.0.1:{free}")),
+            "--gcs",
+            f"127.0.0.1:{free_port()}",
+            "--token-file",
+            str(wire_token),
+            timeout=60,
+        )
+        assert (one_line(done), done.returncode) == (
+            f"{option} 127.0.0.1:{port} is in use: a rayscope head (or another program) already listens"
+            f" there (`ss -ltnp 'sport = :{port}'` names it): stop it, or give {option} another port",
+            1,
+        )
+
+
+def test_fit_for_a_whole_gpu_says_it_once() -> None:
+    """Before: ``Shape: {"GPU": 1} per replica (a whole GPU: -1 asks for a whole GPU
+    (VRAM_MB packing ignored))``."""
+    from rayscope.core.capacity.sizing import request_sizing
+    from rayscope.schema.fit import FitRequest
+    from rayscope.schema.status import ClusterStatus, ClusterTotals
+
+    empty = ClusterStatus(generated_at=0.0, view="gcs", cluster=ClusterTotals())
+    sizing = request_sizing(empty, FitRequest(gpu_memory_mb=-1))
+    assert (sizing.name, sizing.why, sizing.shape) == (
+        "whole_gpu",
+        "--gpu-memory-mb -1, no VRAM_MB booked",
+        {"GPU": 1.0},
+    )

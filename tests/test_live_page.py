@@ -10,7 +10,11 @@ network log agree). Another site (``localhost``, a second origin on loopback) ca
 the browser in nor make it send its session; another port of the head's own host (where Ray's
 dashboard or Grafana listen) receives nothing of the login that, replayed, opens the page.
 
-``RAYSCOPE_PAGE_PNG=docs/page.png`` keeps the screenshot (the README's picture).
+``RAYSCOPE_PAGE_PNG=docs/page.png`` keeps the screenshot (the README's picture), and beside it
+the page whole at 1,400 and 700 pixels (``page-1400.png``, ``page-700.png``), the two widths
+its layout is checked at (issue 34): a one-GPU node's bar spans its node, the legend's keys sit
+on their words' line, no app line of "Bookings beside use" is cut, the unmeasured deNBI node
+says why (its badge).
 
 Positive controls: serving the page without the CSP and with a CDN stylesheet fails the
 network-log check (the stylesheet's request has the page's isolation key); the evil page's
@@ -151,6 +155,27 @@ PAGE_SHOWN = "document.querySelector('#view .totals') !== null && !document.quer
 """The page's view is in the tab (served whole, or read by its script with the tab's session)."""
 
 
+BADGES = """Array.from(document.querySelectorAll('.mark.node'))
+  .map(function (b) { return [b.textContent, b.closest('[id^="n-"]').id.slice(2)]; })"""
+"""Every node badge and its node's id."""
+LAYOUT = """(function () {
+  var cell = document.querySelector('.gpus.few .gpu svg.bar'), node = cell.closest('details.node');
+  var keysOff = Array.from(document.querySelectorAll('.legend span')).filter(function (span) {
+    var key = span.querySelector('.key').getBoundingClientRect(), words = span.getBoundingClientRect();
+    var wrapped = words.height > 1.5 * parseFloat(getComputedStyle(span).lineHeight || "16");
+    return wrapped || Math.abs((key.top + key.bottom) / 2 - (words.top + words.bottom) / 2) > 3;
+  }).map(function (span) { return span.textContent; });
+  var cut = Array.from(document.querySelectorAll('[data-app] .n')).filter(function (n) {
+    return n.scrollWidth > n.clientWidth + 1;
+  }).map(function (n) { return n.textContent; });
+  return {bar: cell.getBoundingClientRect().width, node: node.getBoundingClientRect().width,
+          keys_off: keysOff, cut: cut};
+})()"""
+"""What the page's layout gives at the window's width: the first one-GPU bar's width and its
+node's, the legend's items whose words wrap or whose key is off their line's middle (700 px
+before issue 34: three of four), app lines wider than their cell."""
+
+
 def log_in(browser: Browser, head: HeadDaemon, token: str) -> None:
     """The form filled and sent as an operator does; back when the page shows."""
     browser.navigate(head.url + "/")
@@ -209,8 +234,21 @@ def test_the_page_in_chromium_shows_every_gpus_numbers_and_asks_only_the_head(
         png = tmp_path / "page.png"
         browser.screenshot(png)
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
-        if os.environ.get("RAYSCOPE_PAGE_PNG"):
-            shutil.copyfile(png, os.environ["RAYSCOPE_PAGE_PNG"])
+        keep_png = os.environ.get("RAYSCOPE_PAGE_PNG")
+        if keep_png:
+            shutil.copyfile(png, keep_png)
+        assert browser.evaluate(BADGES) == [["no agent", denbi]]
+        for width in (1400, 700):
+            browser.at_width(width)
+            laid = browser.evaluate(LAYOUT)
+            assert laid["bar"] > 0.9 * laid["node"], (width, laid)  # the width used (was 380 px at most)
+            assert laid["keys_off"] == [], (width, laid)  # each legend item one line, its key beside it
+            assert laid["cut"] == [], (width, laid)  # nothing cut with an ellipsis in the apps
+            whole = tmp_path / f"page-{width}.png"
+            browser.screenshot_whole(whole, width)
+            assert whole.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+            if keep_png:
+                shutil.copyfile(whole, Path(keep_png).with_name(f"page-{width}.png"))
         asked = browser.requested_urls()
     finally:
         browser.close()

@@ -285,11 +285,13 @@ def test_live_metrics_pass_promtool_check_metrics(scraped: Scraped) -> None:
 
 
 def test_without_gpus_1_the_head_serves_no_device_families(scraped: Scraped) -> None:
-    """Why the scrape config asks ``?gpus=1``: the per-device panels and alerts need it."""
+    """Why the scrape config asks ``?gpus=1``: the per-device panels and alerts need it; each
+    answer says which it is (issue 34), for the dashboard and RayscopePerDeviceMetricsMissing."""
     _, plain = scraped.head.get("/metrics")
     _, with_gpus = scraped.head.get("/metrics?gpus=1")
-    assert "rayscope_device_" not in plain.decode()
+    assert "\nrayscope_device_" not in plain.decode() and "\nrayscope_scrape_per_device 0\n" in plain.decode()
     assert "\nrayscope_device_vram_booked_bytes{" in with_gpus.decode()
+    assert "\nrayscope_scrape_per_device 1\n" in with_gpus.decode()
 
 
 def test_alert_rules_load_and_judge_the_live_cluster(scraped: Scraped) -> None:
@@ -304,7 +306,7 @@ def test_alert_rules_load_and_judge_the_live_cluster(scraped: Scraped) -> None:
         return rules if all(r["lastEvaluation"] != "0001-01-01T00:00:00Z" for r in rules.values()) else None
 
     rules = eventually(evaluated, 30, "every rule evaluated once", 0.5)
-    assert len(rules) == 8 and all(r["health"] == "ok" for r in rules.values()), rules
+    assert len(rules) == 9 and all(r["health"] == "ok" for r in rules.values()), rules
 
     def fired(name: str) -> list[dict[str, str]]:
         return [s["metric"] for s in prometheus.query(rules[name]["query"])]
@@ -314,6 +316,7 @@ def test_alert_rules_load_and_judge_the_live_cluster(scraped: Scraped) -> None:
     assert fired("RayscopeGpuFullByBooking") == []
     assert fired("RayscopeAgentStale") == [] and fired("RayscopeSchedulerViewStale") == []
     assert fired("RayscopeSchedulerViewMissing") == [] and fired("RayscopeGpuLost") == []
+    assert fired("RayscopePerDeviceMetricsMissing") == []  # scraped with ?gpus=1
     pending = fired("RayscopeReplicaPending")
     assert [(m["kind"], m["shape"]) for m in pending] == [("request", "GPU=0.01 VRAM_MB=8192")]
     # ECC 0, nothing pending: at most the scenario's one XID (counted before the first scrape

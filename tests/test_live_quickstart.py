@@ -372,3 +372,34 @@ def test_the_wrong_port_from_another_node_is_named(quickstart: Cluster) -> None:
         assert (done.returncode, done.stderr) == (2, line + "\n"), command
     done = quickstart.worker.run(f"rayscope status --gcs {head}", env)
     assert done.returncode == 0 and f"{quickstart.worker.ip} [worker]" in done.stdout, done.stderr
+
+
+def test_a_mistyped_node_id_on_a_ray_node_is_refused_naming_the_option(quickstart: Cluster) -> None:
+    """Issue 34. Before: ``push --node-id deadbeef`` on a node that runs a raylet logged one
+    INFO line ("no local raylet has node id deadbeef: reporting it without one") and then
+    reported a phantom node for good (``vm [worker] VRAM: NA/NA GB  agent: manual, no
+    raylet``) while ``status`` exited 0. Now it is refused at start, naming ``--node-id`` and
+    the raylet this node runs (the worker sees only its own: its pid namespace)."""
+    head = quickstart.head.ip
+    done = quickstart.worker.run(
+        f"rayscope push --head {head}:7531 --token-file /etc/rayscope/token --node-id deadbeef",
+        quickstart.env,
+        timeout=60,
+    )
+    worker_id = quickstart.worker_node()["node_id"]
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    assert re.fullmatch(
+        rf"rayscope: --node-id deadbeef: no raylet on this host has that id \(here: {worker_id[:12]}"
+        r" \(pid \d+\); a prefix is enough\): pass one of them, or leave --node-id out"
+        r" \(`rayscope node` lists them\)\n",
+        done.stderr,
+    ), done.stderr
+    taken = quickstart.worker.run(
+        f"timeout -s TERM 3 rayscope push --head {head}:7531 --token-file /etc/rayscope/token"
+        f" --node-id {worker_id[:8]} --interval 1",
+        quickstart.env,
+        timeout=60,
+    )
+    # A prefix of its raylet's id is taken: the agent runs, for that node (the head then turns
+    # it away: the quick start's own agent reports the node already).
+    assert taken.returncode == 124 and f"reporting for Ray node {worker_id}" in taken.stderr, taken.stderr

@@ -26,8 +26,8 @@ from rayscope.render.page.document import (
 from rayscope.schema.report import GpuHealth, SourceStatus
 from rayscope.schema.status import ClusterStatus
 from tests.golden import check_golden
-from tests.page_scenarios import big_status
-from tests.scenarios import EUROPA, T4, mixed_status
+from tests.page_scenarios import VM, big_status, first_hour_status, first_hour_usage
+from tests.scenarios import EUROPA, T4, mixed_status, seed_status
 from tests.test_attribution import seed_with_gpus
 from tests.test_placement import fragmented_status
 
@@ -149,7 +149,11 @@ def test_stale_unmeasured_and_no_agent_nodes_are_marked() -> None:
     assert found[f"{T4}:0"]["mark"] == ["stale 42s"]
     assert 'class="old"' in html  # the stale figure in grey, not as a fresh measurement
     assert "not measured" in found[f"{EUROPA}:1"]["mark"]
-    assert "10.0.0.11 [worker] A100 GPU: 0.50/2 VRAM: NA/NA GB  CPU: 0/4  no agent" in html
+    assert (
+        '10.0.0.11 [worker] A100 GPU: 0.50/2 VRAM: NA/NA GB  CPU: 0/4 <span class="mark node"'
+        ' title="no rayscope agent reports this node: its GPU memory is not measured (run rayscope push'
+        ' on it, or rayscope head --agents ray)">no agent</span></summary>'
+    ) in html
     no_agent = [key for key in found if key.startswith("0a")]
     assert len(no_agent) == 2  # two GPUs the scheduler counts, drawn though no agent reports them
     assert all(found[key]["booked"] == ["NA"] for key in no_agent)
@@ -260,7 +264,7 @@ def test_a_thousand_nodes_of_eight_gpus_come_a_hundred_to_a_page() -> None:
     marked_nodes = {key.rsplit(":", 1)[0] for key in cells(marked)}
     expected = {f"{i:056x}" for i in range(1000) if i % 17 == 5 or i % 10 == 0 or i % 13 == 0}
     assert marked_nodes <= expected and len(marked_nodes) == min(PAGE_NODES, len(expected))
-    assert f"only the {len(expected)} marked node(s)" in html
+    assert f"only the {len(expected)} marked nodes" in html
     assert page_query({"page": ["3"], "marked": ["1"]}) == PageQuery(3, True, False)
     assert page_query({"page": ["-1"]}) == page_query({"page": ["x" * 100]}) == PageQuery()
     assert "100 of 1000 nodes shown" in page_html(status, PageQuery(page=99), 5.0)  # clamped to the last
@@ -293,3 +297,44 @@ def test_each_app_has_its_bar_with_the_booking_to_ask_for() -> None:
     assert "booked 5120 MB  peak 2662 MB" in html and "suggest 3072 MB (frees 8192 MB)" in html
     assert 'width="100.00"' in html and 'width="60.00"' in html  # booked is the scale; suggestion 3072/5120
     assert apps_html(None) == "" and apps_html(msgspec.structs.replace(doc, apps=[])) == ""
+
+
+def test_a_marked_node_says_why_and_the_marked_link_counts_only_what_is_marked() -> None:
+    """Issue 34: a node without an agent had an orange edge and no word (the reason was at
+    the end of its line, unmarked); the navigation offered "only the 0 marked node(s)" on a
+    cluster with nothing marked. Now each marker that marks a node is its badge, the reason
+    on hover; the link names how many are marked, and is no link when none is."""
+    first = page_html(first_hour_status(), PageQuery(), 5.0, first_hour_usage())
+    badges = re.findall(r'<span class="mark node" title="([^"]*)">([^<]*)</span>', first)
+    assert badges == [
+        (
+            "no rayscope agent reports this node: its GPU memory is not measured (run rayscope push on it,"
+            " or rayscope head --agents ray)",
+            "no agent",
+        )
+    ]
+    assert '<details class="node marked" id="n-' + T4 in first  # the edge, and now its word
+    assert '<a href="?marked=1">only the 2 marked nodes</a>' in first  # deNBI, and Europa's over booking
+    seed = page_html(seed_status(), PageQuery(), 5.0)  # every node's agent reporting, nothing to flag
+    assert "?marked=1" not in seed and '<span class="note">no node is marked</span>' in seed
+    one = page_html(head_seed(), PageQuery(), 5.0)  # Europa over its booking, nothing else
+    assert '<a href="?marked=1">only the marked node</a>' in one
+    stale = page_html(mixed_status(), PageQuery(), 5.0)
+    assert ">stale 42s</span>" in stale and ">no agent</span>" in stale and ">no raylet</span>" in stale
+
+
+def test_a_device_only_rays_placement_knows_has_a_segment_per_actor() -> None:
+    """Issue 34: the legend says one segment per actor while a node whose agent reports no
+    NVML drew its four replicas as one block, "4 actor(s): 20480 MB". Ray's placement names
+    each actor and its VRAM_MB share on the device: a segment each, by actor id (names and
+    use come with an NVML report)."""
+    found = cells(page_html(first_hour_status(), PageQuery(), 5.0))
+    titles = found[f"{VM}:ray0"]["title"]
+    unknown = "(no NVML report: its name and use not known)"
+    assert [t for t in titles if t.startswith("actor ")] == [
+        f"actor 5e{i:02x}{'0' * 28}: booked 5120 MB VRAM_MB + GPU 0.01 {unknown}" for i in range(4)
+    ]
+    assert found[f"{VM}:ray0"]["booked"] == ["20480/24576 MB"]
+    assert not any("actor(s)" in t for cell in found.values() for t in cell["title"])
+    denbi = [t for t in found[f"{T4}:ray0"]["title"] if t.startswith("actor ")]
+    assert denbi == [f"actor d00d{'0' * 28}: booked GPU 0.33 {unknown}"]

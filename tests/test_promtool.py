@@ -165,7 +165,7 @@ def test_legacy_names_fail_the_linter_and_carry_the_same_samples() -> None:
 def test_alert_rules_pass_promtool_check_rules() -> None:
     done = promtool("check", "rules", "rayscope-alerts.yml", cwd=RULES_DIR)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 8 rules found" in done.stdout
+    assert "SUCCESS: 9 rules found" in done.stdout
 
 
 def test_alert_rules_pass_their_unit_tests() -> None:
@@ -179,3 +179,21 @@ def test_alert_rules_name_only_families_that_exist() -> None:
     text = (RULES_DIR / "rayscope-alerts.yml").read_text()
     named = set(re.findall(r"\brayscope_[a-z_]*[a-z]\b", text))
     assert named and named <= set(family_names()), named - set(family_names())
+
+
+def test_an_answer_says_whether_it_carries_the_per_device_families() -> None:
+    """Issue 34: /metrics without ?gpus=1 had no rayscope_device_* family and said nothing, so
+    the dashboard's per-GPU panels stayed empty and two alerts could never fire. Every answer
+    now says which (``rayscope_scrape_per_device``), and RayscopePerDeviceMetricsMissing
+    fires on 0 (its unit test in rayscope-alerts.test.yml)."""
+    with_devices = every_family_status()
+    without = msgspec.structs.replace(
+        with_devices,
+        nodes={k: msgspec.structs.replace(n, placement=None) for k, n in with_devices.nodes.items()},
+    )
+    assert "rayscope_scrape_per_device 1\n" in metrics_text(with_devices)
+    text = metrics_text(without)
+    assert "rayscope_scrape_per_device 0\n" in text
+    assert not [
+        line for line in text.splitlines() if line.startswith(("rayscope_device_", "# TYPE rayscope_device_"))
+    ]

@@ -122,7 +122,7 @@ def test_guard_refuses_old_pythons_in_one_line() -> None:
     done = subprocess.run(
         [sys.executable, "-c", program], capture_output=True, text=True, timeout=30, check=False
     )
-    expected = (1, "", "rayscope needs Python 3.9+, this is 3.8.18\n")
+    expected = (2, "", "rayscope needs Python 3.9+, this is 3.8.18\n")  # before: exit 1 ("partial")
     assert (done.returncode, done.stdout, done.stderr) == expected
 
 
@@ -303,3 +303,10 @@ def test_a_missing_cache_is_created_private_and_each_new_directory_checked(
     finally:
         os.close(fd)
     assert root.stat().st_mode & 0o077 == 0 and (tmp_path / "new").stat().st_mode & 0o077 == 0
+
+
+def test_a_launch_that_fails_exits_with_rayscopes_no_data_code(launcher: ModuleType) -> None:
+    """Before: exit 1, which ``status``' table calls partial; nothing was read."""
+    from rayscope.errors import EXIT_NO_DATA
+
+    assert launcher.EXIT_CANNOT_START == EXIT_NO_DATA == 2

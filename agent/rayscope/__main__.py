@@ -4,10 +4,11 @@ the typer CLI (:mod:`rayscope.cli.app`) for everything they hand on."""
 
 import sys
 
-# Before anything else is imported: an old Python gets one line, not a traceback.
+# Before anything else is imported: an old Python gets one line, not a traceback, and exit 2
+# (rayscope.errors.EXIT_NO_DATA: nothing was read; status' exit 1 means partial).
 if sys.version_info < (3, 9):  # noqa: UP036
     sys.stderr.write("rayscope needs Python 3.9+, this is %d.%d.%d\n" % tuple(sys.version_info[:3]))  # noqa: UP031
-    sys.exit(1)
+    sys.exit(2)
 
 
 def main() -> None:

@@ -32,11 +32,17 @@ def optional_watch_value(argv: Sequence[str]) -> list[str]:
             return out + args[i + 1 :]
         if arg == "--watch":
             following = args[i + 1] if i + 1 < len(args) else ""
-            try:
-                float(following)
-            except ValueError:
-                out.append(f"{WATCH_DEFAULT_S:g}")
+            if not following or (following.startswith("-") and not _is_number(following)):
+                out.append(f"{WATCH_DEFAULT_S:g}")  # else its value, a number or not ("2s" is refused)
     return out
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def global_flags_first(argv: Sequence[str], group: typer_click.Command) -> list[str]:
@@ -80,6 +86,35 @@ def _option(err: typer_click.UsageError) -> str:
     return str(getattr(err, "param_hint", None) or getattr(err, "option_name", None) or "")
 
 
+RAY_OPTIONS = {"--address": "--gcs", "--gcs-address": "--gcs"}
+"""Ray's own names for an option rayscope calls otherwise (``ray status --address``)."""
+
+
+def _instead(err: typer_click.NoSuchOption) -> str:
+    """`` (did you mean --gcs?)``; for Ray's name of an option, rayscope's: `` (Ray's name:
+    the GCS address is --gcs HOST:PORT here)``; ``""`` when nothing is close."""
+    ours = RAY_OPTIONS.get(err.option_name)
+    takes = {opt for p in err.ctx.command.params for opt in p.opts} if err.ctx is not None else set()
+    if ours is not None and ours in takes:
+        return f" (Ray's name: the GCS address is {ours} HOST:PORT here)"
+    return f" (did you mean {' or '.join(err.possibilities)}?)" if err.possibilities else ""
+
+
+def _named(quoted: str) -> str:
+    """The name in click's ``'statuss'.`` (its repr, maybe followed by typer's suggestion).
+    Imports here: a usage error's path only, not every start's."""
+    import ast
+    import re
+
+    found = re.match(r"""('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")""", quoted)
+    if found is None:
+        return quoted
+    try:
+        return str(ast.literal_eval(found.group(1)))
+    except (ValueError, SyntaxError):
+        return found.group(1)[1:-1]
+
+
 def usage_line(err: typer_click.UsageError, commands: Sequence[str], command: str = "") -> str:
     """The one line a usage error is said in (without the ``rayscope:`` prefix); ``command``:
     the command argv names, if any."""
@@ -88,8 +123,7 @@ def usage_line(err: typer_click.UsageError, commands: Sequence[str], command: st
     if isinstance(err, typer_click.OptionError):
         return f"{where} {said}".strip()
     if isinstance(err, typer_click.NoSuchOption):
-        maybe = f" (did you mean {' or '.join(err.possibilities)}?)" if err.possibilities else ""
-        text = f"no such option {err.option_name}{maybe}"
+        text = f"no such option {err.option_name}{_instead(err)}"
     elif isinstance(err, typer_click.MissingParameter):
         text = f"{_option(err)} is required"
     elif isinstance(err, typer_click.BadParameter):
@@ -97,7 +131,12 @@ def usage_line(err: typer_click.UsageError, commands: Sequence[str], command: st
     elif isinstance(err, typer_click.BadOptionUsage) and "requires an argument" in said:
         return f"{where} {err.option_name}: needs a value".strip()
     elif said.startswith("No such command"):
-        return f"{said[len('No such command ') :]} is not a command: {', '.join(commands)}"
+        import difflib  # click's own way to find what was meant
+
+        name = _named(said[len("No such command ") :])
+        close = difflib.get_close_matches(name, commands)
+        maybe = f" (did you mean {' or '.join(close)}?)" if close else ""
+        return f"{name!r} is not a command{maybe}: {', '.join(commands)}"
     elif said.startswith("Missing command"):
         return f"give a command: {', '.join(commands)} (rayscope --help)"
     else:

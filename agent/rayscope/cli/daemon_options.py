@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from rayscope.cli.options import Agents, endpoint, within
+from rayscope.cli.options import Agents, as_given, endpoint, within
 from rayscope.core import limits
 from rayscope.defaults import DEFAULT_HTTP_PORT, DEFAULT_REPORT_PORT, READ_TOKEN_FILE_ENV
 
@@ -76,6 +76,7 @@ MaxPendingOption = Annotated[
         "--max-pending",
         metavar="N",
         callback=within(limits.CONNECTIONS),
+        parser=as_given,
         help="Connections per source address before their first good frame.",
     ),
 ]

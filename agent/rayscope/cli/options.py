@@ -12,11 +12,11 @@ Light on purpose: ``status --head``, the fast path, pays for every import made h
 import inspect
 from collections.abc import Callable
 from enum import Enum
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Optional, Union
 
 import typer
 
-from rayscope.cli.typer_click import OptionError, from_environment
+from rayscope.cli.typer_click import OptionError, from_command_line, from_environment
 from rayscope.client import head as client
 from rayscope.core import limits
 from rayscope.core.limits import Limit, Number
@@ -36,17 +36,27 @@ WATCH_DEFAULT_S = 2.0
 
 
 def within(limit: Limit) -> Callable[..., Any]:
-    """The callback of a numeric option: :func:`rayscope.core.limits.check` as a usage error."""
+    """The callback of a numeric option: its text read and checked by
+    :func:`rayscope.core.limits.parse` (a default, already a number, by ``check``), a refusal
+    as a usage error. The option's ``parser`` is :func:`as_given`, so that click's own
+    conversion ("'4GB' is not a valid integer") never answers first."""
 
-    def check(param: typer.CallbackParam, value: Optional[Number]) -> Optional[Number]:
+    def check(param: typer.CallbackParam, value: Union[str, Number, None]) -> Optional[Number]:
         if value is None:
             return None
         try:
+            if isinstance(value, str):
+                return limits.parse(param.opts[0], value, limit)
             return limits.check(param.opts[0], value, limit)
         except ValueError as err:
             raise OptionError(str(err)) from None
 
     return check
+
+
+def as_given(text: str) -> str:
+    """A numeric option's parser: the text as given, for :func:`within` to read."""
+    return text
 
 
 def endpoint(default_port: int) -> Callable[[Optional[str]], Optional[str]]:
@@ -73,6 +83,28 @@ def _one_source(ctx: typer.Context, given: str) -> None:
     raise OptionError("--head with --gcs: two sources, give one (--head reads a head agent, --gcs the GCS)")
 
 
+def _unused_token_file(ctx: typer.Context, token_file: Optional[str]) -> None:
+    """``--token-file`` typed where a command that could read a head reads the GCS: refused,
+    not ignored (the GCS read takes Ray's own token). Checked when both ``--head`` and
+    ``--token-file`` are known, whichever is checked second; ``$RAYSCOPE_TOKEN_FILE`` set
+    for the agents is no mistake of this command."""
+    if token_file is None or "head" not in ctx.params or ctx.params["head"] is not None:
+        return
+    if "gcs" not in {p.name for p in ctx.command.params}:
+        return  # usage: it needs a head and says so
+    if not from_command_line(ctx, "token_file"):
+        return
+    raise OptionError(
+        "--token-file without --head: the token is a head agent's, and the GCS read takes Ray's own"
+        " ($RAY_AUTH_TOKEN_PATH): drop --token-file, or read a head with --head URL"
+    )
+
+
+def _token_file(ctx: typer.Context, value: Optional[str]) -> Optional[str]:
+    _unused_token_file(ctx, value)
+    return value
+
+
 def _gcs_option(ctx: typer.Context, value: Optional[str]) -> Optional[str]:
     address = endpoint(DEFAULT_GCS_PORT)(value)
     if address is not None:
@@ -82,6 +114,8 @@ def _gcs_option(ctx: typer.Context, value: Optional[str]) -> Optional[str]:
 
 def _head_url(ctx: typer.Context, value: Optional[str]) -> Optional[str]:
     if value is None:
+        ctx.params["head"] = None  # known to be none now, as click records it after this
+        _unused_token_file(ctx, ctx.params.get("token_file"))
         return None
     try:
         url = client.parse_head_url(value)
@@ -106,7 +140,11 @@ GcsOption = Annotated[
 TimeoutOption = Annotated[
     float,
     typer.Option(
-        "--timeout", metavar="SECONDS", callback=within(limits.SECONDS), help="Deadline for the GCS read."
+        "--timeout",
+        metavar="SECONDS",
+        callback=within(limits.SECONDS),
+        parser=as_given,
+        help="Deadline for the GCS read.",
     ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="One JSON document instead of lines.")]
@@ -116,6 +154,7 @@ TokenFileOption = Annotated[
         "--token-file",
         metavar="FILE",
         envvar=TOKEN_FILE_ENV,
+        callback=_token_file,
         help="Shared secret of the head and its agents (the same file everywhere).",
     ),
 ]
@@ -144,7 +183,11 @@ TlsCaOption = Annotated[
 IntervalOption = Annotated[
     float,
     typer.Option(
-        "--interval", metavar="SECONDS", callback=within(limits.SECONDS), help="Seconds between reports."
+        "--interval",
+        metavar="SECONDS",
+        callback=within(limits.SECONDS),
+        parser=as_given,
+        help="Seconds between reports.",
     ),
 ]
 GpusOption = Annotated[
@@ -222,6 +265,7 @@ WatchOption = Annotated[
         "--watch",
         metavar="[SECONDS]",
         callback=within(limits.SECONDS),
+        parser=as_given,
         help=(
             f"Redraw in place every SECONDS (default {WATCH_DEFAULT_S:g}), values that"
             " changed since the last frame highlighted; Ctrl-C ends it."
@@ -235,6 +279,7 @@ GpuMemoryOption = Annotated[
         "--gpu-memory-mb",
         metavar="MB",
         callback=within(limits.GPU_MEMORY_MB),
+        parser=as_given,
         help="GPU memory per replica, as a BioEngine app declares it; -1 = a whole GPU.",
     ),
 ]
@@ -245,6 +290,7 @@ NumCpusOption = Annotated[
         "--num-cpus",
         metavar="CPUS",
         callback=within(limits.CPUS),
+        parser=as_given,
         help=(
             "CPUs each replica books (Ray's num_cpus). 0 = as declared;"
             " a Ray Serve replica books 1 by default."
@@ -258,6 +304,7 @@ MemoryMbOption = Annotated[
         "--memory-mb",
         metavar="MB",
         callback=within(limits.MEBIBYTES),
+        parser=as_given,
         help="Ray memory each replica books, in MB.",
     ),
 ]
@@ -280,6 +327,7 @@ GpuTotalOption = Annotated[
         "--gpu-total-mb",
         metavar="MB",
         callback=within(limits.GPU_MEBIBYTES),
+        parser=as_given,
         help=(
             "Size of the smallest GPU for the fraction path. Default: NVML's measurement,"
             " else a node's VRAM_MB total per GPU; without either the answer is 'could not tell'."
@@ -301,7 +349,11 @@ SizingOption = Annotated[
 ReplicasOption = Annotated[
     int,
     typer.Option(
-        "--replicas", metavar="N", callback=within(limits.REPLICAS), help="How many replicas to place."
+        "--replicas",
+        metavar="N",
+        callback=within(limits.REPLICAS),
+        parser=as_given,
+        help="How many replicas to place.",
     ),
 ]
 

@@ -52,6 +52,7 @@ __all__ = [
     "UsageError",
     "asks_for_help",
     "commands",
+    "from_command_line",
     "from_environment",
     "message",
     "options_with_values",
@@ -87,6 +88,13 @@ def from_environment(ctx: "Context", name: str) -> bool:
     of value sources is click's or the copy's: compared by name)."""
     source = ctx.get_parameter_source(name)
     return source is not None and source.name == "ENVIRONMENT"
+
+
+def from_command_line(ctx: "Context", name: str) -> bool:
+    """Whether the parameter ``name`` was typed on the command line (not its variable, not
+    its default)."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name == "COMMANDLINE"
 
 
 def asks_for_help(err: "UsageError") -> bool:

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from rayscope.cli.options import within
+from rayscope.cli.options import as_given, within
 from rayscope.core import limits
 
 
@@ -59,6 +59,7 @@ HeadroomOption = Annotated[
         "--headroom",
         metavar="PCT",
         callback=within(limits.HEADROOM),
+        parser=as_given,
         help="Suggested booking = peak + PCT %, rounded up to 256 MiB.",
     ),
 ]

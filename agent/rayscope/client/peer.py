@@ -232,11 +232,19 @@ def wrong_report_port(head: tuple[str, int], tls: bool, silent: bool = False) ->
 
 
 def wrong_http_port(url: str, host: str, port: int, deadline: Optional[Deadline] = None) -> str:
-    """``status --head``: why ``url`` is not a head agent's HTTP port, from what answers
-    there (probed within what is left of ``deadline``: the read's ``--timeout`` includes
-    it); ``""`` when it is one, or nothing can be told."""
+    """``status --head``: why ``url`` is not a head agent's HTTP port (or is one, without the
+    TLS ``url`` asks for), from what answers there (probed within what is left of
+    ``deadline``: the read's ``--timeout`` includes it); ``""`` when it is one, or nothing
+    can be told."""
     kind, what = described(host, port, deadline=deadline)
-    if kind is None or kind == HEAD_HTTP or (kind == TLS and url.startswith("https://")):
+    secure = url.startswith("https://")
+    if kind == HEAD_HTTP and secure:
+        plain = "http://" + url[len("https://") :]
+        return (
+            f"{url}: the head there serves plain HTTP, not TLS: use {plain} without --tls-*"
+            " (or start the head with --tls-cert and --tls-key)"
+        )
+    if kind is None or kind == HEAD_HTTP or (kind == TLS and secure):
         return ""
     if kind == TLS:
         return f"{url} speaks TLS: use https://{host}:{port} (with --tls-ca if its certificate needs one)"

@@ -1,9 +1,11 @@
 """Every numeric option's range and unit, and the one check they all get at parse time.
 
-A value is refused when it is not finite (``nan``, ``inf``: Python's ``float()`` takes both,
-and either would reach a timer, a sleep or a sum) or outside its range; the message names
-the option, the value as given and the range in the option's unit: ``--timeout nan: not a
-number of seconds (more than 0, at most 86400)``. The bounds are the ranges that make sense,
+A value is refused when it is not a number (``4GB``, ``5s``: the unit is the option's, the
+number goes alone), not a whole number where the option counts (``--replicas 1.5``), not
+finite (``nan``, ``inf``: Python's ``float()`` takes both, and either would reach a timer, a
+sleep or a sum) or outside its range; the message names the option, the value as given and
+the range in the option's unit: ``--timeout nan: not a finite number: give more than 0 and at
+most 86400 seconds``. The bounds are the ranges that make sense,
 not what a type can hold: a day for a duration (larger is a typo, and overflows the timers it
 feeds), a mebibyte count that fits the largest machine.
 
@@ -11,6 +13,7 @@ Pure: the CLI's callbacks (:mod:`rayscope.cli.options`) turn the ``ValueError`` 
 """
 
 import math
+import re
 from typing import NamedTuple, Optional, Union
 
 from rayscope.defaults import MAX_TIMEOUT_S
@@ -28,6 +31,8 @@ class Limit(NamedTuple):
     low_included: bool = True
     special: Optional[int] = None
     special_means: str = ""
+    whole: bool = False
+    """A count: only whole numbers (``1e3`` is one, ``0.5`` is not)."""
 
 
 MAX_SECONDS = MAX_TIMEOUT_S
@@ -35,13 +40,16 @@ MAX_SECONDS = MAX_TIMEOUT_S
 
 SECONDS = Limit("seconds", 0.0, MAX_SECONDS, low_included=False)
 CPUS = Limit("CPUs", 0.0, 65_536.0)
-MEBIBYTES = Limit("MB", 0.0, float(1 << 30))
-"""Ray memory per replica: up to a pebibyte, in MiB."""
+MEBIBYTES = Limit("MB", 0.0, float(1 << 26))
+"""Ray memory per replica, in MiB: up to 64 TiB, above the largest single machine's memory
+(48 TB): a replica books memory on one node. (A pebibyte let ``--memory-mb 1e9`` through.)"""
 GPU_MEBIBYTES = Limit("MB", 1.0, float(1 << 20))
 """The memory of one GPU: up to a tebibyte, in MiB."""
-GPU_MEMORY_MB = Limit("MB", 0.0, float(1 << 20), low_included=False, special=-1, special_means="a whole GPU")
-REPLICAS = Limit("replicas", 1.0, 100_000.0)
-CONNECTIONS = Limit("connections", 1.0, 1_000_000.0)
+GPU_MEMORY_MB = Limit(
+    "MB", 0.0, float(1 << 20), low_included=False, special=-1, special_means="a whole GPU", whole=True
+)
+REPLICAS = Limit("replicas", 1.0, 100_000.0, whole=True)
+CONNECTIONS = Limit("connections", 1.0, 1_000_000.0, whole=True)
 HEADROOM = Limit("percent", 0.0, 1000.0)
 """``usage --headroom``: the booking suggested above a peak (``/v1/usage?headroom=`` too)."""
 
@@ -64,14 +72,35 @@ def wanted(limit: Limit) -> str:
     return text
 
 
-def check(option: str, value: Number, limit: Limit) -> Number:
+def check(option: str, value: Number, limit: Limit, given: str = "") -> Number:
     """``value`` if ``limit`` takes it; ``ValueError`` with the whole one-line message:
-    ``--timeout nan: not a finite number: give more than 0 and at most 86400 seconds``."""
+    ``--timeout nan: not a finite number: give more than 0 and at most 86400 seconds``.
+    ``given``: the value as typed, for the message (else the number as an operator types it)."""
+    shown = given or _g(value)
     if limit.special is not None and value == limit.special:
         return value
     if not math.isfinite(value):
-        raise ValueError(f"{option} {_g(value)}: not a finite number: {wanted(limit)}")
+        raise ValueError(f"{option} {shown}: not a finite number: {wanted(limit)}")
+    if limit.whole and value != int(value):
+        raise ValueError(f"{option} {shown}: not a whole number: {wanted(limit)}")
     low_ok = value >= limit.low if limit.low_included else value > limit.low
     if not low_ok or value > limit.high:
-        raise ValueError(f"{option} {_g(value)}: {wanted(limit)}")
-    return value
+        raise ValueError(f"{option} {shown}: {wanted(limit)}")
+    return int(value) if limit.whole else value
+
+
+_WITH_A_UNIT = re.compile(r"\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*[^\d\s.].*")
+"""A number with words after it: ``4GB``, ``5s``, ``10 %``."""
+
+
+def parse(option: str, text: str, limit: Limit) -> Number:
+    """The option's value from its text (what the command line or the environment gave),
+    checked by :func:`check`; ``ValueError`` with the whole one-line message:
+    ``--gpu-memory-mb 4GB: the number alone, in MB: give more than 0 and at most 1048576 MB,
+    or -1 for a whole GPU``."""
+    try:
+        value = float(text)
+    except ValueError:
+        what = f"the number alone, in {limit.unit}" if _WITH_A_UNIT.fullmatch(text) else "not a number"
+        raise ValueError(f"{option} {text}: {what}: {wanted(limit)}") from None
+    return check(option, value, limit, given=text.strip())

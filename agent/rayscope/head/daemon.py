@@ -1,8 +1,10 @@
 """``rayscope head``: the report port, the HTTP port and the poller, run until a signal."""
 
 import asyncio
+import errno
 import hmac
 import logging
+import os
 import resource
 import signal
 import threading
@@ -57,6 +59,21 @@ def remove_agents(agents: RayAgents, strict: bool = False) -> int:
         log.warning("could not remove the agents placed through Ray: %s", err)
         return 0
     return removed
+
+
+def cannot_listen(err: OSError, address: tuple[str, int], option: str) -> AgentError:
+    """The head could not take ``address`` (its ``option``: ``--listen`` or ``--http``), in
+    one line: a port in use names who may hold it and how to find them (exit 1)."""
+    host, port = address
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if err.errno == errno.EADDRINUSE:
+        return AgentError(
+            f"{option} {where} is in use: a rayscope head (or another program) already listens there"
+            f" (`ss -ltnp 'sport = :{port}'` names it): stop it, or give {option} another port",
+            EXIT_FAILED,
+        )
+    reason = os.strerror(err.errno) if err.errno else str(err)
+    return AgentError(f"head agent cannot listen on {where} ({option}): {reason.lower()}", EXIT_FAILED)
 
 
 class Head:
@@ -125,8 +142,15 @@ class Head:
         nofile = raise_fd_limit()
         max_total = max(16, min(admission.MAX_CONNECTIONS, nofile - ingest.FD_RESERVE - HTTP_WORKERS))
         agents: weakref.WeakSet[ingest.ReportProtocol] = weakref.WeakSet()
-        server = await self._start_reports(max_total, agents)
-        http_server = await self._start_http()
+        try:
+            server = await self._start_reports(max_total, agents)
+        except OSError as err:
+            raise cannot_listen(err, self.listen, "--listen") from None
+        try:
+            http_server = await self._start_http()
+        except OSError as err:
+            server.close()
+            raise cannot_listen(err, self.http, "--http") from None
         poller = PollerGuard(self.state, self._reader, self._stop, self.agents)
         poller.start()
         _every(loop, self.state.interval_s, poller.check, self._stop)

@@ -60,6 +60,9 @@ MAX_HEAD_BYTES = 16 * 1024
 MAX_BODY_BYTES = 4 * 1024
 """A request body (a login form at most); more is 413."""
 END_OF_HEAD = b"\r\n\r\n"
+TLS_HANDSHAKE = b"\x16"
+"""The first byte of a TLS record that carries a handshake (a ClientHello): no HTTP method
+starts with it."""
 
 
 class HttpCounters:
@@ -270,6 +273,11 @@ class HttpConnection(asyncio.Protocol):
 
     def _take(self, data: bytes) -> None:
         self._buffer += data
+        if self._head is None and self._buffer[:1] == TLS_HANDSHAKE:
+            # A TLS client at a plain-HTTP port: answered at once (its handshake fails now, and
+            # the client names the plain HTTP port) rather than left to the request deadline.
+            self._refuse(text(400, "this port serves plain HTTP, not TLS"))
+            return
         if self._head is None:
             end = self._buffer.find(END_OF_HEAD)
             if end < 0:

@@ -13,7 +13,12 @@ def with_port(text: str, default_port: int) -> str:
 
 
 def parse_address(text: str) -> str:
-    """Validate ``host:port`` (``[v6]:port`` too); raise ``ValueError`` saying what is wrong."""
+    """Validate ``host:port`` (``[v6]:port`` too); raise ``ValueError`` saying what is wrong
+    (a URL, as Ray's dashboard address is written: its scheme named, the address without it)."""
+    scheme, sep, rest = text.strip().partition("://")
+    if sep and scheme.isalpha():
+        bare = rest.split("/", 1)[0]
+        raise ValueError(f"{text!r} is a URL: give HOST:PORT without {scheme}:// ({bare or 'HOST:PORT'})")
     host, sep, port = text.strip().rpartition(":")
     if not sep or not host:
         raise ValueError(f"{text!r} is not HOST:PORT")

@@ -378,10 +378,14 @@ def run(
     except ValueError as err:
         raise AgentError(str(err), EXIT_USAGE) from None
     token = tokens.read_token(token_file)
-    ambiguous = "" if node_id else raylet.clusters_here(raylet.find_raylets()[0])
+    raylets = raylet.find_raylets()[0]
+    ambiguous = "" if node_id else raylet.clusters_here(raylets)
     if ambiguous:
         raise AgentError(
             f"{ambiguous}: pass --node-id of the node to report for (`rayscope node` lists them)",
             EXIT_USAGE,
         )
+    mistake = raylet.node_id_mistake(raylets, node_id) if node_id else ""
+    if mistake:  # an id none of this host's raylets has: a typo, not a node of its own
+        raise AgentError(mistake, EXIT_USAGE)
     Pusher(split_address(head), token, interval_s, node_id, ssl_context=context).run()

@@ -203,7 +203,16 @@ _CLUSTER_FAMILIES = (
     "rayscope_source_up",
     "rayscope_scheduler_view_age_seconds",
     "rayscope_scheduler_view_stale",
+    "rayscope_scrape_per_device",
 )
+PER_DEVICE_HELP = (
+    "1 when this answer carries the per-device families (rayscope_device_*: /metrics?gpus=1, the"
+    " actor table read), 0 when not: the dashboard's per-GPU panels and the GPU booking alerts need them."
+)
+"""Said in every answer, so that a scrape without ``?gpus=1`` is seen (the dashboard's stat,
+the ``RayscopePerDeviceMetricsMissing`` alert) rather than panels left empty and alerts that
+cannot fire. Not the default: at 10,000 nodes of 8 GPUs they make /metrics 66 MB instead of
+14 MB and the head attributes every GPU for each render (deploy/prometheus/README.md)."""
 
 
 def family_names() -> list[str]:
@@ -365,6 +374,12 @@ def metrics_text(status: ClusterStatus, *, legacy_names: bool = False) -> str:
         "# HELP rayscope_scheduler_view_stale 1 when the scheduler's view is older than 3 intervals.",
         "# TYPE rayscope_scheduler_view_stale gauge",
         f"rayscope_scheduler_view_stale {int(status.scheduler_stale)}",
+    ]
+    per_device = any(n.placement is not None for n in nodes)
+    lines += [
+        f"# HELP rayscope_scrape_per_device {PER_DEVICE_HELP}",
+        "# TYPE rayscope_scrape_per_device gauge",
+        f"rayscope_scrape_per_device {int(per_device)}",
     ]
     if legacy_names:
         lines += legacy_families(lines)

@@ -94,6 +94,10 @@ class DeviceFree(msgspec.Struct, kw_only=True, gc=False):
     actor's devices): Ray books ``VRAM_MB`` node-wide and never binds it to a device."""
     actors: dict[str, float] = {}
     """Actor id → the ``GPU`` quantity it holds here."""
+    actor_vram_mb: dict[str, float] = {}
+    """Actor id → its share of :attr:`booked_vram_mb` (its ``VRAM_MB`` split evenly over its
+    devices); only actors that booked ``VRAM_MB``. The page draws one segment per actor from
+    it where no NVML report attributes the device."""
     memory_used_bytes: Optional[int] = None
     """The used figure rayscope trusts (``rayscope.core.gpu.memory.gpu_used``: NVML's, or a CUDA sample's on
     a vGPU guest), when the device was matched and measured."""

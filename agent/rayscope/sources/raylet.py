@@ -192,6 +192,27 @@ def pick_raylet(raylets: Sequence[RayletInfo], node_id: Optional[str]) -> Option
     return raylets[0] if raylets else None
 
 
+def node_id_mistake(raylets: Sequence[RayletInfo], node_id: str) -> str:
+    """Why ``--node-id`` names none of the raylets that run on this host (none has it, or
+    several start with it), in one line; ``""`` when one has it, or when no raylet runs here
+    (a host-only agent, its id the operator's to give). Pure."""
+    if not raylets:
+        return ""
+    matches = [r for r in raylets if r.node_id.startswith(node_id)]
+    if len(matches) == 1:
+        return ""
+    here = ", ".join(f"{r.node_id[:12]} (pid {r.pid})" for r in (matches or raylets))
+    if matches:
+        return (
+            f"--node-id {node_id}: {len(matches)} raylets on this host have ids that start with it"
+            f" ({here}): give more of the id"
+        )
+    return (
+        f"--node-id {node_id}: no raylet on this host has that id (here: {here}; a prefix is enough):"
+        " pass one of them, or leave --node-id out (`rayscope node` lists them)"
+    )
+
+
 def still_running(info: RayletInfo) -> bool:
     """Whether the raylet ``info`` describes is still the process with its pid, and running
     (not a zombie, not stopped): a cheap check that spares the node agent a scan of every

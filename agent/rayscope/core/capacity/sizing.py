@@ -164,7 +164,7 @@ def request_sizing(status: ClusterStatus, request: FitRequest) -> Sizing:
     if request.shape is not None:
         sizing = Sizing("shape", "--shape", dict(request.shape))
     elif request.gpu_memory_mb == WHOLE_GPU:
-        sizing = Sizing("whole_gpu", "-1 asks for a whole GPU (VRAM_MB packing ignored)", {"GPU": 1.0})
+        sizing = Sizing("whole_gpu", "--gpu-memory-mb -1, no VRAM_MB booked", {"GPU": 1.0})
     elif request.gpu_memory_mb is None or request.gpu_memory_mb <= 0:
         raise AgentError("--gpu-memory-mb must be more than 0, or -1 for a whole GPU", EXIT_COULD_NOT_TELL)
     else:

@@ -285,13 +285,16 @@ def attribute_cluster(
     nodes = dict(status.nodes)
     id_maps: dict[str, Mapping[int, Optional[int]]] = {}
     groups = {n: set((co_hosted or {}).get(n, ())) | {n} for n in nodes}
+    by_node: dict[str, list[ActorBooking]] = {}  # once: per node over all actors was quadratic
+    for booking in actors or ():
+        by_node.setdefault(booking.node_id, []).append(booking)
 
-    def placed(node: NodeStatus, actors: Sequence[ActorBooking]) -> NodeStatus:
+    def placed(node: NodeStatus) -> NodeStatus:
         host_reports = [reports[n] for n in sorted(groups[node.node_id]) if n in reports]
         own = reports.get(node.node_id)
         raylet = (raylets or {}).get(node.node_id) or (own.raylet if own is not None else None)
         gpus = next((r.gpus for r in host_reports if r.gpus is not None), None)
-        placement = place_devices(node, actors, raylet, gpus)
+        placement = place_devices(node, by_node.get(node.node_id, []), raylet, gpus)
         if raylet is not None and raylet.environ_read and gpus is not None:
             id_maps[node.node_id] = id_map(placement)
         return msgspec.structs.replace(node, placement=placement)
@@ -301,7 +304,7 @@ def attribute_cluster(
         gpus, attribution = attribute_node(
             report.gpus or [],
             report.processes,
-            actors,
+            None if actors is None else [a for n in sorted(groups[node.node_id]) for a in by_node.get(n, [])],
             groups[node.node_id],
             total_vram_mb=ray_round(sum(m.total_vram_mb for m in members)),
             used_vram_mb=ray_round(sum(m.used_vram_mb for m in members)),
@@ -311,7 +314,7 @@ def attribute_cluster(
 
     for node_id, each in nodes.items():
         if actors is not None and known(each.unreadable) is None:
-            nodes[node_id] = guarded("merge", node_id, unreadable_as(each, node_id), placed, each, actors)
+            nodes[node_id] = guarded("merge", node_id, unreadable_as(each, node_id), placed, each)
     for node_id, report in reports.items():
         node = nodes.get(node_id)
         if node is not None and report.gpus is not None and known(node.unreadable) is None:

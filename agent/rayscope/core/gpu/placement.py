@@ -134,6 +134,7 @@ def place_devices(
             memory_used_bytes=gpu_used(gpu).used_bytes if gpu is not None else None,
             memory_total_bytes=gpu.memory_total_bytes if gpu is not None else None,
             actors={},
+            actor_vram_mb={},
         )
         for i, (entry, gpu, how) in enumerate(match_visible(count, raylet, gpus))
     ]
@@ -148,6 +149,9 @@ def place_devices(
             device.actors[actor.actor_id] = ray_round(device.actors.get(actor.actor_id, 0.0) + quantity)
             device.booked_gpu = ray_round(device.booked_gpu + quantity)
             device.booked_vram_mb = ray_round(device.booked_vram_mb + vram / len(shares))
+            if vram:
+                share = device.actor_vram_mb.get(actor.actor_id, 0.0) + vram / len(shares)
+                device.actor_vram_mb[actor.actor_id] = ray_round(share)
             placed += quantity
     for device in devices:
         device.free_gpu = ray_round(max(0.0, 1.0 - device.booked_gpu))

@@ -25,26 +25,32 @@ h2{font-size:14px;margin:10px 0 4px}
 details.node{background:#fff;border:1px solid #d5dae0;border-radius:4px;margin:4px 0;padding:2px 8px}
 details.node>summary{cursor:pointer;font-family:ui-monospace,monospace;white-space:pre-wrap}
 details.node.marked{border-left:4px solid var(--warn)}
-.gpus{display:grid;grid-template-columns:repeat(auto-fill,minmax(160px,1fr));gap:2px 8px;margin:2px 0 4px}
-.gpus.few{grid-template-columns:repeat(auto-fill,minmax(300px,380px))}
+.gpus{display:grid;grid-template-columns:repeat(auto-fill,minmax(150px,1fr));gap:2px 8px;margin:2px 0 4px}
+.gpus.few{grid-template-columns:repeat(auto-fit,minmax(320px,1fr));gap:4px 16px}
+.gpus.few .gpu{display:flex;flex-wrap:wrap;align-items:baseline;column-gap:16px}
+.gpus.few svg.bar{order:1;flex-basis:100%}
 .gpu{padding:1px 3px}.gpu.marked{background:#fff3d6}
 .gpu .t{font-size:12px}
 .gpu .n{font-size:10.5px;color:var(--dim);font-variant-numeric:tabular-nums;white-space:nowrap;
 overflow:hidden;text-overflow:ellipsis}
 .gpu .n span{color:var(--ink)}.gpu .n span.free{color:var(--dim)}.gpus:not(.few) .n span.free{display:none}
 .gpus.few .gpu .n{font-size:11.5px}
+.gpus.apps{grid-template-columns:repeat(auto-fill,minmax(340px,1fr));gap:4px 16px}
+.gpus.apps .gpu .n{white-space:normal}
 svg.bar{display:block;width:100%;height:22px}
 .gpus.few svg.bar{height:30px}
 .lane{fill:var(--lane)}.seg{stroke:#fff;stroke-width:.3}
 .s0{fill:var(--b0)}.s1{fill:var(--b1)}.s2{fill:var(--b2)}.s3{fill:var(--b3)}
 .handles{fill:var(--h)}.used{fill:var(--u)}.old{fill:#a9b1ba}.untrusted{fill:url(#hatch)}
-.mark{font-size:11px;padding:0 4px;border-radius:3px;background:var(--warn);color:#fff}
+.mark{font:11px system-ui,sans-serif;padding:0 4px;border-radius:3px;background:var(--warn);color:#fff;
+white-space:nowrap}
 .mark.unhealthy,.mark.unmeasured,.mark.full{background:var(--bad)}
 .mark.unreliable{background:#6b4fa0}
 ul.cpu{list-style:none;padding:0;margin:0;font-family:ui-monospace,monospace}
 nav.pages a{margin-right:6px}nav.pages a.here{font-weight:bold;text-decoration:none;color:var(--ink)}
-.legend{display:flex;gap:12px;color:var(--dim);font-size:12px;margin:6px 0}
-.key{display:inline-block;width:10px;height:10px;margin-right:3px;vertical-align:-1px}
+.legend{display:flex;flex-wrap:wrap;gap:2px 14px;color:var(--dim);font-size:12px;margin:6px 0}
+.legend span{display:inline-flex;align-items:center;white-space:nowrap}
+.key{flex:none;display:inline-block;width:10px;height:10px;margin-right:4px}
 .kb{background:var(--b0)}.kh{background:var(--h)}.ku{background:var(--u)}.kf{background:var(--lane)}
 .pending li{margin:2px 0}.pending .why{color:var(--dim)}
 form.login{max-width:420px;margin:60px auto;background:#fff;padding:16px;border:1px solid #d5dae0}

@@ -106,6 +106,21 @@ def _segments(users: Sequence[GpuUser], capacity: Optional[float], vram_node: bo
     return segments
 
 
+def _placed_segments(device: DeviceFree, capacity: Optional[float], vram_node: bool) -> list[Segment]:
+    """Where no NVML report attributes the device: a segment per actor of Ray's placement
+    (its id: names and use come with an agent's NVML report)."""
+    segments = []
+    for actor_id, gpu in sorted(device.actors.items()):
+        vram = device.actor_vram_mb.get(actor_id, 0.0)
+        booked = " + ".join([f"{vram:.0f} MB VRAM_MB"] * bool(vram) + [f"GPU {gpu:.2f}"] * bool(gpu))
+        hover = f"actor {actor_id}: booked {booked or 'nothing'} (no NVML report: its name and use not known)"
+        if vram_node and vram:
+            segments.append(Segment(hover, vram))
+        elif not vram_node and gpu and capacity:
+            segments.append(Segment(hover, gpu * capacity))
+    return segments
+
+
 def _users(gpu: GpuDevice) -> list[GpuUser]:
     if gpu.attribution is not None and gpu.attribution.users:
         return gpu.attribution.users
@@ -201,7 +216,11 @@ def _unlisted(
     rest = 0.0 if booked is None else booked - sum(s.mib for s in segments)
     if rest > (0.5 if vram_node or capacity is not None else 0.005):  # in MiB, or a fraction
         actors = len(device.actors) if device is not None else 0
-        who = f"{actors} actor(s)" if actors and not segments else "tasks or actors not listed here"
+        who = (
+            f"{actors} actor{'s' * (actors != 1)}"
+            if actors and not segments
+            else "tasks or actors not listed here"
+        )
         amount = f"{rest:.0f} MB" if vram_node or not scale else f"GPU {rest / scale:.2f}"
         return [Segment(f"{who}: {amount}", rest)]
     return []
@@ -239,6 +258,8 @@ def _bar(node: NodeStatus, gpu: Optional[GpuDevice], device: Optional[DeviceFree
     lane = (capacity, capacity if capacity is not None or vram_node else 1.0)
     booked, booked_text = _booked_text(node, gpu, device, lane)
     segments = _segments(_users(gpu), lane[1], vram_node) if gpu is not None else []
+    if not segments and device is not None:
+        segments = _placed_segments(device, lane[1], vram_node)
     used, untrusted = _measured(node, gpu, device)
     key, label, title = _names(node, gpu, device)
     return GpuBar(

@@ -57,8 +57,29 @@ FEW_GPUS = 2
 class _Node(NamedTuple):
     node: NodeStatus
     line: str
+    """The node's ``status`` line without the markers that mark it (those are :attr:`badges`)."""
     bars: list[GpuBar]
     marked: bool
+    badges: list[str]
+    """The markers of its ``status`` line that mark the node (``no agent``, ``stale 42s``, ...)."""
+
+
+BADGE_WHY = {
+    "no agent": "no rayscope agent reports this node: its GPU memory is not measured"
+    " (run rayscope push on it, or rayscope head --agents ray)",
+    "stale": "its agent's last report is this old: the measured figures are from then",
+    "no raylet": "an agent reports this node, but the scheduler does not know it",
+    "not in scheduler view": "an agent reports this node; the head has no scheduler view to check it against",
+    "scheduler view": "the GCS stopped answering: the node's bookings are as of then",
+    "dead": "the scheduler says this node is dead",
+}
+"""A node badge's hover, by the marker's first words (the ``status`` line's own words)."""
+
+
+def _badge_why(marker: str) -> str:
+    if marker.endswith("GPU(s) not measured"):
+        return "NVML did not give these GPUs' memory (a lost GPU): the node's sums are NA"
+    return next((why for start, why in BADGE_WHY.items() if marker.startswith(start)), "")
 
 
 def _nodes(status: ClusterStatus) -> list[_Node]:
@@ -70,12 +91,22 @@ def _nodes(status: ClusterStatus) -> list[_Node]:
     ordered = [n for n in nodes if has_gpus(n)] + [n for n in nodes if not has_gpus(n)]
     out = []
     for node in ordered:
-        line = node_line(node, status.view, state is not SchedulerView.NONE, old_age)
-        bars = gpu_bars(node) if has_gpus(node) else []
         markers = node_markers(node, status.view, state is not SchedulerView.NONE, old_age)
-        marked = bool(bars and any(b.marks for b in bars)) or any(not m.startswith("agent:") for m in markers)
-        out.append(_Node(node, line, bars, marked))
+        covered = [m for m in markers if m.startswith("agent:")]
+        badges = [m for m in markers if not m.startswith("agent:")]
+        line = node_line(node, status.view, state is not SchedulerView.NONE, old_age, markers=covered)
+        bars = gpu_bars(node) if has_gpus(node) else []
+        marked = bool(bars and any(b.marks for b in bars)) or bool(badges)
+        out.append(_Node(node, line, bars, marked, badges))
     return out
+
+
+def _line_html(n: _Node) -> str:
+    """The node's line, then a badge per marker that marks it, its reason on hover."""
+    badges = "".join(
+        f' <span class="mark node" title="{esc(_badge_why(m))}">{esc(m)}</span>' for m in n.badges
+    )
+    return f"{esc(n.line)}{badges}"
 
 
 def _tile(title: str, value: str, detail: str = "") -> str:
@@ -152,17 +183,19 @@ def _nav(query: PageQuery, pages: list[list[_Node]], marked_total: int) -> str:
             here = ' class="here"' if i == query.page else ""
             label = f"{i}" + (f" ({flagged} marked)" if flagged else "")
             links.append(f'<a{here} href="?page={i}{"&amp;marked=1" if query.marked else ""}">{label}</a>')
-    toggle = (
-        '<a href="?page=1">all nodes</a>'
-        if query.marked
-        else f'<a href="?marked=1">only the {marked_total} marked node(s)</a>'
-    )
+    if query.marked:
+        toggle = '<a href="?page=1">all nodes</a>'
+    elif marked_total:
+        nodes = "the marked node" if marked_total == 1 else f"the {marked_total} marked nodes"
+        toggle = f'<a href="?marked=1">only {nodes}</a>'
+    else:
+        toggle = '<span class="note">no node is marked</span>'
     return f'<nav class="pages">{"pages: " + "".join(links) if links else ""} {toggle}</nav>'
 
 
 LEGEND = (
-    '<div class="legend"><span><i class="key kb"></i>VRAM_MB booked, one segment per actor'
-    ' (hover: name)</span><span><i class="key kh"></i>GPU fraction booked (handles)</span>'
+    '<div class="legend"><span><i class="key kb"></i>VRAM_MB booked: a segment per actor'
+    ' (hover: who)</span><span><i class="key kh"></i>GPU fraction booked (handles)</span>'
     '<span><i class="key ku"></i>NVML measured</span><span><i class="key kf"></i>free</span></div>'
 )
 
@@ -187,11 +220,11 @@ def view_html(status: ClusterStatus, query: PageQuery, usage: Optional[UsageDocu
             css = "node marked" if n.marked else "node"
             few = " few" if len(n.bars) <= FEW_GPUS else ""
             parts.append(
-                f'<details class="{css}" id="n-{esc(n.node.node_id)}" open><summary>{esc(n.line)}</summary>'
+                f'<details class="{css}" id="n-{esc(n.node.node_id)}" open><summary>{_line_html(n)}</summary>'
                 f'<div class="gpus{few}">{"".join(bar_html(b) for b in n.bars)}</div></details>'
             )
     if cpu_nodes:
-        items = "".join(f'<li id="n-{esc(n.node.node_id)}">{esc(n.line)}</li>' for n in cpu_nodes)
+        items = "".join(f'<li id="n-{esc(n.node.node_id)}">{_line_html(n)}</li>' for n in cpu_nodes)
         parts.append(f'<h2>CPU-only nodes</h2><ul class="cpu">{items}</ul>')
     if not everyone:
         parts.append('<p class="note">no nodes: the scheduler view and the agents name none</p>')

@@ -53,5 +53,5 @@ def apps_html(doc: Optional[UsageDocument]) -> str:
     return (
         f'<h2>Bookings beside use</h2><p class="note">{esc(header(doc))} booked per replica (top),'
         f" the booking to ask for (middle), the most one replica held (bottom)</p>"
-        f'<div class="gpus">{"".join(cells)}</div>'
+        f'<div class="gpus apps">{"".join(cells)}</div>'
     )

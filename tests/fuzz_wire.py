@@ -281,15 +281,16 @@ def fuzz_views(rng: random.Random, counts: "Counter[str]") -> Optional[str]:
 READ_TOKEN = b"fuzz-read-token-0123456789abcdef"
 REQUESTS = [
     b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:7532\r\n\r\n",
-    b"GET /v1/status?all=1&gpus=1 HTTP/1.1\r\nHost: h\r\nAccept-Encoding: identity\r\n"
+    b"GET /v1/status?all=1&gpus=1 HTTP/1.1\r\nHost: 127.0.0.1:7532\r\nAccept-Encoding: identity\r\n"
     b"Authorization: Bearer " + READ_TOKEN + b"\r\nConnection: close\r\n\r\n",
-    b"GET /v1/status?format=lines HTTP/1.1\r\nHost: h\r\nAccept-Encoding: gzip;q=0.5, br\r\n"
+    b"GET /v1/status?format=lines HTTP/1.1\r\nHost: 127.0.0.1:7532\r\nAccept-Encoding: gzip;q=0.5, br\r\n"
     b"Authorization: Bearer " + READ_TOKEN + b"\r\n\r\n",
     b"HEAD /metrics HTTP/1.0\r\nAuthorization: bearer " + READ_TOKEN + b"\r\n\r\n",
-    b"GET /v1/usage?window=1h&headroom=20 HTTP/1.1\r\nHost: h\r\n\r\n",
-    b"POST /login HTTP/1.1\r\nHost: h\r\nOrigin: http://h\r\nContent-Type: application/x-www-form-urlencoded"
+    b"GET /v1/usage?window=1h&headroom=20 HTTP/1.1\r\nHost: 127.0.0.1:7532\r\n\r\n",
+    b"POST /login HTTP/1.1\r\nHost: 127.0.0.1:7532\r\nOrigin: http://127.0.0.1:7532\r\n"
+    b"Content-Type: application/x-www-form-urlencoded"
     b"\r\nContent-Length: 10\r\n\r\ntoken=abcd",
-    b"GET / HTTP/1.1\r\nHost: h\r\nCookie: rayscope_page=x.y\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: 127.0.0.1:7532\r\nCookie: rayscope_page=x.y\r\n\r\n",
 ]
 """Requests the head's clients send (status --head, a dashboard, a browser's login)."""
 HOSTILE_VALUES = [

@@ -556,6 +556,10 @@ def test_push_refuses_a_node_id_no_raylet_here_has(monkeypatch: pytest.MonkeyPat
     )
     assert raylet.node_id_mistake(here, "ab") == ""  # a prefix one raylet has
     assert raylet.node_id_mistake([], "deadbeef") == ""  # a host-only agent: its id is the operator's
+    # A whole id no raylet here has was copied on purpose (a node whose raylet runs elsewhere;
+    # the live tests' simulated nodes): taken, and the agent logs that no local raylet has it.
+    assert raylet.node_id_mistake(here, "de" * 28) == ""
+    assert raylet.node_id_mistake(here, "de" * 27) != ""  # one byte short: a typo again
 
 
 def test_a_second_head_on_a_busy_port_says_who_may_hold_it(head_daemon: Any, wire_token: Path) -> None:

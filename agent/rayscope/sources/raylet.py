@@ -192,13 +192,25 @@ def pick_raylet(raylets: Sequence[RayletInfo], node_id: Optional[str]) -> Option
     return raylets[0] if raylets else None
 
 
+NODE_ID_HEX_DIGITS = 56
+"""A Ray node id in hex (28 bytes): what ``ray list nodes`` and ``rayscope node`` print whole."""
+
+
+def is_full_node_id(text: str) -> bool:
+    """Whether ``text`` is a whole Ray node id: 56 lower-case hex digits."""
+    return len(text) == NODE_ID_HEX_DIGITS and all(c in "0123456789abcdef" for c in text)
+
+
 def node_id_mistake(raylets: Sequence[RayletInfo], node_id: str) -> str:
     """Why ``--node-id`` names none of the raylets that run on this host (none has it, or
-    several start with it), in one line; ``""`` when one has it, or when no raylet runs here
-    (a host-only agent, its id the operator's to give). Pure."""
+    several start with it), in one line; ``""`` when one has it, when no raylet runs here
+    (a host-only agent, its id the operator's to give), or when it is a whole node id that
+    none has (copied on purpose: a node whose raylet runs on another host). Pure."""
     if not raylets:
         return ""
     matches = [r for r in raylets if r.node_id.startswith(node_id)]
+    if not matches and is_full_node_id(node_id):
+        return ""  # a whole id, copied on purpose: a node whose raylet runs elsewhere (push logs it)
     if len(matches) == 1:
         return ""
     here = ", ".join(f"{r.node_id[:12]} (pid {r.pid})" for r in (matches or raylets))

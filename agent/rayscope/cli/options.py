@@ -21,6 +21,7 @@ from rayscope.client import head as client
 from rayscope.core import limits
 from rayscope.core.limits import Limit, Number
 from rayscope.defaults import (
+    DASHBOARD_ENV,
     DEFAULT_GCS_PORT,
     DEFAULT_HTTP_PORT,
     GCS_ADDRESS_ENV,
@@ -159,6 +160,34 @@ GpusOption = Annotated[
         help=(
             "Per GPU: the actors on it, what each booked (VRAM_MB, GPU) beside what it uses"
             " (NVML), and memory held by processes that booked nothing."
+        ),
+    ),
+]
+
+
+def _dashboard(value: Optional[str]) -> Optional[str]:
+    """``--dashboard``: ``none``, or a URL the dashboard source takes (checked now, read later)."""
+    if value is None or value.strip().lower() == "none":
+        return value
+    from rayscope.sources.dashboard import parse_url
+
+    try:
+        parse_url(value)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    return value
+
+
+DashboardOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--dashboard",
+        metavar="URL|none",
+        callback=_dashboard,
+        help=(
+            f"Ray's dashboard (http://HOST:8265), read for the GPU memory of every node no agent"
+            f" measured; none: not read. Default: ${DASHBOARD_ENV}, else the address the cluster"
+            " published in its GCS."
         ),
     ),
 ]

@@ -15,7 +15,7 @@ from typing import Callable, Optional
 from urllib.parse import urlsplit
 
 from rayscope import __version__
-from rayscope.units import MIB, parse_count
+from rayscope.units import MIB, is_count, parse_count
 
 DEFAULT_PORT = 8265
 """Ray's dashboard port when ``ray start`` is given none (``--dashboard HOST`` means it)."""
@@ -111,7 +111,7 @@ def split_answer(data: bytes, url: str) -> tuple[int, bytes]:
     body = data[len(head) + 4 :]
     lines = head.decode("latin-1").split("\r\n")
     version, _, rest = lines[0].partition(" ")
-    if version not in ("HTTP/1.0", "HTTP/1.1") or not (rest[:3].isascii() and rest[:3].isdigit()):
+    if version not in ("HTTP/1.0", "HTTP/1.1") or len(rest) < 3 or not is_count(rest[:3]):
         raise Unanswered(f"what answers at {url} is not an HTTP server (no HTTP status line)")
     headers: dict[str, list[str]] = {}
     for line in lines[1:]:

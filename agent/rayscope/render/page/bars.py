@@ -19,9 +19,10 @@ from typing import NamedTuple, Optional
 
 from rayscope.core.gpu.health import health_flags
 from rayscope.core.gpu.memory import gpu_used
+from rayscope.core.gpu.precedence import figures_old
 from rayscope.labels import printable
 from rayscope.render.fmt import gib
-from rayscope.render.gpus import fuller_devices, gpu_label, user_label
+from rayscope.render.gpus import SOURCE_WORDS, fuller_devices, gpu_label, used_text, user_label
 from rayscope.schema.report import GpuDevice, GpuUser
 from rayscope.schema.status import DeviceFree, NodeStatus
 from rayscope.units import MIB
@@ -76,6 +77,9 @@ class GpuBar(NamedTuple):
     """The node books ``VRAM_MB`` (else the ``GPU`` fraction is the reservation)."""
     stale: bool = False
     """The measured figures are from a stale report (drawn grey)."""
+    source: str = ""
+    """Where the used figure comes from when not the agent's NVML: ``Ray dashboard, 3s old``
+    (``CUDA, 3s old``); ``""`` otherwise."""
 
 
 def _device_of(node: NodeStatus, index: int) -> Optional[DeviceFree]:
@@ -132,7 +136,7 @@ def _handles(node: NodeStatus, gpu: Optional[GpuDevice], device: Optional[Device
 
 def _marks(node: NodeStatus, gpu: Optional[GpuDevice], device: Optional[DeviceFree]) -> list[Mark]:
     marks = []
-    if node.stale and node.report_age_s is not None:
+    if figures_old(node) and node.report_age_s is not None:
         marks.append(Mark("stale", f"stale {node.report_age_s:.0f}s", "NVML numbers from an old report"))
     if gpu is not None:
         flags = health_flags(gpu)
@@ -157,7 +161,7 @@ def _marks(node: NodeStatus, gpu: Optional[GpuDevice], device: Optional[DeviceFr
 def _node_untrusted(node: NodeStatus) -> str:
     """The node's reason its NVML used figure is not trusted although NVML answered and the
     report is fresh (a vGPU guest); ``""`` otherwise."""
-    answered = node.nvml_memory_used_bytes is not None and not node.stale
+    answered = node.nvml_memory_used_bytes is not None and not figures_old(node)
     return node.used_gpu_memory_reason if answered and node.used_gpu_memory_bytes is None else ""
 
 
@@ -217,7 +221,7 @@ def _measured(
         used = device.memory_used_bytes if device is not None else None
     if _node_untrusted(node):
         used = None  # a stale report keeps its last trusted figure, drawn as old (the line's rule)
-    untrusted = gpu.memory_used_bytes if gpu is not None and used is None and not node.stale else None
+    untrusted = gpu.memory_used_bytes if gpu is not None and used is None and not figures_old(node) else None
     return used, untrusted
 
 
@@ -256,7 +260,8 @@ def _bar(node: NodeStatus, gpu: Optional[GpuDevice], device: Optional[DeviceFree
         untrusted_bytes=untrusted,
         marks=_marks(node, gpu, device),
         vram_node=vram_node,
-        stale=node.stale,
+        stale=figures_old(node),
+        source=_source(gpu),
     )
 
 
@@ -312,7 +317,8 @@ def _svg(bar: GpuBar) -> str:
         rects.append(
             f'<rect class="{"old" if bar.stale else "used"}" x="0" y="13.5"'
             f' width="{percent(bar.used_bytes, total)}" height="4.5"><title>NVML: {gib(bar.used_bytes)}'
-            f" of {gib(total)} GB in use{' (a stale report)' if bar.stale else ''}</title></rect>"
+            f" of {gib(total)} GB in use{' (a stale report)' if bar.stale else ''}"
+            f"{f' ({bar.source})' if bar.source else ''}</title></rect>"
         )
     elif total and bar.untrusted_bytes is not None:
         rects.append(
@@ -332,7 +338,13 @@ def _svg(bar: GpuBar) -> str:
 def _measured_text(bar: GpuBar) -> str:
     if bar.used_bytes is None and bar.untrusted_bytes is not None:
         return f"NA (NVML says {gib(bar.untrusted_bytes)})/{gib(bar.total_bytes)} GB"
-    return f"{gib(bar.used_bytes)}/{gib(bar.total_bytes)} GB"
+    source = f" ({bar.source})" if bar.source and bar.used_bytes is not None else ""
+    return f"{gib(bar.used_bytes)}/{gib(bar.total_bytes)} GB{source}"
+
+
+def _source(gpu: Optional[GpuDevice]) -> str:
+    """``Ray dashboard, 3s old`` (the GPU's line's words, render.gpus) or ``""``."""
+    return used_text(gpu)[1].strip(" ()") if gpu is not None and gpu_used(gpu).source in SOURCE_WORDS else ""
 
 
 def _free_booking(bar: GpuBar) -> str:

@@ -106,13 +106,20 @@ def _from_dashboard(node: NodeStatus, entry: DashboardNode, age_s: float) -> Nod
     return taken
 
 
+NODE_AGENT_FIX = "for measured VRAM without it, run a rayscope node agent on each node"
+"""What a failed dashboard's one line adds where its own reason names no fix for the VRAM."""
+
+
 def _shown_status(read: DashboardRead, used: int, wanted: bool) -> list[SourceStatus]:
     """The dashboard's status for the document: with what it gave; its failure only where a
-    GPU node was left without a figure (elsewhere nobody needed it)."""
+    GPU node was left without a figure (elsewhere nobody needed it), naming the fix."""
     status = read.status
     if status.ok:
         return [replace(status, detail=f"{status.detail}; the VRAM of {used} node(s) no agent measured")]
-    return [status] if wanted else []
+    if not wanted:
+        return []
+    fixed = "rayscope node agent" in status.reason
+    return [status if fixed else replace(status, reason=f"{status.reason}; {NODE_AGENT_FIX}")]
 
 
 def take_dashboard(

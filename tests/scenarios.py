@@ -511,7 +511,7 @@ def dashboard_edges_status() -> ClusterStatus:
     """What rule 3 says, beside the seed: a vGPU guest named by its profile (``NVIDIA
     A40-16C``, NVML's 14.5 GiB not trusted), a node whose dashboard figure is 75 s old, one
     whose dashboard agent has not reported yet, and one the summary does not list."""
-    a100 = {"CPU": 8, "GPU": 1, "accelerator_type:A100": 1}
+    a100: dict[str, float] = {"CPU": 8, "GPU": 1, "accelerator_type:A100": 1}
     views = [
         *SEED_VIEWS,
         view(VGPU_WORKER, "10.0.0.21", {"CPU": 8, "GPU": 1, "accelerator_type:A40": 1}, {"CPU": 8, "GPU": 1}),

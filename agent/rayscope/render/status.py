@@ -28,7 +28,7 @@ from rayscope.render.fmt import (
     vram_note,
 )
 from rayscope.render.gpus import device_line, fuller_devices
-from rayscope.schema.dashboard import DASHBOARD_STATUS
+from rayscope.schema.dashboard import DASHBOARD_OFF, DASHBOARD_STATUS
 from rayscope.schema.pending import PendingDemand
 from rayscope.schema.report import AGENT_STARTERS, SourceStatus, known
 from rayscope.schema.status import ClusterStatus, NodeStatus
@@ -160,7 +160,9 @@ def status_lines(status: ClusterStatus, include_dead: bool = False, summary: boo
 def vram_na_note(status: ClusterStatus, unmeasured: int) -> str:
     """Why ``unmeasured`` GPU nodes read ``VRAM: NA`` in the embedded view: neither this
     host's NVML nor, where it answered, Ray's dashboard measured them."""
-    if any(s.name == DASHBOARD_STATUS and s.ok for s in status.sources):
+    if any(
+        s.name == DASHBOARD_STATUS and s.ok and not s.detail.startswith(DASHBOARD_OFF) for s in status.sources
+    ):
         return (
             f"VRAM: NA on {unmeasured} GPU node(s): neither this host's NVML nor Ray's dashboard"
             " measured them (--json: each node's used_gpu_memory_reason); run `rayscope head`"

@@ -18,6 +18,8 @@ DASHBOARD_SOURCE = "ray-dashboard"
 """How a figure read here names its source (``used_gpu_memory_source``)."""
 DASHBOARD_STATUS = "dashboard"
 """The source's name in every document's ``sources`` (its ``SourceStatus``)."""
+DASHBOARD_OFF = "not read"
+"""How the source's ``detail`` starts when the operator turned it off (``--dashboard none``)."""
 
 
 class DashboardProcess(msgspec.Struct, kw_only=True, gc=False):

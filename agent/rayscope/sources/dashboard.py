@@ -26,7 +26,13 @@ import msgspec
 from rayscope.defaults import DASHBOARD_ENV as DASHBOARD_ENV  # noqa: PLC0414 - re-exported: its tests name it here
 from rayscope.labels import printable
 from rayscope.net.tokens import check_token, read_token_file
-from rayscope.schema.dashboard import DASHBOARD_STATUS, DashboardGpu, DashboardNode, DashboardProcess
+from rayscope.schema.dashboard import (
+    DASHBOARD_OFF,
+    DASHBOARD_STATUS,
+    DashboardGpu,
+    DashboardNode,
+    DashboardProcess,
+)
 from rayscope.schema.report import MAX_DEVICES, MAX_PROCESSES_PER_GPU, Amount, SourceStatus
 from rayscope.sources.dashboard_http import DEFAULT_PORT, Unanswered, get
 from rayscope.sources.gcs import read as gcs_read
@@ -156,7 +162,7 @@ def choose_address(
         if given is None or not given.strip():
             continue
         if given.strip().lower() == OFF:
-            return None, f"not read ({origin} {OFF})"
+            return None, f"{DASHBOARD_OFF} ({origin} {OFF})"
         try:
             return Address(parse_url(given), origin), ""
         except ValueError as err:

@@ -97,7 +97,9 @@ def used_amount(total: float, available: float) -> float:
 def resource_tokens(resources: Iterable[str]) -> tuple[Optional[str], Optional[str], Optional[str], bool]:
     """(node IP, accelerator type, SLURM job id, is head) from a node's resource names, in one
     pass: ``node:<ip>``, ``accelerator_type:<token>``, ``slurm_job_id:<id>``,
-    ``node:__internal_head__``. Prefixes are split off (``lstrip`` would eat token letters)."""
+    ``node:__internal_head__``. Prefixes are split off (``lstrip`` would eat token letters).
+    Of several accelerator tokens (one declared beside the one Ray detected) the first by
+    name: the GCS lists a node's resources in no fixed order."""
     ip = accelerator = slurm = None
     head = False
     for name in resources:
@@ -105,7 +107,7 @@ def resource_tokens(resources: Iterable[str]) -> tuple[Optional[str], Optional[s
         if not colon:
             continue
         if kind == "accelerator_type":
-            accelerator = value
+            accelerator = min(value, accelerator or value)
         elif kind == "slurm_job_id":
             slurm = value
         elif kind == "node":

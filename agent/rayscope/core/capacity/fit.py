@@ -25,7 +25,7 @@ from typing import Optional
 from rayscope.core.capacity.sizing import EXIT_COULD_NOT_TELL, request_sizing, sizing_hazard
 from rayscope.core.gpu.memory import gpu_used
 from rayscope.core.gpu.placement import device_free, placement_known, replicas_on_devices
-from rayscope.core.gpu.precedence import figures_old
+from rayscope.core.gpu.precedence import NOT_READ, figures_old
 from rayscope.core.rollup import (
     SCHEDULER_STEMS,
     SchedulerView,
@@ -161,8 +161,10 @@ def _no_measurement_reason(node: NodeStatus, view: str) -> str:
         failed = [s.reason for s in node.sources if s.name == "nvml" and not s.ok and s.reason]
         return failed[0] if failed else "NVML did not answer"
     dashboard = node.used_gpu_memory_reason.partition("; Ray dashboard: ")[2]
-    if dashboard:  # Ray's dashboard was asked (rayscope.core.gpu.precedence)
-        return f"not measured: no agent, and Ray's dashboard had no figure ({dashboard})"
+    if dashboard == NOT_READ:  # Ray's dashboard was asked (rayscope.core.gpu.precedence)
+        return "not measured: no agent, and Ray's dashboard could not be read (`rayscope status` says why)"
+    if dashboard:
+        return f"not measured: no agent, and no figure from Ray's dashboard: {dashboard}"
     if view == "gcs":
         return "not measured: without a head agent only this host's NVML is read"
     return "no agent reports this node"

@@ -106,6 +106,8 @@ def _from_dashboard(node: NodeStatus, entry: DashboardNode, age_s: float) -> Nod
     return taken
 
 
+NOT_READ = "not read"
+"""A node's reason where the dashboard could not be read (its source's status says why)."""
 NODE_AGENT_FIX = "for measured VRAM without it, run a rayscope node agent on each node"
 """What a failed dashboard's one line adds where its own reason names no fix for the VRAM."""
 
@@ -146,7 +148,7 @@ def take_dashboard(
         entry = read.nodes.get(node_id)
         measured_at = entry.measured_at if entry is not None else None
         age = None if measured_at is None else round(max(0.0, wall_now - measured_at), 1)
-        why = _why_not(entry, age) if read.status.ok else "not read (see sources)"
+        why = _why_not(entry, age) if read.status.ok else NOT_READ
         if why or entry is None or age is None:
             nodes[node_id] = replace(
                 node, used_gpu_memory_reason=f"{node.used_gpu_memory_reason}; Ray dashboard: {why}"

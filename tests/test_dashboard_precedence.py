@@ -293,3 +293,20 @@ def test_a_gpu_named_as_a_vgpu_is_not_trusted_anywhere() -> None:
     from rayscope.core.gpu.memory import nvml_trusted
 
     assert not nvml_trusted(device)
+
+
+def test_the_heads_usage_history_takes_the_dashboards_figures() -> None:
+    """``usage`` covers a node no agent measures: the dashboard's per-process figure of
+    deNBI's app (its pid matched to the actor) is recorded as the app's use."""
+    import time
+
+    state = HeadState(interval_s=5.0, gcs_address="x:1")
+    state.set_view(SEED_VIEWS, SourceStatus(name="gcs", ok=True), read_at=time.monotonic())
+    state.set_actors(scenarios.DASHBOARD_ACTORS, SourceStatus(name="gcs_actors", ok=True))
+    fresh = {T4: msgspec.structs.replace(dashboard_read().nodes[T4], measured_at=time.time() - 1.0)}
+    state.set_dashboard(
+        DashboardRead(nodes=fresh, status=SourceStatus(name="dashboard", ok=True, detail="x"))
+    )
+    state.fold_usage(time.monotonic())
+    [app] = state.usage.document(time.monotonic()).apps
+    assert app.app == "Replica" and app.peak_used_bytes == 4300 * 2**20  # named by its class

@@ -39,8 +39,19 @@ from rayscope.render.metrics import metrics_text
 from rayscope.render.status import status_json_bytes, status_lines
 from rayscope.schema.report import GpuDevice, HostInfo, NodeReport, RayletInfo, SourceStatus
 from rayscope.schema.status import RayNode
+from tests import fake_nvml
 from tests.bench_agents import keep_marked
-from tests.conftest import REPO, HeadDaemon, LiveCluster, base_env, free_port, push_agent, start_cluster
+from tests.conftest import (
+    REPO,
+    HeadDaemon,
+    LiveCluster,
+    base_env,
+    free_port,
+    push_agent,
+    running_dashboard_cluster,
+    start_cluster,
+)
+from tests.livecluster import demo_scenarios, hold_demo_memory
 from tests.waiting import eventually
 
 NODES = 10_000
@@ -414,11 +425,57 @@ def bench_live(cluster: LiveCluster, logs: Path, runs: int) -> dict[str, float]:
         head.stop()
 
 
+def bench_dashboard(logs: Path, runs: int) -> dict[str, Any]:
+    """The embedded ``status`` on the demo's two nodes with Ray's dashboard up (every raylet
+    on the fake NVML, no rayscope agent), beside ``ray status`` on the same cluster, in turn;
+    and the status lines it printed (the closing note's before and after)."""
+    nvml = fake_nvml.build(logs)
+    with running_dashboard_cluster("demo", nvml, demo_scenarios({})) as cluster:
+        hold_demo_memory(cluster.state, str(cluster.root))
+        env = installed_env(
+            base_env(
+                RAY_AUTH_MODE="disabled",
+                RAY_TMPDIR=str(cluster.root),
+                LD_LIBRARY_PATH=str(nvml.lib_dir),
+                RAYSCOPE_FAKE_NVML_SCENARIO=str(cluster.root / "nvml" / "head"),
+            )
+        )
+        rayscope = [str(Path(sys.executable).parent / "rayscope"), "status"]  # the console script
+        commands = {
+            "dashboard_gcs": [*rayscope, "--gcs", cluster.gcs_address],
+            "dashboard_ray": [
+                str(Path(sys.executable).parent / "ray"),
+                "status",
+                "--address",
+                cluster.gcs_address,
+            ],
+        }
+        for command in commands.values():
+            subprocess.run(command, env=env, cwd=REPO, capture_output=True, check=True, timeout=120)
+        result: dict[str, Any] = dict(timed_commands(commands, env, runs))
+        shown = subprocess.run(
+            commands["dashboard_gcs"],
+            env=env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        result["dashboard_lines"] = shown.stdout + shown.stderr
+        return result
+
+
 # Report --------------------------------------------------------------------------------------
 
 
 def write_report(
-    path: Path, live: dict[str, float], big: dict[str, float], synthetic: dict[str, float], command: str
+    path: Path,
+    live: dict[str, float],
+    big: dict[str, float],
+    synthetic: dict[str, float],
+    command: str,
+    dashboard: dict[str, Any],
 ) -> None:
     def row(what: str, ours: str, peer: str, ratio: str, target: str) -> str:
         return f"| {what} | {ours} | {peer} | {ratio} | {target} |"
@@ -448,6 +505,14 @@ def write_report(
             f"`ray status`: {ms(ray_s)}",
             faster(ray_s, live["gcs_s"]),
             "≥ 1.2×",
+        ),
+        row(
+            "`status` embedded, live 2-node cluster with Ray's dashboard up (every node's VRAM from"
+            " this host's NVML or the dashboard, no agent)",
+            ms(dashboard["dashboard_gcs_s"]),
+            f"`ray status`: {ms(dashboard['dashboard_ray_s'])}",
+            faster(dashboard["dashboard_ray_s"], dashboard["dashboard_gcs_s"]),
+            "≥ 1.5×",
         ),
         row(
             "`status --head`, live 3-node cluster",
@@ -541,9 +606,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=15, help="runs per live command (median)")
     parser.add_argument("--output", default=str(REPO / "BENCHMARKS.md"))
+    parser.add_argument(
+        "--dashboard-only", action="store_true", help="only the embedded status beside ray status, printed"
+    )
     args = parser.parse_args()
     logs = Path(os.environ.get("TMPDIR", "/tmp")) / f"rayscope-bench-{os.getpid()}"
     logs.mkdir(parents=True)
+    if args.dashboard_only:
+        print(json.dumps(bench_dashboard(logs, args.runs), indent=1))
+        return 0
     reports = synthetic_reports()
     synthetic: dict[str, float] = {}
     synthetic["ingest"], synthetic["ingest_peer"] = bench_ingest_in_process(reports)
@@ -558,7 +629,9 @@ def main() -> int:
     finally:
         cluster.stop()
     print(json.dumps(live, indent=1), flush=True)
-    write_report(Path(args.output), live, big, synthetic, "make bench")
+    dashboard = bench_dashboard(logs, args.runs)
+    print(json.dumps(dashboard, indent=1), flush=True)
+    write_report(Path(args.output), live, big, synthetic, "make bench", dashboard)
     print(Path(args.output).read_text())
     return 0
 

@@ -32,6 +32,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Optional
 
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # honour 127.0.0.1 (docs/architecture.md)
@@ -146,6 +147,38 @@ def _scenario_env(scenarios: Optional[str], name: str) -> dict[str, str]:
     """``RAYSCOPE_FAKE_NVML_SCENARIO`` for node ``name`` when ``scenarios/name`` exists."""
     path = os.path.join(scenarios, name) if scenarios else ""
     return {SCENARIO_ENV: path} if path and os.path.exists(path) else {}
+
+
+def _fake_nvml() -> Any:
+    """``tests.fake_nvml``, when this file runs as a script (``make demo``) too."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if repo not in sys.path:
+        sys.path.insert(0, repo)
+    return importlib.import_module("tests.fake_nvml")
+
+
+REPLICA_GIB = 4.6
+"""GiB each federated-unet replica of the demo holds on Europa's RTX 3090 (it booked 5120 MB)."""
+APP_GIB = 4.2
+"""GiB deNBI's app holds on its T4 (it booked a third of the GPU's 15 GiB)."""
+
+
+def demo_scenarios(pids: dict[str, int]) -> dict[str, str]:
+    """The demo's fake GPUs, per node name, as the fake NVML reads them: Europa's RTX 3090
+    (``head``), each federated-unet replica of ``pids`` (actor name -> pid) holding
+    :data:`REPLICA_GIB`, and deNBI's T4 (``denbi``), its app holding :data:`APP_GIB`; with
+    no pids yet, idle GPUs."""
+    nvml = _fake_nvml()
+    replicas = [pid for name, pid in sorted(pids.items()) if name.startswith("federated-unet")]
+    apps = [pid for name, pid in pids.items() if name == "denbi-app"]
+    rtx = nvml.gpu(
+        0, nvml.RTX_3090, pci="00000000:01:00.0", total_gib=24, used_gib=len(replicas) * REPLICA_GIB + 0.4
+    )
+    t4 = nvml.gpu(0, "Tesla T4", pci="00000000:00:1E.0", total_gib=15, used_gib=len(apps) * APP_GIB + 0.3)
+    t4 = t4.replace(nvml.uuid(0), nvml.uuid(1))  # another GPU than Europa's
+    head = rtx + "".join(nvml.process("gpu0", pid, REPLICA_GIB) for pid in replicas)
+    denbi = t4 + "".join(nvml.process("gpu0", pid, APP_GIB) for pid in apps)
+    return {name: nvml.HEADER + "count 1\n" + text for name, text in (("head", head), ("denbi", denbi))}
 
 
 def _free_port() -> int:
@@ -548,22 +581,75 @@ def answer(cluster: LiveCluster, request: dict[str, Any]) -> dict[str, Any]:
     return reply
 
 
+def demo_gpus(root: str) -> tuple[list[str], dict[str, str], dict[str, str], str]:
+    """What the demo's GPUs need: (``serve``'s options, the environment of Ray's processes,
+    rayscope's own environment, a line to say when something is missing). The fake NVML
+    (built with ``cc``) under every raylet, each node reading its own scenario, and Ray's
+    dashboard on where ``ray[default]`` is installed: its agents measure every node's GPU.
+    rayscope reads the head's scenario too, as it reads the real NVML of the host it runs on."""
+    nvml = _fake_nvml()
+    try:
+        (Path(root) / "nvml-lib").mkdir()
+        lib = nvml.build(Path(root) / "nvml-lib")
+    except (RuntimeError, OSError, subprocess.SubprocessError) as err:
+        return [], {}, {}, f"(no fake NVML: {err}; every VRAM: reads NA)"
+    scenarios = Path(root) / "nvml"
+    scenarios.mkdir()
+    for name, text in demo_scenarios({}).items():
+        nvml.write_scenario(scenarios / name, text)
+    ray_env = {"LD_LIBRARY_PATH": str(lib.lib_dir)}
+    own_env = {**ray_env, SCENARIO_ENV: str(scenarios / "head")}
+    options = ["--nvml-scenarios", str(scenarios)]
+    if importlib.util.find_spec("aiohttp") is None:
+        return options, ray_env, own_env, "(ray without [default]: no dashboard, the worker's VRAM: reads NA)"
+    return ["--dashboard", *options], ray_env, own_env, ""
+
+
+def hold_demo_memory(state: dict[str, Any], root: str, timeout_s: float = 60.0) -> None:
+    """Each demo replica holds its GPU memory (the scenarios rewritten with the actors' pids),
+    and, with the dashboard on, wait until it shows every node's processes (its agents sample
+    every 5 s)."""
+    scenarios = Path(root) / "nvml"
+    if not scenarios.is_dir():
+        return
+    pids = {a["name"]: a["pid"] for a in state.get("actors", [])}
+    nvml = _fake_nvml()
+    for name, text in demo_scenarios(pids).items():
+        nvml.write_scenario(scenarios / name, text)
+    url = state.get("dashboard_url")
+    deadline = time.monotonic() + timeout_s
+    while url and time.monotonic() < deadline:
+        request = urllib.request.Request(f"http://{url}/nodes?view=summary")
+        request.add_header("User-Agent", "rayscope-demo")
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                summary = json.loads(response.read())["data"]["summary"]
+        except (OSError, ValueError, KeyError):
+            summary = []
+        listed = {p["pid"] for n in summary for g in n.get("gpus", []) for p in g.get("processesPids") or []}
+        if listed >= set(pids.values()):
+            return
+        time.sleep(0.5)
+
+
 def demo(keep: bool = False) -> int:
     """``make demo``: a two-node cluster, the seed's bookings, rayscope's answer, then stop;
     ``keep`` (``make demo KEEP=1``): the cluster stays up until Ctrl-C, and the commands to try
-    against it are printed (a token file for the agents included)."""
+    against it are printed (a token file for the agents included). Every raylet runs on the
+    fake NVML with Ray's dashboard on (:func:`demo_gpus`), so every node's VRAM is measured."""
     root = tempfile.mkdtemp(prefix="rs-demo-", dir="/tmp")
     env = {**os.environ, "RAY_TMPDIR": root, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")}
     state_file = os.path.join(root, "state.json")
+    options, ray_env, own_env, missing = demo_gpus(root)
     print(
         f"Starting a Ray cluster on {LOOPBACK} (head with VRAM_MB 24576 + one worker, fake GPUs) ...",
         flush=True,
     )
     launcher = subprocess.Popen(
-        [sys.executable, __file__, "serve", "--state", state_file, "--topology", "demo"],
+        [sys.executable, __file__, "serve", "--state", state_file, "--topology", "demo", *options],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
-        env=env,
+        env={**env, **ray_env},
         text=True,
         start_new_session=True,  # Ctrl-C reaches the demo, which stops the cluster in order
     )
@@ -574,8 +660,12 @@ def demo(keep: bool = False) -> int:
                 break
         with open(state_file) as f:
             state = json.load(f)
+        hold_demo_memory(state, root)
         print("Booked four federated-unet replicas (num_gpus=0.01, VRAM_MB=5120)")
         print("and one deNBI app (num_gpus=0.33) as real actors.")
+        if missing:
+            print(missing)
+        env = {**env, **own_env}
         rayscope = [sys.executable, "-m", "rayscope"]
         gcs = ["--gcs", state["gcs_address"]]
         print(f"\n$ rayscope status --gcs {state['gcs_address']}", flush=True)
@@ -594,7 +684,7 @@ def demo(keep: bool = False) -> int:
             # Ctrl-C, or SIGTERM, even where SIGINT came ignored (a job started with `&`).
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, signal.default_int_handler)
-            print(commands_to_try(state, root), flush=True)
+            print(commands_to_try(state, root, own_env), flush=True)
             while True:
                 time.sleep(3600)
     except KeyboardInterrupt:
@@ -611,7 +701,7 @@ def demo(keep: bool = False) -> int:
     return 0
 
 
-def commands_to_try(state: dict[str, Any], root: str) -> str:
+def commands_to_try(state: dict[str, Any], root: str, own_env: Optional[dict[str, str]] = None) -> str:
     """What ``make demo KEEP=1`` prints: commands to paste into another terminal, as they are.
     The agents get a token file of their own; both raylets run on this host, so each
     ``push`` names its node (``--node-id``)."""
@@ -626,7 +716,8 @@ def commands_to_try(state: dict[str, Any], root: str) -> str:
         "",
         "The cluster stays up until Ctrl-C. In another terminal, try:",
         "",
-        f"  export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_TMPDIR={root} PATH={bin_dir}:$PATH",
+        f"  export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_TMPDIR={root} PATH={bin_dir}:$PATH"
+        + "".join(f" {k}={v}" for k, v in sorted((own_env or {}).items())),
         f"  rayscope status --gcs {gcs}",
         f"  rayscope status --gcs {gcs} --gpus",
         f"  rayscope status --gcs {gcs} --watch",

@@ -15,10 +15,11 @@ import msgspec
 
 from rayscope.core.capacity import pending
 from rayscope.core.rollup import merge, scheduler_nodes
+from rayscope.schema.dashboard import DashboardGpu, DashboardNode, DashboardProcess, DashboardRead
 from rayscope.schema.node import NodeDiagnostics
 from rayscope.schema.pending import PendingRead
 from rayscope.schema.report import GpuDevice, GpuProcess, HostInfo, NodeReport, RayletInfo, SourceStatus
-from rayscope.schema.status import ClusterStatus, NodeStatus, RayNode, ReceivedReport
+from rayscope.schema.status import ActorBooking, ClusterStatus, NodeStatus, RayNode, ReceivedReport
 
 DATA = Path(__file__).resolve().parent / "data"
 NOW = 1_796_000_000.0
@@ -417,3 +418,118 @@ def vgpu_node_diagnostics(cuda_age_s: Optional[float] = None) -> NodeDiagnostics
         booking={VGPU: node},
         sources=[SourceStatus(name="raylet", ok=True), SourceStatus(name="nvml", ok=True)],
     )
+
+
+# --- Ray's dashboard (issue 32): nodes no agent measures, as its summary gives them ------------
+
+VGPU_WORKER = "a6" * 28
+SILENT = "5e" * 28
+LATE = "1a" * 28
+APP_PID = 4711
+
+
+def dashboard_gpu(name: str, total_mib: int, used_mib: int, processes: dict[int, int]) -> DashboardGpu:
+    """One GPU of the summary as ``rayscope.sources.dashboard`` parses it (MiB → bytes)."""
+    return DashboardGpu(
+        index=0,
+        uuid=f"GPU-{name.encode().hex()[-8:]:0>8}-dash-0000-0000-000000000000",
+        name=name,
+        memory_total_bytes=total_mib * MIB,
+        memory_used_bytes=used_mib * MIB,
+        processes=[DashboardProcess(pid=pid, used_memory_bytes=mib * MIB) for pid, mib in processes.items()],
+        processes_believed=True,
+    )
+
+
+def dashboard_read(ok: bool = True, extra: Optional[dict[str, DashboardNode]] = None) -> DashboardRead:
+    """Ray 2.60's dashboard on the seed: the T4 worker 3.4 s ago (deNBI's app, pid
+    :data:`APP_PID`, holding 4.2 GiB; a process outside Ray 0.2 GiB), the CPU node with no
+    GPU; ``ok=False``: a dashboard that did not answer."""
+    if not ok:
+        reason = "the Ray dashboard at http://172.17.0.3:8265 answered HTTP 500: Internal Server Error"
+        return DashboardRead(status=SourceStatus(name="dashboard", ok=False, reason=reason))
+    nodes = {
+        T4: DashboardNode(
+            node_id=T4,
+            node_ip="10.0.0.5",
+            measured_at=NOW - 3.4,
+            gpus=[dashboard_gpu("Tesla T4", T4_MIB, 4915, {APP_PID: 4300, 9001: 204})],
+        ),
+        CPU: DashboardNode(node_id=CPU, node_ip="10.0.0.7", measured_at=NOW - 3.4, gpus=[]),
+        **(extra or {}),
+    }
+    detail = f"http://172.17.0.3:8265: {len(nodes)} node(s); address from GCS"
+    return DashboardRead(nodes=nodes, status=SourceStatus(name="dashboard", ok=True, detail=detail))
+
+
+DASHBOARD_ACTORS = [
+    ActorBooking(
+        actor_id="d1" * 16,
+        node_id=T4,
+        pid=APP_PID,
+        name="denbi-app",
+        class_name="Replica",
+        job_id="01000000",
+        required={"GPU": 0.33, "CPU": 1},
+        gpu_ids=[0],
+        gpu_shares=[(0, 0.33)],
+    )
+]
+
+
+def dashboard_status(
+    read: Optional[DashboardRead] = None,
+    views: Optional[list[RayNode]] = None,
+    gpus: bool = False,
+    asked: bool = True,
+) -> ClusterStatus:
+    """``status`` without a head agent on Europa's host (its NVML read here), the seed's
+    other nodes from Ray's dashboard (``read``, by default :func:`dashboard_read`; ``asked``
+    false: not read, as before issue 32); ``gpus``: attributed as ``status --gpus``
+    attributes them (the actor table: :data:`DASHBOARD_ACTORS`)."""
+    from rayscope.core.gpu.attribution import attribute_cluster
+
+    local = report(EUROPA, [gpu(0, 18.8)], "172.17.0.3", age_s=0.0)
+    local.local = True
+    status = merge(
+        scheduler_nodes(views or SEED_VIEWS),
+        {EUROPA: local},
+        now=NOW,
+        stale_after_s=math.inf,
+        view="gcs",
+        gcs_address="172.17.0.3:6379",
+        sources=[SourceStatus(name="gcs", ok=True, detail="172.17.0.3:6379")],
+        scheduler_read_at=NOW,
+        dashboard=None if not asked else (dashboard_read() if read is None else read),
+    )
+    if not gpus:
+        return status
+    return attribute_cluster(status, {EUROPA: local.report}, DASHBOARD_ACTORS, {EUROPA: {EUROPA}}, {})
+
+
+def dashboard_edges_status() -> ClusterStatus:
+    """What rule 3 says, beside the seed: a vGPU guest named by its profile (``NVIDIA
+    A40-16C``, NVML's 14.5 GiB not trusted), a node whose dashboard figure is 75 s old, one
+    whose dashboard agent has not reported yet, and one the summary does not list."""
+    a100: dict[str, float] = {"CPU": 8, "GPU": 1, "accelerator_type:A100": 1}
+    views = [
+        *SEED_VIEWS,
+        view(VGPU_WORKER, "10.0.0.21", {"CPU": 8, "GPU": 1, "accelerator_type:A40": 1}, {"CPU": 8, "GPU": 1}),
+        view(LATE, "10.0.0.22", a100, {"CPU": 8, "GPU": 1}),
+        view(SILENT, "10.0.0.23", a100, {"CPU": 8, "GPU": 1}),
+        view(NO_AGENT, "10.0.0.24", a100, {"CPU": 8, "GPU": 1}),
+    ]
+    extra = {
+        VGPU_WORKER: DashboardNode(
+            node_id=VGPU_WORKER,
+            measured_at=NOW - 2.0,
+            gpus=[dashboard_gpu("NVIDIA A40-16C", 16384, 14848, {})],
+        ),
+        LATE: DashboardNode(
+            node_id=LATE,
+            measured_at=NOW - 75.0,
+            gpus=[dashboard_gpu("NVIDIA A100-SXM4-40GB", 40960, 6144, {})],
+        ),
+        SILENT: DashboardNode(node_id=SILENT),
+    }
+    return dashboard_status(dashboard_read(extra=extra), views)

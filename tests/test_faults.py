@@ -23,6 +23,7 @@ from rayscope.render.status import status_lines
 from rayscope.schema.report import GpuDevice, HostInfo, NodeReport, SourceStatus
 from rayscope.schema.status import ClusterStatus, RayNode, ReceivedReport
 from rayscope.sources.gcs import child as gcs_child
+from rayscope.sources.gcs import prestart as gcs_prestart
 from rayscope.sources.gcs import reader as gcs
 from tests.scenarios import CPU, NOW, SEED_REPORTS, SEED_VIEWS, T4, UNKNOWN, gpu, mixed_status, report
 from tests.waiting import eventually
@@ -243,12 +244,13 @@ def test_the_port_check_and_the_child_share_one_deadline(monkeypatch: pytest.Mon
     def slow_check(address: str, timeout_s: float, deadline: object = None) -> None:
         time.sleep(0.3)
 
-    def fake_run(argv: list[str], **kwargs: object) -> object:
-        seen["timeout"] = float(kwargs["timeout"])  # type: ignore[arg-type]
-        raise subprocess.TimeoutExpired(argv, seen["timeout"])
+    def fake_finish(child: object, words: object, timeout_s: float, on_line: object = None) -> object:
+        seen["timeout"] = timeout_s
+        raise subprocess.TimeoutExpired(["python3"], timeout_s)
 
     monkeypatch.setattr(gcs, "check_port", slow_check)  # gcs_child calls it through gcs
-    monkeypatch.setattr(subprocess, "run", fake_run)
+    monkeypatch.setattr(gcs_prestart, "spawn", lambda *args: None)
+    monkeypatch.setattr(gcs_prestart, "finish", fake_finish)  # the one wait on every GCS child
     with pytest.raises(gcs.GcsUnavailable, match=r"timeout 0\.5 s"):
         gcs_child._run_child("127.0.0.1:1", 0.5, "python3")
     assert seen["timeout"] <= 0.21

@@ -112,7 +112,7 @@ def test_the_gcs_child_runs_isolated(
     shared_dir: Path, fake_gcs: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The child runs with ``-I``, in ``/``, with only the variables Ray needs.
-    Positive control: pass ``env=None`` or drop ``cwd="/"`` in ``gcs_child._run_child``."""
+    Positive control: pass ``env=None`` or drop ``cwd="/"`` in ``gcs_prestart.spawn``."""
     record = shared_dir / "record"
     python = shared_dir / "python"
     python.write_text(

@@ -174,3 +174,10 @@ def test_local_report_is_never_stale() -> None:
     status = merge(scheduler_nodes(SEED_VIEWS), {EUROPA: local}, now=NOW, stale_after_s=15, view="gcs")
     assert status.nodes[EUROPA].agent == "local" and not status.nodes[EUROPA].stale
     assert SEED_REPORTS[EUROPA].local is False
+
+
+def test_of_two_accelerator_tokens_the_first_by_name_whatever_the_gcs_order() -> None:
+    """A node declaring ``accelerator_type:G`` where Ray also detected its GPU (the tests'
+    fake NVML): the GCS lists the two in no fixed order, the line named either (seen live)."""
+    names = ["accelerator_type:G", "accelerator_type:GeForce-RTX-3090"]
+    assert accelerator_type(names) == accelerator_type(names[::-1]) == "G"

@@ -23,6 +23,9 @@ READ_TOKEN_FILE_ENV = "RAYSCOPE_READ_TOKEN_FILE"
 TLS_CERT_ENV = "RAYSCOPE_TLS_CERT"
 TLS_KEY_ENV = "RAYSCOPE_TLS_KEY"
 TLS_CA_ENV = "RAYSCOPE_TLS_CA"
+DASHBOARD_ENV = "RAYSCOPE_DASHBOARD"
+"""Ray's dashboard to read (``--dashboard``): ``HOST[:PORT]``, ``http[s]://HOST[:PORT][/prefix]``
+or ``none``; unset: the address the cluster published in its GCS."""
 
 HEADER_EXIT = "X-Rayscope-Exit"
 """The exit code ``status`` would give for the answer (the head decides it once)."""

@@ -19,6 +19,7 @@ from rayscope import SUPPORTED_PYTHON, SUPPORTED_RAY, __version__
 from rayscope.cli import argv as cmdline
 from rayscope.cli import output
 from rayscope.cli.daemon_options import (
+    Agents,
     AgentsOption,
     HttpHostOption,
     HttpOption,
@@ -30,9 +31,9 @@ from rayscope.cli.daemon_options import (
     RemoveOption,
 )
 from rayscope.cli.options import (
-    Agents,
     AllNodesOption,
     AppendFileOption,
+    DashboardOption,
     FormatOption,
     GcsOption,
     GpuMemoryOption,
@@ -126,14 +127,17 @@ def status(
     output_file: OutputFileOption = None,
     append_file: AppendFileOption = None,
     watch_s: WatchOption = None,
+    dashboard: DashboardOption = None,
 ) -> None:
     """Cluster status: GPU and VRAM_MB booked, VRAM measured, per node.
 
     Per node and summed for the cluster: the GPU fraction booked, the VRAM_MB booked and
     the GPU memory NVML measures. With --head (or $RAYSCOPE_HEAD) it asks a head agent,
     which merges every node agent's NVML with the scheduler's view. Without, it reads the
-    scheduler's view of every node from the GCS (no ray.init, no job) and NVML on this
-    host only. The JSON's "view" says which.
+    scheduler's view of every node from the GCS (no ray.init, no job), NVML on this host,
+    and for the other nodes what Ray's dashboard agents measured (where Ray runs its
+    dashboard). The JSON's
+    "view" says which, and each node's used_gpu_memory_source where its figure comes from.
 
     Exit 0: complete. Exit 1: partial (the report of a node whose agent was reporting is
     stale, or the scheduler's view is older than {stale_intervals} intervals, or missing
@@ -146,7 +150,7 @@ def status(
         fmt = output.status_format(json_out, format_.value if format_ else None, output_file)
 
         def read() -> ClusterStatus:
-            return client.read_cluster(head, token_file, gcs, timeout, gpus, tls)
+            return client.read_cluster(head, token_file, gcs, timeout, gpus, tls, dashboard)
 
         if watch_s is not None:
             from rayscope.cli import watch
@@ -174,13 +178,15 @@ def fit(
     gcs: GcsOption = None,
     token_file: TokenFileOption = None,
     timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
+    dashboard: DashboardOption = None,
 ) -> None:
     """Will another app fit? Places R replicas as Ray would book them.
 
     Sizes each replica the way BioEngine's AppBuilder does: where a node advertises
     VRAM_MB, GPU 0.01 plus VRAM_MB = MB; else GPU = MB / smallest GPU, clamped to 1 when up
     to 10% over, refused when more. Places the replicas greedily on what each node has
-    free, then checks NVML's free memory on the chosen GPUs where it is measured.
+    free, then checks NVML's free memory on the chosen GPUs where it is measured (by an
+    agent, this host, or Ray's dashboard).
 
     Exit 0: fits. Exit 1: does not fit (by booking, by measured memory, or refused).
     Exit 2: could not tell (cluster unreadable, a GPU size unknown) or bad usage.
@@ -192,7 +198,7 @@ def fit(
 
     with one_line_errors(_verbose):
         request = fit_request(gpu_memory_mb, shape, replicas, num_cpus, memory_mb, gpu_total_mb, sizing.value)
-        result = api.fit_result(request, api.Source(head, gcs), token_file, timeout)
+        result = api.fit_result(request, api.Source(head, gcs, dashboard), token_file, timeout)
         output.to_stdout((fit_json(result) if json_out else "\n".join(fit_lines(result))) + "\n")
     raise SystemExit(fitting.exit_code(result))
 
@@ -238,6 +244,7 @@ def head_agent(
     remove: RemoveOption = False,
     usage_window: UsageWindowOption = 3600.0,
     usage_state: UsageStateOption = None,
+    dashboard: DashboardOption = None,
 ) -> None:
     """The head agent: merges node reports with the scheduler's view.
 
@@ -265,6 +272,7 @@ def head_agent(
             usage_window_s=usage_window,
             usage_state=usage_state,
             http_hosts=tuple(http_host or ()),
+            dashboard=dashboard,
         )
         if said:
             typer.echo(said)

@@ -2,11 +2,12 @@
 (``rayscope head``) and the node agent's head and node (``rayscope push``), declared once
 like :mod:`rayscope.cli.options`' and checked at parse time the same way."""
 
+from enum import Enum
 from typing import Annotated, Optional
 
 import typer
 
-from rayscope.cli.options import Agents, as_given, endpoint, within
+from rayscope.cli.options import as_given, endpoint, within
 from rayscope.core import limits
 from rayscope.defaults import DEFAULT_HTTP_PORT, DEFAULT_REPORT_PORT, READ_TOKEN_FILE_ENV
 
@@ -80,6 +81,14 @@ MaxPendingOption = Annotated[
         help="Connections per source address before their first good frame.",
     ),
 ]
+
+
+class Agents(str, Enum):
+    """``--agents``: none, or one agent per node placed through Ray."""
+
+    none = "none"
+    ray = "ray"
+
 
 AgentsOption = Annotated[
     Agents,

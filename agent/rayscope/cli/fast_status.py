@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple, Optional, Union
 
 from rayscope.defaults import (
+    DASHBOARD_ENV,
     DEFAULT_TIMEOUT_S,
     HEAD_ENV,
     HEADER_EXIT,
@@ -56,6 +57,7 @@ VALUES = {
     "--tls-cert": "tls_cert",
     "--tls-key": "tls_key",
     "--tls-ca": "tls_ca",
+    "--dashboard": "dashboard",
 }
 ENVIRONMENT = {
     "head": HEAD_ENV,
@@ -69,6 +71,8 @@ agent/rayscope/net/tls.py; tests hold them to the same names); an empty one coun
 as click has it."""
 HEAD_ONLY = ("token_file", "tls_cert", "tls_key", "tls_ca")
 """Options of a head read: given without a head, the CLI's (it ignores or refuses them)."""
+GCS_ONLY = ("dashboard",)
+"""Options of a GCS read: given with a head, the CLI's (it refuses them)."""
 FORMATS = {"text": ("text", "json"), "gcs": ("text", "json", "prom")}
 
 
@@ -85,6 +89,8 @@ class Request(NamedTuple):
     fmt: str
     tls: "Optional[TlsFiles]"
     verbose: bool
+    dashboard: Optional[str] = None
+    """``--dashboard``'s value (the GCS read's; ``$RAYSCOPE_DASHBOARD`` is read there)."""
 
 
 def run(args: Sequence[str]) -> None:
@@ -158,7 +164,8 @@ def parse(words: Sequence[str], verbose: bool, environ: Mapping[str, str]) -> Op
         key: str(given[key]) if key in given else environ.get(env) or None for key, env in ENVIRONMENT.items()
     }
     head, gcs = strings["head"], given.get("gcs")
-    if (head and gcs) or (not head and any(key in given for key in HEAD_ONLY)):
+    dashboard = str(given["dashboard"]) if given.get("dashboard") else None
+    if not _one_source(given, head, environ):
         return None
     fmt = str(given.get("format", "json" if given.get("json_out") else "text"))
     if fmt not in FORMATS["text" if head else "gcs"] or (given.get("json_out") and fmt != "json"):
@@ -185,7 +192,36 @@ def parse(words: Sequence[str], verbose: bool, environ: Mapping[str, str]) -> Op
         fmt=fmt,
         tls=tls,
         verbose=verbose,
+        dashboard=dashboard,
     )
+
+
+def _one_source(
+    given: Mapping[str, Union[str, bool]], head: Optional[str], environ: Mapping[str, str]
+) -> bool:
+    """Whether the options read one source as the CLI takes them: a head, with no option of
+    the GCS read; else the GCS, with no option of a head read and a dashboard the source
+    takes."""
+    if head:
+        return not any(key in given for key in (*GCS_ONLY, "gcs"))
+    if any(key in given for key in HEAD_ONLY):
+        return False
+    dashboard = given.get("dashboard")
+    return _dashboard_taken(str(dashboard) if dashboard else None, environ)
+
+
+def _dashboard_taken(option: Optional[str], environ: Mapping[str, str]) -> bool:
+    """Whether ``--dashboard`` and ``$RAYSCOPE_DASHBOARD`` are values the source takes (a
+    bad one is the CLI's to say); neither given: nothing to check, nothing imported."""
+    if not (option or environ.get(DASHBOARD_ENV)):
+        return True
+    from rayscope.sources.dashboard import choose_address
+
+    try:
+        choose_address(option, environ, None, "")
+    except ValueError:
+        return False
+    return True
 
 
 def _checked(head: Optional[str], gcs: Optional[str]) -> tuple[Optional[str], Optional[str]]:
@@ -207,7 +243,9 @@ def answer_from_gcs(request: Request) -> int:
     from rayscope.cli import output
     from rayscope.client import head as client
 
-    result = client.read_cluster(None, None, request.gcs, request.timeout_s, request.gpus)
+    result = client.read_cluster(
+        None, None, request.gcs, request.timeout_s, request.gpus, None, request.dashboard
+    )
     code = output.deliver_status(result, request.fmt, request.all_nodes, request.gpus)
     if request.verbose:
         from rayscope.render.status import source_details

@@ -5,8 +5,7 @@ Every command's options that more than one command takes are declared here once 
 value is a usage error (exit 2) naming the option, never a traceback or a late failure.
 :func:`within` is the one check of every number (finite, in range, its unit in the message:
 the ranges are :mod:`rayscope.core.limits`); ``--head`` and ``--gcs`` together are refused here too.
-
-Light on purpose: ``status --head``, the fast path, pays for every import made here.
+Light on purpose: the CLI's start pays for every import here; the daemons' are in daemon_options.
 """
 
 import inspect
@@ -21,6 +20,7 @@ from rayscope.client import head as client
 from rayscope.core import limits
 from rayscope.core.limits import Limit, Number
 from rayscope.defaults import (
+    DASHBOARD_ENV,
     DEFAULT_GCS_PORT,
     DEFAULT_HTTP_PORT,
     GCS_ADDRESS_ENV,
@@ -200,6 +200,34 @@ GpusOption = Annotated[
         ),
     ),
 ]
+
+
+def _dashboard(value: Optional[str]) -> Optional[str]:
+    """``--dashboard``: ``none``, or a URL the dashboard source takes (checked now, read later)."""
+    if value is None or value.strip().lower() == "none":
+        return value
+    from rayscope.sources.dashboard import parse_url
+
+    try:
+        parse_url(value)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    return value
+
+
+DashboardOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--dashboard",
+        metavar="URL|none",
+        callback=_dashboard,
+        help=(
+            f"Ray's dashboard (http://HOST:8265), read for the GPU memory of every node no agent"
+            f" measured; none: not read. Default: ${DASHBOARD_ENV}, else the address the cluster"
+            " published in its GCS."
+        ),
+    ),
+]
 HeadOption = Annotated[
     Optional[str],
     typer.Option(
@@ -216,11 +244,6 @@ class Format(str, Enum):
     text = "text"
     json = "json"
     prom = "prom"
-
-
-class Agents(str, Enum):
-    none = "none"
-    ray = "ray"
 
 
 class Sizing(str, Enum):

@@ -37,6 +37,8 @@ class Source(NamedTuple):
 
     head: Optional[str]
     gcs: Optional[str]
+    dashboard: Optional[str] = None
+    """Ray's dashboard URL, or ``none`` (``None``: where the GCS says it is)."""
 
 
 @contextmanager
@@ -75,12 +77,20 @@ def _source(gcs: Optional[str], head: Optional[str], dashboard: Optional[str]) -
 
     if head is not None and gcs is not None:
         raise _usage("head= with gcs=: two sources, give one (head= reads a head agent, gcs= the GCS)")
+    if dashboard is not None and head is not None:
+        raise _usage("dashboard= with head=: a head reads the dashboard itself, give one")
     if dashboard is not None and dashboard != NO_DASHBOARD:
-        raise _usage(f"dashboard={dashboard!r}: this release reads no Ray dashboard; give None or 'none'")
+        from rayscope.sources.dashboard import parse_url
+
+        try:
+            parse_url(dashboard)
+        except ValueError as err:
+            raise _usage(f"dashboard=: {err}") from None
     try:
         return Source(
             head=None if head is None else parse_head_url(head),
             gcs=None if gcs is None else parse_address(with_port(gcs, DEFAULT_GCS_PORT)),
+            dashboard=dashboard,
         )
     except ValueError as err:
         raise _usage(f"{'head' if head is not None else 'gcs'}=: {err}") from None
@@ -95,7 +105,8 @@ def read_status(source: Source, token_file: Optional[str], timeout_s: float, gpu
     """The cluster as ``status`` and ``fit`` read it (:func:`rayscope.client.head.read_cluster`)."""
     from rayscope.client import head as client
 
-    return client.read_cluster(source.head, token_file, source.gcs, timeout_s, gpus)
+    head, gcs = source.head, source.gcs
+    return client.read_cluster(head, token_file, gcs, timeout_s, gpus, dashboard=source.dashboard)
 
 
 def fit_result(
@@ -123,7 +134,8 @@ def cluster_state(
     ``gcs``: ``HOST[:PORT]`` of the GCS (default port 6379; ``None``: ``$RAY_ADDRESS``, else
     the local raylet's, else Ray's address file). ``head``: a head agent's URL
     (``http://HOST:7532``) instead, with its ``token_file``; give one of the two.
-    ``dashboard``: the Ray dashboard URL (issue 32); this release takes ``None`` or ``"none"``.
+    ``dashboard``: Ray's dashboard URL, read for every node no agent measures (``None``: where
+    the GCS publishes it; ``"none"``: not read).
     ``timeout``: seconds for the whole read. Raises :class:`RayscopeError`.
     """
     with _one_error():

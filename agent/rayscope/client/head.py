@@ -13,7 +13,7 @@ import msgspec
 
 from rayscope.client.request import parse_head_url as parse_head_url  # noqa: PLC0414 - re-exported: the options name it here
 from rayscope.defaults import DEFAULT_HTTP_PORT, HEAD_ENV, SERVER_NAME
-from rayscope.errors import EXIT_NO_DATA, AgentError
+from rayscope.errors import EXIT_NO_DATA, EXIT_USAGE, AgentError
 from rayscope.net.tls import NO_TLS, TlsFiles
 from rayscope.schema.status import DOCUMENT_SCHEMA, ClusterStatus
 from rayscope.schema.usage import UsageDocument
@@ -143,11 +143,18 @@ def read_cluster(
     timeout_s: float,
     gpus: bool = False,
     tls: Optional[TlsFiles] = None,
+    dashboard: Optional[str] = None,
 ) -> ClusterStatus:
     """The cluster as ``status`` (every mode) and ``fit`` read it, the one place that picks
     the source: a head agent (``--head`` / ``$RAYSCOPE_HEAD``), else the embedded default
-    (the GCS and this host's NVML). ``tls``: the ``--tls-*`` files (``None``: from
+    (the GCS, this host's NVML and Ray's dashboard: ``dashboard``, ``--dashboard``'s value;
+    a head reads its own). ``tls``: the ``--tls-*`` files (``None``: from
     ``$RAYSCOPE_TLS_*``)."""
+    if head and dashboard is not None:
+        raise AgentError(
+            "--dashboard with --head: the head agent reads Ray's dashboard itself (its own --dashboard)",
+            EXIT_USAGE,
+        )
     if head:
         from rayscope.net import tokens
 
@@ -155,7 +162,7 @@ def read_cluster(
         return head_status(head, tokens.read_token(token_file), timeout_s, gpus, files, token_file)
     from rayscope.node import collect  # psutil, pynvml: off the --head fast path
 
-    return collect.embedded_status(gcs, timeout_s, gpus=gpus)
+    return collect.embedded_status(gcs, timeout_s, gpus=gpus, dashboard=dashboard)
 
 
 def read_usage(

@@ -125,6 +125,7 @@ def unreadable(node: Optional[NodeStatus], node_id: str, reason: str, identity: 
         used_gpu_memory_reason="report unreadable",
         nvml_memory_used_bytes=None,
         shared_gpus=UNSET,
+        gpus_source=UNSET,
         unreadable=reason,
     )
 

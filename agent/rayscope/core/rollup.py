@@ -18,9 +18,12 @@ from rayscope.core.gpu.memory import (
     bioengine_memory,
     find_shared_gpus,
     measured_memory,
+    put_memory,
     shared_overcount,
 )
+from rayscope.core.gpu.precedence import take_dashboard
 from rayscope.core.isolation import guarded, unreadable_as
+from rayscope.schema.dashboard import DashboardRead
 from rayscope.schema.report import NodeReport, SourceStatus
 from rayscope.schema.status import (
     DOCUMENT_SCHEMA,
@@ -94,7 +97,9 @@ def used_amount(total: float, available: float) -> float:
 def resource_tokens(resources: Iterable[str]) -> tuple[Optional[str], Optional[str], Optional[str], bool]:
     """(node IP, accelerator type, SLURM job id, is head) from a node's resource names, in one
     pass: ``node:<ip>``, ``accelerator_type:<token>``, ``slurm_job_id:<id>``,
-    ``node:__internal_head__``. Prefixes are split off (``lstrip`` would eat token letters)."""
+    ``node:__internal_head__``. Prefixes are split off (``lstrip`` would eat token letters).
+    Of several accelerator tokens (one declared beside the one Ray detected) the first by
+    name: the GCS lists a node's resources in no fixed order."""
     ip = accelerator = slurm = None
     head = False
     for name in resources:
@@ -102,7 +107,7 @@ def resource_tokens(resources: Iterable[str]) -> tuple[Optional[str], Optional[s
         if not colon:
             continue
         if kind == "accelerator_type":
-            accelerator = value
+            accelerator = min(value, accelerator or value)
         elif kind == "slurm_job_id":
             slurm = value
         elif kind == "node":
@@ -226,7 +231,7 @@ def _apply_report(
     age = round(max(0.0, now - received.received_at), 1)
     # The head's interval only: a report's own interval_s must not decide its freshness.
     stale = not received.local and age > stale_after_s
-    _apply_memory(node, _memory(received), 0.0 if received.local else age, stale)
+    put_memory(node, _memory(received), 0.0 if received.local else age, stale)
     node.collected_at = report.collected_at
     node.received_at = received.received_at + wall_offset
     node.gpus = report.gpus
@@ -273,21 +278,6 @@ def _merged_node(
         report_age_s=age,
         used_gpu_memory_age_s=None if used_age is None else (round(used_age + age, 1) if used_age else age),
     )
-
-
-def _apply_memory(node: NodeStatus, memory: MeasuredMemory, report_age_s: float, stale: bool) -> None:
-    """The node's GPU memory keys from its latest report: rayscope's figures (a stale
-    report keeps its total and NVML's raw used, not a used figure to trust), then
-    BioEngine's from them."""
-    used = None if stale else memory.used_bytes
-    node.total_gpu_memory_bytes = memory.total_bytes
-    node.used_gpu_memory_bytes = used
-    node.used_gpu_memory_source = None if used is None else memory.source
-    node.used_gpu_memory_age_s = None if used is None else round((memory.age_s or 0.0) + report_age_s, 1)
-    node.used_gpu_memory_reason = "stale report" if stale else memory.reason
-    node.nvml_memory_used_bytes = memory.nvml_used_bytes
-    node.gpus_unmeasured = memory.unmeasured
-    node.total_gpu_memory, node.used_gpu_memory = bioengine_memory(node.total_gpu, memory.total_bytes, used)
 
 
 def sort_key(node: NodeStatus) -> tuple[int, tuple[int, ...], str, str]:
@@ -361,8 +351,11 @@ def merge(
     scheduler_read_at: Optional[float] = None,
     wall_now: Optional[float] = None,
     sums: Optional[Mapping[str, float]] = None,
+    dashboard: Optional[DashboardRead] = None,
 ) -> ClusterStatus:
-    """Merge the latest report per node id into :func:`scheduler_nodes` (left untouched).
+    """Merge the latest report per node id into :func:`scheduler_nodes` (left untouched),
+    then Ray's dashboard's figures where no fresh report measured a node (``dashboard``:
+    its read, ``None`` when not read; the rule: rayscope.core.gpu.precedence).
 
     ``scheduler_read_at``: when ``base`` was read (the reader's clock; ``None``: never):
     its age is carried, and past ``stale_after_s`` the view is flagged stale. ``now`` is the
@@ -383,9 +376,10 @@ def merge(
         unknown = unknown or known is None
         args = (known, received, node_id, now, stale_after_s, wall_offset)  # a report that raises: unreadable
         nodes[node_id] = guarded("merge", node_id, unreadable_as(known, node_id), _merged_node, *args)
+    sources = [*sources, *take_dashboard(nodes, dashboard, now + wall_offset)]
     ordered = sorted(nodes.values(), key=sort_key) if unknown else list(nodes.values())
     # Time-slicing: one physical GPU in several nodes' reports is said so, and summed once.
-    shared = find_shared_gpus(ordered) if reports else 0
+    shared = find_shared_gpus(ordered) if reports or dashboard else 0
     age = None if scheduler_read_at is None else round(max(0.0, now - scheduler_read_at), 1)
     return ClusterStatus(
         scheduler_age_s=age,

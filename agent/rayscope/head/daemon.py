@@ -15,6 +15,7 @@ from typing import Callable, Optional
 from rayscope.defaults import DEFAULT_TIMEOUT_S
 from rayscope.errors import EXIT_FAILED, EXIT_USAGE, AgentError
 from rayscope.head import admission, ingest
+from rayscope.head.dashboard import DashboardSetting
 from rayscope.head.http import HTTP_WORKERS, REQUEST_DEADLINE_S, HttpPort
 from rayscope.head.origin import Hosts
 from rayscope.head.poller import PollerGuard
@@ -93,6 +94,7 @@ class Head:
         agents: Optional[RayAgents] = None,
         usage: Optional[UsageStore] = None,
         http_hosts: tuple[str, ...] = (),
+        dashboard: Optional[DashboardSetting] = None,
     ) -> None:
         for host, _ in (listen, http):
             if not token and not is_loopback(host):
@@ -114,6 +116,7 @@ class Head:
         self.http_port: Optional[HttpPort] = None
         self.throttle = LogThrottle(log)
         self.agents = agents
+        self.dashboard = dashboard if dashboard is not None else DashboardSetting(None, {})
         if agents is not None:
             self.state.more_health.append(agents.health)
             self.state.more_sources.append(agents.status)
@@ -151,7 +154,7 @@ class Head:
         except OSError as err:
             server.close()
             raise cannot_listen(err, self.http, "--http") from None
-        poller = PollerGuard(self.state, self._reader, self._stop, self.agents)
+        poller = PollerGuard(self.state, self._reader, self._stop, self.agents, dashboard=self.dashboard)
         poller.start()
         _every(loop, self.state.interval_s, poller.check, self._stop)
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -254,6 +257,7 @@ def run(
     usage_window_s: float = DEFAULT_WINDOW_S,
     usage_state: Optional[str] = None,
     http_hosts: tuple[str, ...] = (),
+    dashboard: Optional[str] = None,
 ) -> Optional[str]:
     """``rayscope head``: serve until a signal, or with ``remove`` remove the agents placed
     through Ray and return what to print. :class:`AgentError` for what an operator fixes
@@ -261,6 +265,10 @@ def run(
     from rayscope.node import collect  # the local raylet's address; psutil, off the CLI's fast path
 
     token, read_token = tokens.read_token(token_file), tokens.read_token(read_token_file)
+    try:
+        setting = DashboardSetting(dashboard)
+    except ValueError as err:
+        raise AgentError(str(err), EXIT_USAGE) from None
     address = collect.resolve_gcs_here(gcs_address)
     keeper = RayAgents(address, split_address(listen), token, interval_s) if agents == "ray" else None
     if remove:
@@ -283,6 +291,7 @@ def run(
                 agents=keeper,
                 usage=usage,
                 http_hosts=http_hosts,
+                dashboard=setting,
             )
             asyncio.run(server.serve())
     except ValueError as err:

@@ -5,6 +5,7 @@ import threading
 import time
 from typing import Callable, Optional
 
+from rayscope.head.dashboard import DashboardSetting, poll_dashboard
 from rayscope.head.state import FORGET_INTERVALS, HeadState
 from rayscope.node.placed_agents import RayAgents
 from rayscope.schema.report import SourceStatus
@@ -15,10 +16,14 @@ log = logging.getLogger("rayscope.head")
 
 
 def poll_once(
-    state: HeadState, reader: Optional[gcs.GcsReader], agents: Optional[RayAgents] = None
+    state: HeadState,
+    reader: Optional[gcs.GcsReader],
+    agents: Optional[RayAgents] = None,
+    dashboard: Optional[DashboardSetting] = None,
 ) -> SourceStatus:
-    """One read of the scheduler's view (the actor table, the pending demand), kept in
-    ``state``; ``agents``: keep one node agent on every alive node of that view."""
+    """One read of the scheduler's view (the actor table, the pending demand; Ray's
+    dashboard where a node needs it: ``dashboard``, ``None``: never), kept in ``state``;
+    ``agents``: keep one node agent on every alive node of that view."""
     views: list[RayNode] = []
     if reader is None:
         status = SourceStatus(name="gcs", ok=False, reason="no GCS address")
@@ -30,6 +35,8 @@ def poll_once(
             state.set_pending(*reader.read_pending())
     state.poller.read(status)
     state.set_view(views, status)
+    if dashboard is not None and status.ok:
+        poll_dashboard(state, reader, dashboard)
     if agents is not None and status.ok:
         agents.reconcile(v.node_id for v in views if v.alive)
     for node_id in state.forget_gone(time.monotonic()):
@@ -47,14 +54,16 @@ def poll_gcs(
     reader: Optional[gcs.GcsReader],
     stop: threading.Event,
     agents: Optional[RayAgents] = None,
+    dashboard: Optional[DashboardSetting] = None,
 ) -> None:
     """Read the scheduler's view once per interval; log only when reachability changes.
-    ``agents``: keep one node agent on every alive node of that view (``--agents ray``). A
+    ``agents``: keep one node agent on every alive node of that view (``--agents ray``);
+    ``dashboard``: read Ray's dashboard for nodes no agent measures (:func:`poll_once`). A
     round that raises is logged and counted (``/healthz``), and the next one runs."""
     was_ok: Optional[bool] = None
     while not stop.is_set():
         try:
-            status = poll_once(state, reader, agents)
+            status = poll_once(state, reader, agents, dashboard)
         except Exception as err:
             state.poller.failed(f"{type(err).__name__}: {err}")
             log.exception("GCS poller: round failed; the scheduler view ages until a round succeeds")
@@ -80,14 +89,15 @@ class PollerGuard:
         stop: threading.Event,
         agents: Optional[RayAgents] = None,
         target: Callable[..., None] = poll_gcs,
+        dashboard: Optional[DashboardSetting] = None,
     ) -> None:
         self._state, self._reader, self._stop, self._target = state, reader, stop, target
-        self._agents = agents
+        self._agents, self._dashboard = agents, dashboard
         self._thread: Optional[threading.Thread] = None
 
     def _run(self) -> None:
         try:
-            self._target(self._state, self._reader, self._stop, self._agents)
+            self._target(self._state, self._reader, self._stop, self._agents, self._dashboard)
         except BaseException as err:
             self._state.poller.failed(f"poller died: {type(err).__name__}: {err}")
             log.error("GCS poller died (%s: %s); it is restarted", type(err).__name__, err)

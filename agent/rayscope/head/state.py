@@ -17,6 +17,7 @@ import msgspec
 from rayscope.core import validate
 from rayscope.core.capacity import pending
 from rayscope.core.gpu.attribution import attribute_cluster
+from rayscope.core.gpu.precedence import dashboard_reports
 from rayscope.core.isolation import recording
 from rayscope.core.rollup import STALE_INTERVALS, merge, scheduler_nodes, scheduler_sums
 from rayscope.core.validate import ReportError
@@ -26,6 +27,7 @@ from rayscope.head.failures import NodeFailures
 from rayscope.head.reports import ReportTable
 from rayscope.head.usage_store import DEFAULT_WINDOW_S, UsageStore
 from rayscope.logs import LogThrottle
+from rayscope.schema.dashboard import DashboardRead
 from rayscope.schema.pending import PendingRead
 from rayscope.schema.report import REPORT_SCHEMA, NodeReport, SourceStatus
 from rayscope.schema.status import ActorBooking, ClusterStatus, NodeStatus, RayNode, ReceivedReport
@@ -118,6 +120,8 @@ class HeadState:
         """Merges and renders that failed for a node (rayscope.core.isolation), for ``/healthz``."""
         self.more_sources: list[Callable[[], SourceStatus]] = []
         """Statuses of parts beside the GCS (agents placed through Ray), in every status."""
+        self._dashboard: Optional[DashboardRead] = None
+        """Ray's dashboard's latest read (``rayscope.head.dashboard``); ``None``: not read."""
         self.version = 0
         """Counts the changes of what :meth:`status` merges (reports, views, actors, demand):
         :mod:`rayscope.head.answers` renders again only when it moved (or time did)."""
@@ -247,6 +251,34 @@ class HeadState:
             self._actors_status = status
             self.version += 1
 
+    def needs_dashboard(self, now: float) -> bool:
+        """Whether an alive GPU node of the scheduler's view has no fresh report that measured
+        it (none, stale, or NVML did not answer): only then is Ray's dashboard read."""
+        fresh_s = STALE_INTERVALS * self.interval_s
+        with self._lock:
+            reports = self._table.reports
+            for node_id, node in self._base.items():
+                held = reports.get(node_id)
+                measured = (
+                    held is not None and now - held.received_at <= fresh_s and held.report.gpus is not None
+                )
+                if node.alive and node.total_gpu > 0 and not measured:
+                    return True
+        return False
+
+    def set_dashboard(self, read: Optional[DashboardRead]) -> None:
+        """Ray's dashboard's latest read (``None``: not read this round); the nodes whose
+        figures it gives go to the usage window too, their pids matched to the actors."""
+        with self._lock:
+            self._dashboard = read
+            self.version += 1
+        if read is None or not read.nodes:
+            return
+        status = self.status(time.monotonic(), wall_now=time.time())
+        with self._lock:
+            for key, report in dashboard_reports(status, self._actors).items():
+                self.usage.seen(key, report)
+
     def set_pending(self, read: Optional[PendingRead], status: SourceStatus) -> None:
         """What waits to be placed, read with the scheduler view; a failed read drops it
         (an old demand would name actors long placed), and the status says why."""
@@ -265,6 +297,7 @@ class HeadState:
             actors, actors_status = self._actors, self._actors_status
             read_at = self._view_read_at
             waiting, pending_status = self._pending, self._pending_status
+            dashboard = self._dashboard
             sources = [gcs_status, actors_status] if gpus else [gcs_status]
             sources += [self.ray_versions] if self.ray_versions else []
         sources += [more() for more in self.more_sources]
@@ -280,6 +313,7 @@ class HeadState:
                 scheduler_read_at=read_at,
                 wall_now=wall_now,
                 sums=sums,
+                dashboard=dashboard,
             )
             if pending_status is not None:
                 status.sources.append(pending_status)

@@ -6,18 +6,20 @@ import math
 import os
 import time
 from collections.abc import Mapping, Sequence
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from rayscope.core.capacity import pending
 from rayscope.core.gpu.attribution import attribute_cluster, attribute_node, leaf_devices
 from rayscope.core.rollup import merge, scheduler_nodes
-from rayscope.errors import EXIT_NO_DATA, AgentError
-from rayscope.net.addresses import parse_address
+from rayscope.errors import EXIT_NO_DATA, EXIT_USAGE, AgentError
+from rayscope.net.addresses import parse_address, split_address
+from rayscope.net.deadline import Deadline
 from rayscope.node.cuda_samples import CudaSamples, settle_gpus
 from rayscope.schema.node import NodeDiagnostics
 from rayscope.schema.report import REPORT_SCHEMA, GpuDevice, NodeReport, ProcessInfo, RayletInfo, SourceStatus
 from rayscope.schema.status import ActorBooking, ClusterStatus, RayNode, ReceivedReport
 from rayscope.sources import host, procs, raylet
+from rayscope.sources.dashboard_read import ParallelRead
 from rayscope.sources.gcs import address as gcs_address
 from rayscope.sources.gcs import child as gcs_child
 from rayscope.sources.gcs import reader as gcs
@@ -108,25 +110,48 @@ def resolve_gcs_here(explicit: Optional[str]) -> str:
     return resolve_gcs(explicit, raylets, raylet_status=status)
 
 
+def start_dashboard(option: Optional[str], deadline: Deadline, gcs_address: str) -> ParallelRead:
+    """Ray's dashboard read of one command (``--dashboard``, ``$RAYSCOPE_DASHBOARD``, else
+    the address the GCS published), begun as early as its address is known; a bad address the
+    operator gave is a usage error (exit 2)."""
+    try:
+        return ParallelRead(option, deadline, split_address(gcs_address)[0])
+    except ValueError as err:
+        raise AgentError(str(err), EXIT_USAGE) from None
+
+
 def embedded_status(
     explicit_gcs: Optional[str],
     timeout_s: float,
     clock: Callable[[], float] = time.time,
     gpus: bool = False,
+    dashboard: Optional[str] = None,
 ) -> ClusterStatus:
-    """``rayscope status`` without a head agent: the GCS for every node, NVML for this host.
+    """``rayscope status`` without a head agent: the GCS for every node, NVML for this host,
+    Ray's dashboard for every node no fresh NVML read measured (its GET beside the GCS read,
+    under the same deadline of ``timeout_s``; ``dashboard``: ``--dashboard``'s value).
 
-    ``gpus``: also read the actor table (same child process) and attribute this host's GPU
-    memory to the actors of its raylets.
+    ``gpus``: also read the actor table (same child process) and attribute every measured
+    node's GPU memory to its actors (this host's by its processes, the dashboard's by pid).
     """
+    deadline = Deadline(timeout_s)
     raylets, raylet_status = raylet.find_raylets()
     address = resolve_gcs(explicit_gcs, raylets, raylet_status=raylet_status)
+    early = start_dashboard(dashboard, deadline, address)
     python = gcs_child.gcs_python(raylets, address, gcs.ray_importable())
-    views, actors, waiting, gcs_statuses = gcs_child.read_pending_too(address, timeout_s, python, actors=gpus)
+    answer: list[dict[str, Any]] = []
+    watch = gcs_child.Watch(deadline, early.on_child_line)
+    views, actors, waiting, gcs_statuses = gcs_child.read_pending_too(
+        address, timeout_s, python, actors=gpus, watch=watch, _answer=answer
+    )
     if not gcs_statuses[0].ok:
         raise AgentError(gcs_statuses[0].reason, EXIT_NO_DATA)
     now = clock()
     reports, local_sources = _attach_local(raylets, views, now)
+    said = answer[0] if answer else {}
+    read = early.result(
+        said.get("cluster_ray_version"), said.get("dashboard_url"), said.get("dashboard_url_error", "")
+    )
     status = merge(
         scheduler_nodes(views),
         reports,
@@ -134,8 +159,9 @@ def embedded_status(
         stale_after_s=math.inf,
         view="gcs",
         gcs_address=address,
-        sources=[*gcs_statuses, raylet_status, *local_sources],
+        sources=[*gcs_statuses, raylet_status, *local_sources, *([early.off_status()] if early.off else [])],
         scheduler_read_at=now,
+        dashboard=read,
     )
     status = pending.attach(status, waiting)
     if not gpus:

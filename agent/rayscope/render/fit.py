@@ -4,6 +4,7 @@ from typing import Optional
 
 from rayscope.labels import node_label, printable_lines
 from rayscope.render.fmt import encode, gib
+from rayscope.render.gpus import SOURCE_WORDS
 from rayscope.schema.fit import FitResult, NodeFit
 from rayscope.units import number, ray_round, size
 
@@ -64,7 +65,11 @@ def gpu_free_text(fit: NodeFit) -> str:
     sample's figure says so: ``GPU0 has 15.2 GB free (CUDA, 3s old)``."""
     return ", ".join(
         f"GPU{g.index} has {gib(g.free_bytes)} GB free"
-        + (f" (CUDA, {g.age_s:.0f}s old)" if g.source == "cuda" and isinstance(g.age_s, float) else "")
+        + (
+            f" ({SOURCE_WORDS[g.source]}, {g.age_s:.0f}s old)"
+            if isinstance(g.age_s, float) and g.source in SOURCE_WORDS
+            else ""
+        )
         for g in fit.gpus
     )
 

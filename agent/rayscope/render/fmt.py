@@ -40,7 +40,7 @@ def vram_note(node: NodeStatus) -> str:
     untrusted = untrusted_gpus(node.gpus)
     if not untrusted:
         return ""
-    label = untrusted_label(known(untrusted[0].virtualization_mode))
+    label = untrusted_label(known(untrusted[0].virtualization_mode), untrusted[0].name)
     figures = [gpu_used(g) for g in untrusted]
     if any(f.used_bytes is None for f in figures):
         return f" ({label}: {NOT_TRUSTED})"

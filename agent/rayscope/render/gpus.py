@@ -8,6 +8,7 @@ from rayscope.core.gpu.memory import gpu_used, nvml_trusted
 from rayscope.core.isolation import UNREADABLE, per_node
 from rayscope.labels import printable_lines
 from rayscope.render.fmt import gib, has_gpus, visible_nodes
+from rayscope.schema.dashboard import DASHBOARD_SOURCE
 from rayscope.schema.report import GpuDevice, GpuUser, known
 from rayscope.schema.status import ClusterStatus, DeviceFree, NodeAttribution, NodeStatus
 from rayscope.units import MIB
@@ -56,13 +57,23 @@ def mode_text(gpu: GpuDevice) -> str:
     return "  " + ", ".join(words) if words else ""
 
 
+SOURCE_WORDS = {"cuda": "CUDA", DASHBOARD_SOURCE: "Ray dashboard"}
+DASHBOARD_WORDS = (
+    "measured by Ray's dashboard agent (no rayscope agent here): NVML's v1 used, reserved memory"
+    " included; processes matched to actors by their worker pids"
+)
+"""What ``--gpus`` says under a node whose GPUs are Ray's dashboard's."""
+"""How a GPU's line names a used figure that is not its agent's NVML read."""
+
+
 def used_text(gpu: GpuDevice) -> tuple[str, str]:
     """(the used figure rayscope trusts, in GiB or ``NA``; what to say after it): ``""`` for
-    NVML's where trusted, `` (CUDA, 3s old)`` for a CUDA sample's, `` (NVML's 14.5 GB not
-    trusted)`` where NVML's figure is not the device's."""
+    NVML's where trusted, `` (CUDA, 3s old)`` for a CUDA sample's, `` (Ray dashboard, 3s
+    old)`` for Ray's dashboard's, `` (NVML's 14.5 GB not trusted)`` where NVML's figure is
+    not the device's."""
     figure = gpu_used(gpu)
-    if figure.source == "cuda":
-        return gib(figure.used_bytes), f" (CUDA, {figure.age_s or 0.0:.0f}s old)"
+    if figure.source in SOURCE_WORDS:
+        return gib(figure.used_bytes), f" ({SOURCE_WORDS[figure.source]}, {figure.age_s or 0.0:.0f}s old)"
     if nvml_trusted(gpu):
         return gib(figure.used_bytes), ""
     raw = figure.nvml_used_bytes
@@ -313,6 +324,8 @@ def status_gpu_lines(status: ClusterStatus, include_dead: bool = False) -> list[
             continue
         role = "[HEAD]" if node.head else "[worker]"
         lines += ["", f"GPUs of {node.node_ip or node.hostname or ''} {role} {node.node_id[:12]}:"]
+        if known(node.gpus_source) == DASHBOARD_SOURCE:
+            lines.append(f"  {DASHBOARD_WORDS}")
         if known(node.unreadable) is not None:
             lines.append(f"  {UNREADABLE}: {known(node.unreadable)}")
         elif node.gpus is None:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import Optional
 
 from rayscope.core.capacity.pending import shape_text
+from rayscope.core.gpu.precedence import figures_old
 from rayscope.core.isolation import per_node
 from rayscope.labels import printable
 from rayscope.schema.report import COMPUTE_MODE_NAMES, VIRTUALIZATION_MODE_NAMES, GpuDevice, known
@@ -42,12 +43,16 @@ _NODE_METRICS: tuple[tuple[str, str, Callable[[NodeStatus], Optional[float]]], .
     (
         "rayscope_gpu_memory_used_bytes",
         "GPU memory in use as NVML measures it, summed over the node's GPUs.",
-        lambda n: None if n.stale or n.used_gpu_memory_bytes is None else float(n.used_gpu_memory_bytes),
+        lambda n: (
+            None if figures_old(n) or n.used_gpu_memory_bytes is None else float(n.used_gpu_memory_bytes)
+        ),
     ),
     (
         "rayscope_gpu_memory_total_bytes",
         "GPU memory installed as NVML reports it, summed over the node's GPUs.",
-        lambda n: None if n.stale or n.total_gpu_memory_bytes is None else float(n.total_gpu_memory_bytes),
+        lambda n: (
+            None if figures_old(n) or n.total_gpu_memory_bytes is None else float(n.total_gpu_memory_bytes)
+        ),
     ),
     ("rayscope_cpus_booked", "CPUs booked: Ray's CPU resource in use.", lambda n: n.used_cpu),
     ("rayscope_cpus_capacity", "CPUs the node advertises to Ray.", lambda n: n.total_cpu),
@@ -245,7 +250,7 @@ def _gpu_samples(nodes: list[NodeStatus]) -> list[str]:
     gpus = [
         (f'{node_labels},gpu="{gpu.index}",uuid="{label_value(gpu.uuid or "")}"', gpu)
         for node in nodes
-        if not node.stale and node.gpus
+        if not figures_old(node) and node.gpus
         for node_labels in (_node_label(node),)
         for gpu in node.gpus
     ]
@@ -262,7 +267,7 @@ def _gpu_samples(nodes: list[NodeStatus]) -> list[str]:
             float(len(others) + 1),
         )
         for node in nodes
-        if not node.stale and isinstance(node.shared_gpus, dict)
+        if not figures_old(node) and isinstance(node.shared_gpus, dict)
         for gpu in node.gpus or ()
         for others in (node.shared_gpus.get(gpu.uuid or ""),)
         if others

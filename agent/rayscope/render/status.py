@@ -28,6 +28,7 @@ from rayscope.render.fmt import (
     vram_note,
 )
 from rayscope.render.gpus import device_line, fuller_devices, status_gpu_lines
+from rayscope.schema.dashboard import DASHBOARD_OFF, DASHBOARD_STATUS
 from rayscope.schema.pending import PendingDemand
 from rayscope.schema.report import AGENT_STARTERS, SourceStatus, known
 from rayscope.schema.status import ClusterStatus, NodeStatus
@@ -150,13 +151,27 @@ def status_lines(status: ClusterStatus, include_dead: bool = False, summary: boo
         )
     unmeasured = status.cluster.gpu_nodes - status.cluster.gpu_nodes_measured
     if status.view == "gcs" and unmeasured > 0:
-        notes.append(
-            f"VRAM: NA on {unmeasured} GPU node(s): without a head agent only this host's"
-            " NVML is read (run `rayscope head` and `rayscope push` on every node)"
-        )
+        notes.append(vram_na_note(status, unmeasured))
     if notes:
         lines += ["", *notes]
     return printable_lines(lines)
+
+
+def vram_na_note(status: ClusterStatus, unmeasured: int) -> str:
+    """Why ``unmeasured`` GPU nodes read ``VRAM: NA`` in the embedded view: neither this
+    host's NVML nor, where it answered, Ray's dashboard measured them."""
+    if any(
+        s.name == DASHBOARD_STATUS and s.ok and not s.detail.startswith(DASHBOARD_OFF) for s in status.sources
+    ):
+        return (
+            f"VRAM: NA on {unmeasured} GPU node(s): neither this host's NVML nor Ray's dashboard"
+            " measured them (--json: each node's used_gpu_memory_reason); run `rayscope head`"
+            " and `rayscope push` on every node"
+        )
+    return (
+        f"VRAM: NA on {unmeasured} GPU node(s): without a head agent only this host's"
+        " NVML is read (run `rayscope head` and `rayscope push` on every node)"
+    )
 
 
 def demand_line(demand: PendingDemand) -> str:

@@ -12,10 +12,14 @@ from typing import Annotated, Optional
 
 import msgspec
 
-from rayscope.schema.report import MAX_DEVICES, MAX_PROCESSES_PER_GPU, Amount, Count
+from rayscope.schema.report import MAX_DEVICES, MAX_PROCESSES_PER_GPU, Amount, Count, SourceStatus
 
 DASHBOARD_SOURCE = "ray-dashboard"
 """How a figure read here names its source (``used_gpu_memory_source``)."""
+DASHBOARD_STATUS = "dashboard"
+"""The source's name in every document's ``sources`` (its ``SourceStatus``)."""
+DASHBOARD_OFF = "not read"
+"""How the source's ``detail`` starts when the operator turned it off (``--dashboard none``)."""
 
 
 class DashboardProcess(msgspec.Struct, kw_only=True, gc=False):
@@ -58,3 +62,12 @@ class DashboardNode(msgspec.Struct, kw_only=True, gc=False):
     the GPUs come from; ``None`` when the node's agent has not reported yet."""
     gpus: Optional[Annotated[list[DashboardGpu], msgspec.Meta(max_length=MAX_DEVICES)]] = None
     """``None`` when the node's agent has not reported (no sample yet); ``[]``: no GPU found."""
+
+
+class DashboardRead(msgspec.Struct, kw_only=True, gc=False):
+    """One read of the dashboard, as the rollup takes it (``rayscope.core.gpu.precedence``)."""
+
+    nodes: dict[str, DashboardNode] = {}
+    """By node id; empty when the read failed (``status`` says why)."""
+    status: SourceStatus
+    """The source's status (``dashboard``): what answered, or why nothing did."""

@@ -35,8 +35,9 @@ class GpuFit(msgspec.Struct, kw_only=True):
     short: bool = False
     """``True``: at least one replica put here did not find its memory free."""
     source: Union[str, Unset] = UNSET
-    """``cuda``: ``free_bytes`` is from a CUDA sample (a vGPU guest), ``age_s`` old; absent:
-    NVML's."""
+    """``cuda``: ``free_bytes`` is from a CUDA sample (a vGPU guest), ``age_s`` old;
+    ``ray-dashboard``: from Ray's dashboard (no agent measured the node), ``age_s`` old;
+    absent: NVML's, read by an agent or on this host."""
     age_s: Union[float, Unset] = UNSET
 
 

@@ -227,14 +227,19 @@ class NodeStatus(msgspec.Struct, kw_only=True, gc=False):
     ``memory_used_bytes``); ``None`` when unknown, stale or unreliable
     (:attr:`used_gpu_memory_reason` says which)."""
     used_gpu_memory_source: Optional[str] = None
-    """Where :attr:`used_gpu_memory_bytes` comes from: ``nvml``, ``cuda`` or ``mixed``
-    (GPUs of both); ``None`` with it."""
+    """Where :attr:`used_gpu_memory_bytes` comes from: ``nvml`` (an agent's, or this host's
+    NVML), ``cuda``, ``ray-dashboard`` (Ray's dashboard agent on the node, read from the
+    dashboard: a node no fresh report measured) or ``mixed`` (GPUs of several); ``None``
+    with it."""
     used_gpu_memory_age_s: Optional[float] = None
     """Age of its oldest figure by the reader's clock: the figure's age at collection plus
-    the report's age; ``None`` with it."""
+    the report's age (a dashboard figure: the reader's clock minus the dashboard's ``now``,
+    the node's clock); ``None`` with it."""
     used_gpu_memory_reason: str = ""
     """Why :attr:`used_gpu_memory_bytes` is ``None``: ``no agent``, ``stale report``,
-    ``NVML did not answer``, ``1 GPU(s) not measured``, ...; ``""`` when it is known."""
+    ``NVML did not answer``, ``1 GPU(s) not measured``, and where Ray's dashboard was asked
+    what it lacked (``no agent; Ray dashboard: no sample for this node``); ``""`` when it is
+    known."""
     nvml_memory_used_bytes: Optional[int] = None
     """NVML's raw used, summed over the node's GPUs, as of the latest report (its age is
     ``report_age_s``), also where rayscope does not trust it; ``None``: not measured."""
@@ -242,6 +247,10 @@ class NodeStatus(msgspec.Struct, kw_only=True, gc=False):
     """GPU UUID → the other nodes whose reports list the same GPU (time-slicing: several Ray
     nodes or containers on one physical GPU); absent when none is shared. The cluster's
     ``_bytes`` sums count such a GPU once (rayscope.core.gpu.memory.find_shared_gpus)."""
+    gpus_source: Union[str, Unset] = UNSET
+    """``ray-dashboard``: :attr:`gpus` (and the memory figures) are what Ray's dashboard
+    agent on the node measured, because no fresh report of a rayscope agent (or this host's
+    NVML) did (``rayscope.core.gpu.precedence``); absent when they are a report's."""
     unreadable: Union[str, Unset] = UNSET
     """Why the node's report could not be merged or rendered (``ValueError: ...``); its
     report's parts are then left out and the scheduler's numbers kept (rayscope.core.isolation).

@@ -23,18 +23,24 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from rayscope.defaults import DASHBOARD_ENV as DASHBOARD_ENV  # noqa: PLC0414 - re-exported: its tests name it here
 from rayscope.labels import printable
 from rayscope.net.tokens import check_token, read_token_file
-from rayscope.schema.dashboard import DashboardGpu, DashboardNode, DashboardProcess
+from rayscope.schema.dashboard import (
+    DASHBOARD_OFF,
+    DASHBOARD_STATUS,
+    DashboardGpu,
+    DashboardNode,
+    DashboardProcess,
+)
 from rayscope.schema.report import MAX_DEVICES, MAX_PROCESSES_PER_GPU, Amount, SourceStatus
 from rayscope.sources.dashboard_http import DEFAULT_PORT, Unanswered, get
 from rayscope.sources.gcs import read as gcs_read
 from rayscope.units import MIB, parse_count
 
-SOURCE = "dashboard"
+SOURCE = DASHBOARD_STATUS
 RAY_TOKEN_MIN_BYTES = 1
 """Ray's token is Ray's to size: rayscope forwards it and imposes no length of its own."""
-DASHBOARD_ENV = "RAYSCOPE_DASHBOARD"
 OFF = "none"
 """``--dashboard none`` / ``RAYSCOPE_DASHBOARD=none``: the source is not read."""
 MAX_NODES = 16_384
@@ -156,7 +162,7 @@ def choose_address(
         if given is None or not given.strip():
             continue
         if given.strip().lower() == OFF:
-            return None, f"not read ({origin} {OFF})"
+            return None, f"{DASHBOARD_OFF} ({origin} {OFF})"
         try:
             return Address(parse_url(given), origin), ""
         except ValueError as err:
@@ -317,6 +323,36 @@ def refused_token(status: int, url: str, token_source: str, withheld: bool) -> O
     return None
 
 
+class Fetched(NamedTuple):
+    """The dashboard's raw answer (:func:`fetch`): its HTTP status and body; or ``failed``,
+    why there is none."""
+
+    status: int = 0
+    body: bytes = b""
+    failed: Optional[SourceStatus] = None
+
+
+def fetch(
+    address: Address,
+    timeout_s: float,
+    environ: Mapping[str, str] = os.environ,
+    gcs_host: Optional[str] = None,
+) -> Fetched:
+    """The one GET under ``timeout_s``, with Ray's token where it may go
+    (:func:`sends_token`); a refused token is a failure naming its fix; never raises."""
+    try:
+        token, token_source = ray_token(environ)
+    except ValueError as err:
+        return Fetched(failed=_failed(str(err)))
+    withheld = token is not None and not sends_token(address, gcs_host)
+    try:
+        status, body = get(address.url, None if withheld else token, timeout_s)
+    except Unanswered as err:
+        return Fetched(failed=_failed(str(err)))
+    refused = refused_token(status, address.url, token_source, withheld)
+    return Fetched(failed=_failed(refused)) if refused else Fetched(status, body)
+
+
 def read_nodes(
     address: Address,
     timeout_s: float,
@@ -326,16 +362,13 @@ def read_nodes(
 ) -> tuple[dict[str, DashboardNode], SourceStatus]:
     """One read of the dashboard at ``address`` under ``timeout_s``: its nodes by node id and
     the source's status; never raises."""
-    try:
-        token, token_source = ray_token(environ)
-    except ValueError as err:
-        return {}, _failed(str(err))
-    withheld = token is not None and not sends_token(address, gcs_host)
-    try:
-        status, body = get(address.url, None if withheld else token, timeout_s)
-    except Unanswered as err:
-        return {}, _failed(str(err))
-    refused = refused_token(status, address.url, token_source, withheld)
-    if refused:
-        return {}, _failed(refused)
-    return parse_summary(status, body, address.url, cluster_ray_version)
+    return parsed(fetch(address, timeout_s, environ, gcs_host), address, cluster_ray_version)
+
+
+def parsed(
+    fetched: Fetched, address: Address, cluster_ray_version: Optional[str]
+) -> tuple[dict[str, DashboardNode], SourceStatus]:
+    """:func:`fetch`'s answer read (:func:`parse_summary`), or its failure."""
+    if fetched.failed is not None:
+        return {}, fetched.failed
+    return parse_summary(fetched.status, fetched.body, address.url, cluster_ray_version)

@@ -111,7 +111,7 @@ def split_answer(data: bytes, url: str) -> tuple[int, bytes]:
     body = data[len(head) + 4 :]
     lines = head.decode("latin-1").split("\r\n")
     version, _, rest = lines[0].partition(" ")
-    if version not in ("HTTP/1.0", "HTTP/1.1") or not is_count(rest[:3]):
+    if version not in ("HTTP/1.0", "HTTP/1.1") or len(rest) < 3 or not is_count(rest[:3]):
         raise Unanswered(f"what answers at {url} is not an HTTP server (no HTTP status line)")
     headers: dict[str, list[str]] = {}
     for line in lines[1:]:

@@ -25,6 +25,7 @@ from typing import Optional
 from rayscope.core.capacity.sizing import EXIT_COULD_NOT_TELL, request_sizing, sizing_hazard
 from rayscope.core.gpu.memory import gpu_used
 from rayscope.core.gpu.placement import device_free, placement_known, replicas_on_devices
+from rayscope.core.gpu.precedence import NOT_READ, figures_old
 from rayscope.core.rollup import (
     SCHEDULER_STEMS,
     SchedulerView,
@@ -34,6 +35,7 @@ from rayscope.core.rollup import (
     scheduler_view,
 )
 from rayscope.errors import AgentError
+from rayscope.schema.dashboard import DASHBOARD_SOURCE
 from rayscope.schema.fit import FitRequest, FitResult, GpuFit, NodeFit
 from rayscope.schema.status import ClusterStatus, NodeStatus
 from rayscope.units import ACCELERATOR_PREFIX, MIB, ray_round, ray_units
@@ -158,6 +160,11 @@ def _no_measurement_reason(node: NodeStatus, view: str) -> str:
     if node.agent in ("local", "reporting"):  # measured here or by its agent: NVML itself failed
         failed = [s.reason for s in node.sources if s.name == "nvml" and not s.ok and s.reason]
         return failed[0] if failed else "NVML did not answer"
+    dashboard = node.used_gpu_memory_reason.partition("; Ray dashboard: ")[2]
+    if dashboard == NOT_READ:  # Ray's dashboard was asked (rayscope.core.gpu.precedence)
+        return "not measured: no agent, and Ray's dashboard could not be read (`rayscope status` says why)"
+    if dashboard:
+        return f"not measured: no agent, and no figure from Ray's dashboard: {dashboard}"
     if view == "gcs":
         return "not measured: without a head agent only this host's NVML is read"
     return "no agent reports this node"
@@ -181,7 +188,9 @@ def measured_gpus(node: NodeStatus) -> tuple[list[GpuFit], dict[int, str]]:
             free_bytes=max(0, g.memory_total_bytes - figure.used_bytes),
             total_bytes=g.memory_total_bytes,
         )
-        if figure.source == "cuda":
+        if figure.source == DASHBOARD_SOURCE:  # its age is the figure's own, by the reader's clock
+            fit.source, fit.age_s = DASHBOARD_SOURCE, figure.age_s or 0.0
+        elif figure.source == "cuda":
             fit.source, fit.age_s = "cuda", round((figure.age_s or 0.0) + (node.report_age_s or 0.0), 1)
         gpus.append(fit)
     return gpus, not_checked
@@ -193,7 +202,7 @@ def check_measured(
     """Put the replicas placed on ``node`` on its GPUs by NVML free memory, best case."""
     if fit.placed == 0:
         return
-    if node.stale or node.gpus is None:
+    if figures_old(node) or node.gpus is None:
         fit.measured, fit.measured_reason = "unknown", _no_measurement_reason(node, view)
         return
     gpus, not_checked = measured_gpus(node)

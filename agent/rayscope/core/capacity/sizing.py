@@ -22,10 +22,12 @@ import math
 from collections.abc import Mapping
 from typing import NamedTuple, Optional
 
+from rayscope.core.gpu.precedence import figures_old
 from rayscope.core.rollup import SCHEDULER_STEMS, schedulable_nodes
 from rayscope.errors import EXIT_NO_DATA, EXIT_USAGE, AgentError
 from rayscope.labels import node_label
 from rayscope.schema.fit import FitRequest
+from rayscope.schema.report import known
 from rayscope.schema.status import ClusterStatus, NodeStatus
 from rayscope.units import ACCELERATOR_PREFIX, MIB
 
@@ -72,10 +74,10 @@ def advertises_vram(status: ClusterStatus) -> bool:
 
 def gpu_size_mb(node: NodeStatus) -> tuple[Optional[float], str]:
     """(MB of the node's smallest GPU, where that came from); ``(None, "")`` if unknown."""
-    if node.gpus and not node.stale:
+    if node.gpus and not figures_old(node):
         sizes = [g.memory_total_bytes for g in node.gpus if g.memory_total_bytes is not None]
         if sizes:
-            return min(sizes) / MIB, "NVML"
+            return min(sizes) / MIB, "Ray dashboard" if known(node.gpus_source) else "NVML"
     if node.total_vram_mb > 0 and node.total_gpu > 0:
         return node.total_vram_mb / node.total_gpu, "VRAM_MB"
     return None, ""

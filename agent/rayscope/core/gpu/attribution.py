@@ -36,6 +36,7 @@ from rayscope.core.gpu.holders import (
     users_by_device,
 )
 from rayscope.core.gpu.placement import id_map, place_devices
+from rayscope.core.gpu.precedence import dashboard_reports
 from rayscope.core.isolation import guarded, unreadable_as
 from rayscope.schema.report import (
     GpuAttribution,
@@ -281,10 +282,13 @@ def attribute_cluster(
     ``reports``: node id → its latest report (GPUs and processes). ``co_hosted``: node id →
     every node id sharing that node's host and GPUs (several raylets on one machine, sharing
     the NVML devices of the host's report). ``raylets``: node id → its raylet as read on this
-    host (the embedded path), for nodes no report describes."""
+    host (the embedded path), for nodes no report describes. A node whose GPUs are Ray's
+    dashboard's (rayscope.core.gpu.precedence) is attributed from them, its pids matched to
+    the actors' worker pids."""
     nodes = dict(status.nodes)
     id_maps: dict[str, Mapping[int, Optional[int]]] = {}
     groups = {n: set((co_hosted or {}).get(n, ())) | {n} for n in nodes}
+    reports = {**reports, **dashboard_reports(status, actors)}
     by_node: dict[str, list[ActorBooking]] = {}  # once: per node over all actors was quadratic
     for booking in actors or ():
         by_node.setdefault(booking.node_id, []).append(booking)
@@ -292,6 +296,9 @@ def attribute_cluster(
     def placed(node: NodeStatus) -> NodeStatus:
         host_reports = [reports[n] for n in sorted(groups[node.node_id]) if n in reports]
         own = reports.get(node.node_id)
+        host_reports = ([own] if own else []) + [
+            reports[n] for n in sorted(groups[node.node_id] - {node.node_id}) if n in reports
+        ]
         raylet = (raylets or {}).get(node.node_id) or (own.raylet if own is not None else None)
         gpus = next((r.gpus for r in host_reports if r.gpus is not None), None)
         placement = place_devices(node, by_node.get(node.node_id, []), raylet, gpus)

@@ -8,11 +8,13 @@ CUDA sample's freshness). :func:`measured_memory` sums it over a node,
 ``used_gpu_memory`` (``rayscope.core.rollup`` puts both on the node).
 """
 
+import re
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple, Optional
 
 from msgspec.structs import replace
 
+from rayscope.schema.dashboard import DASHBOARD_SOURCE
 from rayscope.schema.report import UNSET, GpuDevice, known
 from rayscope.schema.status import NA, BytesOrNA, NodeStatus
 
@@ -62,10 +64,31 @@ def memory_used_reliable(virtualization_mode: Optional[str]) -> tuple[bool, str]
     )
 
 
-def untrusted_label(virtualization_mode: Optional[str]) -> str:
-    """``vGPU`` (a vGPU guest) or ``unknown device``: what the status line says NVML's used
-    figure is not trusted on."""
-    return "vGPU" if virtualization_mode == "vgpu_guest" else "unknown device"
+NOT_TRUSTED = "NVML used not trusted"
+"""The words every reason and line uses where NVML's used figure is not the device's."""
+
+VGPU_PROFILE = re.compile(r"-(?:[0-9]+-)?[0-9]+[ABCQ]$")
+"""The end of the name NVML gives a vGPU guest's device: its vGPU type, the board then the
+framebuffer in GB and the series letter (``GRID P40-2B``, ``GRID V100-8Q``, ``NVIDIA
+A40-16C``; MIG-backed ``NVIDIA A100-3-20C``). No bare-metal board name ends so
+(``Tesla V100-SXM2-16GB`` ends in ``GB``)."""
+
+
+def named_vgpu(name: Optional[str]) -> str:
+    """For a GPU whose virtualization mode is not known (Ray's dashboard does not carry it):
+    ``""`` when its name is a bare-metal board's; else the reason its NVML used figure is not
+    trusted, judged by the vGPU type in its name (:data:`VGPU_PROFILE`). A guest whose type
+    name lacks the suffix is not caught: only an agent on the node reads the mode."""
+    if name is None or not VGPU_PROFILE.search(name):
+        return ""
+    return f"vGPU profile in the name ({name}): {NOT_TRUSTED}"
+
+
+def untrusted_label(virtualization_mode: Optional[str], name: Optional[str] = None) -> str:
+    """``vGPU`` (a vGPU guest, or a GPU named as one: :func:`named_vgpu`) or ``unknown
+    device``: what the status line says NVML's used figure is not trusted on."""
+    vgpu = virtualization_mode == "vgpu_guest" or (virtualization_mode is None and named_vgpu(name))
+    return "vGPU" if vgpu else "unknown device"
 
 
 _TRUSTED_MODES = frozenset(mode for mode, (trusted, _) in _RELIABILITY.items() if trusted)
@@ -73,23 +96,26 @@ _TRUSTED_MODES = frozenset(mode for mode, (trusted, _) in _RELIABILITY.items() i
 
 def nvml_trusted(gpu: GpuDevice) -> bool:
     """Whether NVML's figures for ``gpu`` (its used memory, its processes' memory) are the
-    device's own (:func:`memory_used_reliable` of its virtualization mode). Every line of
-    every GPU node asks it: a set lookup."""
+    device's own (:func:`memory_used_reliable` of its virtualization mode; a dashboard's GPU
+    without a mode: unless named as a vGPU, :func:`named_vgpu`). Every line of every GPU
+    node asks it: a set lookup."""
     mode = gpu.virtualization_mode
-    return mode is UNSET or mode in _TRUSTED_MODES
+    if mode is UNSET:
+        return NOT_TRUSTED not in (known(gpu.memory_used_reason) or "")
+    return mode in _TRUSTED_MODES
 
 
 def untrusted_gpus(gpus: Optional[Sequence[GpuDevice]]) -> list[GpuDevice]:
-    """The GPUs of ``gpus`` whose NVML figures are not the device's (:func:`nvml_trusted`),
-    in one comprehension: each node's status line asks."""
+    """The GPUs of ``gpus`` whose NVML figures are not the device's (:func:`nvml_trusted`,
+    or a dashboard's GPU named as a vGPU: its reason says so), in one comprehension: each
+    node's status line asks."""
     trusted = _TRUSTED_MODES
     return [
-        g for g in gpus or () if g.virtualization_mode is not UNSET and g.virtualization_mode not in trusted
+        g
+        for g in gpus or ()
+        if (g.virtualization_mode is not UNSET and g.virtualization_mode not in trusted)
+        or NOT_TRUSTED in (known(g.memory_used_reason) or "")
     ]
-
-
-NOT_TRUSTED = "NVML used not trusted"
-"""The words every reason and line uses where NVML's used figure is not the device's."""
 
 
 def _untrusted_reason(virtualization_mode: Optional[str]) -> str:
@@ -103,9 +129,10 @@ class GpuUsed(NamedTuple):
     used_bytes: Optional[int]
     """The figure rayscope trusts (``GpuDevice.memory_used_bytes``); ``None``: none."""
     source: Optional[str]
-    """``nvml`` or ``cuda``; ``None`` with ``used_bytes``."""
+    """``nvml``, ``cuda`` or ``ray-dashboard``; ``None`` with ``used_bytes``."""
     age_s: Optional[float]
-    """Age of the figure when the report was collected (0 for NVML, read then)."""
+    """Age of the figure when the report was collected (0 for NVML, read then; a dashboard
+    figure's age when the rollup took it)."""
     reason: str
     """Why ``used_bytes`` is ``None`` although NVML answered; ``""`` otherwise."""
     nvml_used_bytes: Optional[int]
@@ -116,7 +143,8 @@ def gpu_used(gpu: GpuDevice) -> GpuUsed:
     """One GPU's trusted used figure, its source, age and reason, and NVML's raw figure.
 
     The one place the report's per-GPU trust enters the rollup. A ``cuda`` figure is the
-    agent's fresh sample (:func:`settle` judged its age); NVML's is trusted only where
+    agent's fresh sample (:func:`settle` judged its age), a ``ray-dashboard`` one Ray's
+    dashboard's (``rayscope.core.gpu.precedence`` judged it); NVML's is trusted only where
     :func:`memory_used_reliable` says so for the GPU's virtualization mode, whatever the report
     claims. A report of an agent before issue 20 carries NVML's figure in
     ``memory_used_bytes`` and no mode: read as NVML's, at age 0.
@@ -125,8 +153,8 @@ def gpu_used(gpu: GpuDevice) -> GpuUsed:
     raw, reason = known(gpu.nvml_memory_used_bytes), known(gpu.memory_used_reason) or ""
     if source is None and raw is None and not reason:
         raw, source = used, "nvml"  # an agent before issue 20: memory_used_bytes is NVML's own
-    if source == "cuda" and used is not None:
-        return GpuUsed(used, "cuda", known(gpu.memory_used_age_s) or 0.0, "", raw)
+    if source in ("cuda", DASHBOARD_SOURCE) and used is not None:
+        return GpuUsed(used, source, known(gpu.memory_used_age_s) or 0.0, "", raw)
     mode = known(gpu.virtualization_mode)
     if not memory_used_reliable(mode)[0]:
         return GpuUsed(None, None, None, reason or _untrusted_reason(mode), raw)
@@ -269,6 +297,22 @@ def bioengine_memory(
     if total_gpu == 0:
         return 0, 0
     return (NA if total_bytes is None else total_bytes), (NA if used_bytes is None else used_bytes)
+
+
+def put_memory(node: NodeStatus, memory: MeasuredMemory, report_age_s: float, stale: bool) -> None:
+    """The node's GPU memory keys from its measured GPUs (``memory``, a report's or the
+    dashboard's, ``report_age_s`` old): rayscope's figures (a stale report keeps its total
+    and NVML's raw used, not a used figure to trust), then BioEngine's from them. The one
+    writer of these keys (``rayscope.core.rollup``, ``rayscope.core.gpu.precedence``)."""
+    used = None if stale else memory.used_bytes
+    node.total_gpu_memory_bytes = memory.total_bytes
+    node.used_gpu_memory_bytes = used
+    node.used_gpu_memory_source = None if used is None else memory.source
+    node.used_gpu_memory_age_s = None if used is None else round((memory.age_s or 0.0) + report_age_s, 1)
+    node.used_gpu_memory_reason = "stale report" if stale else memory.reason
+    node.nvml_memory_used_bytes = memory.nvml_used_bytes
+    node.gpus_unmeasured = memory.unmeasured
+    node.total_gpu_memory, node.used_gpu_memory = bioengine_memory(node.total_gpu, memory.total_bytes, used)
 
 
 def find_shared_gpus(nodes: Iterable[NodeStatus]) -> int:

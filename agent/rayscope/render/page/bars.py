@@ -19,10 +19,12 @@ from typing import NamedTuple, Optional
 
 from rayscope.core.gpu.health import health_flags
 from rayscope.core.gpu.memory import gpu_used
+from rayscope.core.gpu.precedence import figures_old
 from rayscope.labels import printable
 from rayscope.render.fmt import gib
-from rayscope.render.gpus import fuller_devices, gpu_label, user_label
-from rayscope.schema.report import GpuDevice, GpuUser
+from rayscope.render.gpus import SOURCE_WORDS, fuller_devices, gpu_label, used_text
+from rayscope.render.page.segments import Segment, actor_segments, gpu_users, placed_segments
+from rayscope.schema.report import GpuDevice
 from rayscope.schema.status import DeviceFree, NodeStatus
 from rayscope.units import MIB
 
@@ -30,13 +32,6 @@ from rayscope.units import MIB
 def esc(text: str) -> str:
     """Text for HTML, content or attribute: printable (SECURITY.md rule 4), then escaped."""
     return html.escape(printable(text), quote=True)
-
-
-class Segment(NamedTuple):
-    """One booking on a device: who, and how much of its memory (MiB)."""
-
-    hover: str
-    mib: float
 
 
 class Mark(NamedTuple):
@@ -76,55 +71,14 @@ class GpuBar(NamedTuple):
     """The node books ``VRAM_MB`` (else the ``GPU`` fraction is the reservation)."""
     stale: bool = False
     """The measured figures are from a stale report (drawn grey)."""
+    source: str = ""
+    """Where the used figure comes from when not the agent's NVML: ``Ray dashboard, 3s old``
+    (``CUDA, 3s old``); ``""`` otherwise."""
 
 
 def _device_of(node: NodeStatus, index: int) -> Optional[DeviceFree]:
     devices = node.placement.devices if node.placement is not None else []
     return next((d for d in devices if d.nvml_index == index), None)
-
-
-def _user_hover(user: GpuUser) -> str:
-    booked = []
-    if user.booked_vram_mb:
-        booked.append(f"{user.booked_vram_mb:.0f} MB VRAM_MB")
-    if user.booked_gpu:
-        booked.append(f"GPU {user.booked_gpu:.2f}")
-    uses = "" if user.used_memory_bytes is None else f", uses {gib(user.used_memory_bytes)} GB"
-    return f"{user_label(user)}: booked {' + '.join(booked) or 'nothing'}{uses}"
-
-
-def _segments(users: Sequence[GpuUser], capacity: Optional[float], vram_node: bool) -> list[Segment]:
-    """An actor's segment: its ``VRAM_MB`` here; on a node without ``VRAM_MB`` its fraction."""
-    segments = []
-    for user in users:
-        if user.kind != "actor":
-            continue
-        if vram_node and user.booked_vram_mb:
-            segments.append(Segment(_user_hover(user), user.booked_vram_mb))
-        elif not vram_node and user.booked_gpu and capacity:
-            segments.append(Segment(_user_hover(user), user.booked_gpu * capacity))
-    return segments
-
-
-def _placed_segments(device: DeviceFree, capacity: Optional[float], vram_node: bool) -> list[Segment]:
-    """Where no NVML report attributes the device: a segment per actor of Ray's placement
-    (its id: names and use come with an agent's NVML report)."""
-    segments = []
-    for actor_id, gpu in sorted(device.actors.items()):
-        vram = device.actor_vram_mb.get(actor_id, 0.0)
-        booked = " + ".join([f"{vram:.0f} MB VRAM_MB"] * bool(vram) + [f"GPU {gpu:.2f}"] * bool(gpu))
-        hover = f"actor {actor_id}: booked {booked or 'nothing'} (no NVML report: its name and use not known)"
-        if vram_node and vram:
-            segments.append(Segment(hover, vram))
-        elif not vram_node and gpu and capacity:
-            segments.append(Segment(hover, gpu * capacity))
-    return segments
-
-
-def _users(gpu: GpuDevice) -> list[GpuUser]:
-    if gpu.attribution is not None and gpu.attribution.users:
-        return gpu.attribution.users
-    return [u for mig in gpu.mig_devices if mig.attribution for u in mig.attribution.users]
 
 
 def _booked(node: NodeStatus, gpu: Optional[GpuDevice], device: Optional[DeviceFree]) -> Optional[float]:
@@ -147,7 +101,7 @@ def _handles(node: NodeStatus, gpu: Optional[GpuDevice], device: Optional[Device
 
 def _marks(node: NodeStatus, gpu: Optional[GpuDevice], device: Optional[DeviceFree]) -> list[Mark]:
     marks = []
-    if node.stale and node.report_age_s is not None:
+    if figures_old(node) and node.report_age_s is not None:
         marks.append(Mark("stale", f"stale {node.report_age_s:.0f}s", "NVML numbers from an old report"))
     if gpu is not None:
         flags = health_flags(gpu)
@@ -162,7 +116,7 @@ def _marks(node: NodeStatus, gpu: Optional[GpuDevice], device: Optional[DeviceFr
         att = gpu.attribution
         if att is not None and "full" in att.flags:
             marks.append(Mark("full", "full", "VRAM_MB booked here reaches the device's memory"))
-        if any("over_booking" in u.flags for u in _users(gpu)):
+        if any("over_booking" in u.flags for u in gpu_users(gpu)):
             marks.append(Mark("over", "over booking", "an actor here uses more than it booked"))
     if device is not None and device in fuller_devices(node):
         marks.append(Mark("fuller", "fuller than the node sum", "the node's sums hide how full this is"))
@@ -172,7 +126,7 @@ def _marks(node: NodeStatus, gpu: Optional[GpuDevice], device: Optional[DeviceFr
 def _node_untrusted(node: NodeStatus) -> str:
     """The node's reason its NVML used figure is not trusted although NVML answered and the
     report is fresh (a vGPU guest); ``""`` otherwise."""
-    answered = node.nvml_memory_used_bytes is not None and not node.stale
+    answered = node.nvml_memory_used_bytes is not None and not figures_old(node)
     return node.used_gpu_memory_reason if answered and node.used_gpu_memory_bytes is None else ""
 
 
@@ -236,7 +190,7 @@ def _measured(
         used = device.memory_used_bytes if device is not None else None
     if _node_untrusted(node):
         used = None  # a stale report keeps its last trusted figure, drawn as old (the line's rule)
-    untrusted = gpu.memory_used_bytes if gpu is not None and used is None and not node.stale else None
+    untrusted = gpu.memory_used_bytes if gpu is not None and used is None and not figures_old(node) else None
     return used, untrusted
 
 
@@ -257,9 +211,9 @@ def _bar(node: NodeStatus, gpu: Optional[GpuDevice], device: Optional[DeviceFree
     # The booked lane's scale: the device's MiB; without VRAM_MB and NVML, the fraction itself.
     lane = (capacity, capacity if capacity is not None or vram_node else 1.0)
     booked, booked_text = _booked_text(node, gpu, device, lane)
-    segments = _segments(_users(gpu), lane[1], vram_node) if gpu is not None else []
+    segments = actor_segments(gpu_users(gpu), lane[1], vram_node) if gpu is not None else []
     if not segments and device is not None:
-        segments = _placed_segments(device, lane[1], vram_node)
+        segments = placed_segments(device, lane[1], vram_node)
     used, untrusted = _measured(node, gpu, device)
     key, label, title = _names(node, gpu, device)
     return GpuBar(
@@ -277,7 +231,8 @@ def _bar(node: NodeStatus, gpu: Optional[GpuDevice], device: Optional[DeviceFree
         untrusted_bytes=untrusted,
         marks=_marks(node, gpu, device),
         vram_node=vram_node,
-        stale=node.stale,
+        stale=figures_old(node),
+        source=_source(gpu),
     )
 
 
@@ -333,7 +288,8 @@ def _svg(bar: GpuBar) -> str:
         rects.append(
             f'<rect class="{"old" if bar.stale else "used"}" x="0" y="13.5"'
             f' width="{percent(bar.used_bytes, total)}" height="4.5"><title>NVML: {gib(bar.used_bytes)}'
-            f" of {gib(total)} GB in use{' (a stale report)' if bar.stale else ''}</title></rect>"
+            f" of {gib(total)} GB in use{' (a stale report)' if bar.stale else ''}"
+            f"{f' ({bar.source})' if bar.source else ''}</title></rect>"
         )
     elif total and bar.untrusted_bytes is not None:
         rects.append(
@@ -353,7 +309,13 @@ def _svg(bar: GpuBar) -> str:
 def _measured_text(bar: GpuBar) -> str:
     if bar.used_bytes is None and bar.untrusted_bytes is not None:
         return f"NA (NVML says {gib(bar.untrusted_bytes)})/{gib(bar.total_bytes)} GB"
-    return f"{gib(bar.used_bytes)}/{gib(bar.total_bytes)} GB"
+    source = f" ({bar.source})" if bar.source and bar.used_bytes is not None else ""
+    return f"{gib(bar.used_bytes)}/{gib(bar.total_bytes)} GB{source}"
+
+
+def _source(gpu: Optional[GpuDevice]) -> str:
+    """``Ray dashboard, 3s old`` (the GPU's line's words, render.gpus) or ``""``."""
+    return used_text(gpu)[1].strip(" ()") if gpu is not None and gpu_used(gpu).source in SOURCE_WORDS else ""
 
 
 def _free_booking(bar: GpuBar) -> str:

@@ -9,14 +9,13 @@ import os
 import subprocess
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional
 
 from rayscope.defaults import DEFAULT_TIMEOUT_S
 from rayscope.net.deadline import Deadline
 from rayscope.schema.pending import PendingRead
 from rayscope.schema.report import RayletInfo, SourceStatus
 from rayscope.schema.status import ActorBooking, RayNode
-from rayscope.sources import trust
 from rayscope.sources.gcs import prestart as gcs_prestart
 from rayscope.sources.gcs import raycompat
 from rayscope.sources.gcs import read as gcs_read
@@ -75,17 +74,30 @@ def _no_ray_reason_at(address: str, timeout_s: float) -> str:
 child_script = gcs_prestart.child_script
 
 
-def _run_child(address: str, timeout_s: float, python: str, *extra: str) -> dict[str, Any]:
+class Watch(NamedTuple):
+    """What a caller gives a read besides its address: the command's one deadline (``None``:
+    the read's own, of ``timeout_s``) and a callback for each line of the child's stderr as
+    it comes (the dashboard's published address: ``rayscope.sources.dashboard_read``)."""
+
+    deadline: Optional[Deadline] = None
+    on_line: Optional[Callable[[str], None]] = None
+
+
+def _run_child(
+    address: str, timeout_s: float, python: str, extra: Sequence[str] = (), watch: Optional[Watch] = None
+) -> dict[str, Any]:
     """``gcs_read`` as a script under ``python``, the port check and the child under one
-    deadline of ``timeout_s``: its whole JSON answer. Read again with ``import ray`` whole
-    when the light import does not work under this Ray (``retry_whole``)."""
-    deadline = Deadline(timeout_s)
+    deadline of ``timeout_s`` (``watch.deadline``: the command's, when it gives one): its
+    whole JSON answer. Read again with ``import ray`` whole when the light import does not
+    work under this Ray (``retry_whole``)."""
+    deadline = watch.deadline if watch is not None and watch.deadline is not None else Deadline(timeout_s)
+    on_line = watch.on_line if watch is not None else None
     naming = gcs.check_port(address, timeout_s, deadline)
     left = gcs.remaining_s(deadline, address, timeout_s)
-    answer = _child_answer(address, timeout_s, python, left, extra, naming)
+    answer = _child_answer(address, timeout_s, python, left, extra, naming, on_line)
     if answer.get("retry_whole"):
         left = gcs.remaining_s(deadline, address, timeout_s)
-        answer = _child_answer(address, timeout_s, python, left, (*extra, "whole"), naming)
+        answer = _child_answer(address, timeout_s, python, left, (*extra, "whole"), naming, on_line)
     if not answer.get("ok"):
         raise gcs.GcsUnavailable(
             gcs.gcs_error_text(RuntimeError(answer.get("error", "")), address, timeout_s, gcs.token_source())
@@ -100,25 +112,19 @@ def _child_answer(
     left: float,
     extra: Sequence[str],
     naming: "Optional[peer.Naming]" = None,
+    on_line: Optional[Callable[[str], None]] = None,
 ) -> dict[str, Any]:
     """One child's JSON answer, under the ``left`` seconds of the read's deadline: the one
-    started early (:mod:`gcs_prestart`) when it is the child this read would start."""
+    started early (:mod:`gcs_prestart`) when it is the child this read would start.
+    ``on_line``: each line of its stderr as it comes (the dashboard's address, early)."""
     source = gcs_prestart.script_for(python)
     words = [address, f"{left:.3f}", *extra]
     started = gcs_prestart.take(python, source) if "whole" not in extra else None
     try:
         if started is not None:
-            done = gcs_prestart.finish(started, words, left)
+            done = gcs_prestart.finish(started, words, left, on_line)
         else:
-            done = subprocess.run(  # isolated (SECURITY.md rule 1): -I, cwd /, Ray's variables only
-                [python, "-I", "-c", source, *words],
-                cwd="/",
-                env=trust.child_env(os.environ),
-                capture_output=True,
-                timeout=left,
-                text=True,
-                check=False,
-            )
+            done = gcs_prestart.finish(gcs_prestart.spawn(python, source, words), None, left, on_line)
     except subprocess.TimeoutExpired as err:
         raise gcs.GcsUnavailable(_child_timeout(err, address, timeout_s, python, naming)) from None
     except OSError as err:
@@ -161,12 +167,18 @@ def _child_timeout(
 
 
 def read_pending_too(
-    address: str, timeout_s: float, python: Optional[str], actors: bool
+    address: str,
+    timeout_s: float,
+    python: Optional[str],
+    actors: bool,
+    watch: Optional[Watch] = None,
+    _answer: Optional[list[Any]] = None,
 ) -> tuple[list[RayNode], Optional[list[ActorBooking]], Optional[PendingRead], list[SourceStatus]]:
     """:func:`read_cluster` plus what waits to be placed, in the same child process (one
-    deadline); the pending demand's status (``gcs_pending``) comes last."""
-    box: list[Any] = []
-    views, booked, statuses = read_cluster(address, timeout_s, python, actors, _answer=box)
+    deadline); the pending demand's status (``gcs_pending``) comes last. ``_answer``: the
+    whole answer is appended to it (the dashboard's published address is in it)."""
+    box: list[Any] = [] if _answer is None else _answer
+    views, booked, statuses = read_cluster(address, timeout_s, python, actors, _answer=box, watch=watch)
     if not box:
         return views, booked, None, statuses
     answer = box[0]
@@ -184,6 +196,7 @@ def read_cluster(
     python: Optional[str] = None,
     actors: bool = False,
     _answer: Optional[list[Any]] = None,
+    watch: Optional[Watch] = None,
 ) -> tuple[list[RayNode], Optional[list[ActorBooking]], list[SourceStatus]]:
     """One-shot read of every node (the CLI's path), in a child process under ``python``
     (default: this interpreter, which must then import ray). ``actors``: the live actors too,
@@ -207,7 +220,7 @@ def read_cluster(
         )
     try:
         extra = (["actors"] if actors else []) + (["pending"] if _answer is not None else [])
-        answer = _run_child(address, timeout_s, python, *extra)
+        answer = _run_child(address, timeout_s, python, extra, watch)
     except gcs.GcsUnavailable as err:
         return [], None, [SourceStatus(name="gcs", ok=False, reason=str(err), detail=address)]
     if _answer is not None:  # read_pending_too takes the rest of the answer

@@ -21,8 +21,9 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
-from typing import Optional
+import threading
+from collections.abc import Callable, Sequence
+from typing import IO, Optional
 
 from rayscope.sources import trust
 from rayscope.sources.gcs import raycompat
@@ -85,19 +86,71 @@ def take(python: str, source: str) -> Optional["subprocess.Popen[str]"]:
     return None
 
 
+def spawn(python: str, source: str, words: Sequence[str]) -> "subprocess.Popen[str]":
+    """The child under ``python`` with its words on its command line (no early start),
+    isolated as :func:`start`'s."""
+    return subprocess.Popen(  # isolated (SECURITY.md rule 1): -I, cwd /, Ray's variables only
+        [python, "-I", "-c", source, *words],
+        cwd="/",
+        env=trust.child_env(os.environ),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _pump(stream: "Optional[IO[str]]", into: list[str], on_line: Optional[Callable[[str], None]]) -> None:
+    """Read ``stream`` to its end into ``into``, each line handed to ``on_line`` as it comes."""
+    for line in stream or ():
+        into.append(line)
+        if on_line is not None:
+            on_line(line)
+
+
 def finish(
-    child: "subprocess.Popen[str]", words: Sequence[str], timeout_s: float
+    child: "subprocess.Popen[str]",
+    words: Optional[Sequence[str]],
+    timeout_s: float,
+    on_line: Optional[Callable[[str], None]] = None,
 ) -> "subprocess.CompletedProcess[str]":
-    """Hand ``child`` its words and wait at most ``timeout_s`` for its answer, as
-    ``subprocess.run`` would: killed at the deadline, ``TimeoutExpired`` carrying what it
-    wrote (its stderr says whether it had imported ray)."""
+    """Hand ``child`` its words (``None``: it has them on its command line) and wait at
+    most ``timeout_s`` for its answer, as ``subprocess.run`` would: killed at the deadline,
+    ``TimeoutExpired`` carrying what it wrote (its stderr says whether it had imported ray).
+    Each line of its stderr goes to ``on_line`` as it is written (the dashboard's address
+    comes early, so that its read starts beside this one: ``rayscope.sources.dashboard_read``)."""
+    out: list[str] = []
+    err: list[str] = []
+    pumps = [
+        threading.Thread(target=_pump, args=(child.stdout, out, None), daemon=True),
+        threading.Thread(target=_pump, args=(child.stderr, err, on_line), daemon=True),
+    ]
+    for pump in pumps:
+        pump.start()
+    if words is not None and child.stdin is not None:
+        with contextlib.suppress(OSError):  # a child that died: its answer says why
+            child.stdin.write(json.dumps(list(words)) + "\n")
+            child.stdin.close()
     try:
-        out, err = child.communicate(json.dumps(list(words)) + "\n", timeout=timeout_s)
-    except subprocess.TimeoutExpired as expired:
+        child.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
         child.kill()
-        expired.output, expired.stderr = child.communicate()  # type: ignore[assignment]  # text, as run's
-        raise
-    return subprocess.CompletedProcess(child.args, child.returncode, out, err)
+        child.wait()
+        _drained(child, pumps)
+        raise subprocess.TimeoutExpired(child.args, timeout_s, "".join(out), "".join(err)) from None
+    _drained(child, pumps)
+    return subprocess.CompletedProcess(child.args, child.returncode, "".join(out), "".join(err))
+
+
+def _drained(child: "subprocess.Popen[str]", pumps: Sequence[threading.Thread]) -> None:
+    """The pumps at the end of their pipes (a process the child left holding them is not
+    waited for beyond :data:`DISCARD_WAIT_S`), then the pipes closed."""
+    for pump in pumps:
+        pump.join(DISCARD_WAIT_S)
+    for stream in (child.stdin, child.stdout, child.stderr):
+        if stream is not None:
+            with contextlib.suppress(OSError):
+                stream.close()
 
 
 def _kill(child: "subprocess.Popen[str]") -> None:

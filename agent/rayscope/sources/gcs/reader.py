@@ -147,6 +147,8 @@ class GcsReader:
         self.token_source = gcs_read.prepare_auth_env(os.environ)
         self.versions: Optional[SourceStatus] = None
         """``ray``: the cluster's release and this process's, read once per connection."""
+        self.cluster_ray_version: Optional[str] = None
+        """The cluster's Ray release as its GCS says it (``None``: unknown), once connected."""
 
     def read_raw(self) -> list[dict]:  # type: ignore[type-arg]
         """Plain node dicts (``gcs_read``'s format); raises :class:`GcsUnavailable`."""
@@ -165,6 +167,7 @@ class GcsReader:
                     lambda: raycompat.cluster_ray_version(connected, left), left, self._busy
                 )
                 self.versions = ray_versions_status(gcs_read.ray_version(), cluster, why)
+                self.cluster_ray_version = cluster
             client = self._client
             left = remaining_s(deadline, self.address, self.timeout_s)
             return _with_deadline(lambda: gcs_read.read_nodes(client, left), left, self._busy)
@@ -204,6 +207,21 @@ class GcsReader:
             reason = gcs_error_text(err, self.address, self.timeout_s, self.token_source)
             return None, SourceStatus(name=source, ok=False, reason=reason)
         return convert(raw, self.address)
+
+    def dashboard_url(self) -> tuple[Optional[str], str]:
+        """The address the cluster's dashboard published in the GCS (``raycompat.dashboard_url``
+        on this reader's client, under the deadline), or ``(None, why not)``; never raises."""
+        client = self._client
+        if client is None:
+            return None, "GCS not connected"
+        timeout_s = self.timeout_s
+        try:
+            found: tuple[Optional[str], str] = _with_deadline(
+                lambda: raycompat.dashboard_url(client, timeout_s), timeout_s, self._busy
+            )
+        except Exception as err:
+            return None, gcs_error_text(err, self.address, self.timeout_s, self.token_source)
+        return found
 
     def read(self) -> tuple[list[RayNode], SourceStatus]:
         """Every node the GCS knows, and the source's status; never raises."""

@@ -8,10 +8,11 @@ agents' token or the read-only one); ``/`` (the page, :mod:`rayscope.render.page
 bearer token or the session header of a ``POST /login`` (:mod:`rayscope.head.session`), and
 answers a login form without either; ``/healthz`` answers everyone, with counters only. A
 client that keeps offering wrong tokens is answered 429, unchecked (:mod:`rayscope.head.guesses`).
-``/v1/status?format=lines`` is the text ``status`` prints; every status answer carries the
-exit code and notes ``status`` would give as ``X-Rayscope-*`` headers, and comes from
-:mod:`rayscope.head.answers` (rendered once per change; gzip on request). A bug in one answer is
-a 500 with a reason, logged once per kind, and the head keeps serving.
+``/v1/status?format=lines`` is the text ``status`` prints, ``?indent=1`` the JSON ``status
+--json`` prints; every status answer carries the exit code and notes ``status`` would give as
+``X-Rayscope-*`` headers, and comes from :mod:`rayscope.head.answers` (rendered once per
+change; gzip on request). A bug in one answer is a 500 with a reason, logged once per kind,
+and the head keeps serving.
 """
 
 import enum
@@ -28,6 +29,7 @@ import msgspec
 from rayscope.cli import output
 from rayscope.core.isolation import per_node, recording
 from rayscope.core.usage.summary import DEFAULT_HEADROOM_PCT, checked_headroom, parse_window
+from rayscope.defaults import HEADER_INDENT
 from rayscope.head import session
 from rayscope.head.answers import Answers, Rendered, accepts_gzip, status_headers
 from rayscope.head.guesses import Guesses
@@ -164,7 +166,9 @@ class Routes:
             render = _lines(include_dead, gpus)
             lines = self.answers.get(("lines", gpus, include_dead), render, gpus, gzipped)
             return Response(200, TEXT, lines.body, lines.headers)
-        document = self.answers.get(("json", gpus, include_dead), _json(include_dead), gpus, gzipped)
+        indent = query.get("indent", ["0"])[0] in YES
+        key = ("json", gpus, include_dead, indent)
+        document = self.answers.get(key, _json(include_dead, indent), gpus, gzipped)
         return Response(200, JSON, document.body, document.headers)
 
     def _metrics(self, status: ClusterStatus) -> Rendered:
@@ -262,9 +266,17 @@ class Routes:
         return scheme.lower() == "bearer" and any(matches)
 
 
-def _json(include_dead: bool) -> Callable[[ClusterStatus], Rendered]:
+def _json(include_dead: bool, indent: bool) -> Callable[[ClusterStatus], Rendered]:
+    """The document, compact; or (``indent``, ``?indent=1``) the bytes ``status --json``
+    prints for the same options, so that ``status --head --json`` copies them (79 MB at
+    10,000 nodes of 8 GPUs: indenting them in the client was most of its time)."""
+
     def render(status: ClusterStatus) -> Rendered:
-        return Rendered(status_json_bytes(status, include_dead), status_headers(status))
+        document = status_json_bytes(status, include_dead)
+        if not indent:
+            return Rendered(document, status_headers(status))
+        indented = msgspec.json.format(document, indent=2) + b"\n"
+        return Rendered(indented, (*status_headers(status), (HEADER_INDENT, "2")))
 
     return render
 

@@ -1,12 +1,12 @@
 """``status --head --json`` copies the head's indented document to stdout as it comes
 (agent/rayscope/cli/fast_status.py ``_json_copy``, through the one transport's ``Sink``,
 agent/rayscope/client/request.py): what it prints is what the CLI prints, it holds one part
-of the document at a time, and no control character of a bent wire reaches stdout.
+of the document at a time, and no terminal escape of a bent wire reaches stdout.
 
 Before (issue 35, measured on be6e352): the client took the compact document whole and
 indented it (``msgspec.json.format``): 9 times a ``curl`` of it at 10,000 nodes, 35 MB.
-Positive control: drop the ``JSON_BYTES`` check in ``_Copy`` and the escape sequence is
-printed; make the sink return ``None`` and the memory test holds the whole document.
+Positive control: drop the ``escapes_a_terminal`` check in ``_Copy`` and the escape sequence
+is printed; make the sink return ``None`` and the memory test holds the whole document.
 """
 
 import contextlib
@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from rayscope import __main__ as entry
+from rayscope.cli import fast_status
 from rayscope.client import request as head_request
 from rayscope.schema import DOCUMENT_SCHEMA
 from tests import scenarios
@@ -101,6 +102,20 @@ class Digest(io.RawIOBase):
         return memoryview(data).nbytes
 
 
+class Kept(io.RawIOBase):
+    """A stdout that keeps the bytes it is given, as they are (capsys decodes them)."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: "Buffer") -> int:
+        self.data += data
+        return memoryview(data).nbytes
+
+
 def test_a_document_of_many_parts_is_printed_whole_holding_one_part_at_a_time(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -136,8 +151,47 @@ def test_a_control_character_stops_the_copy_before_its_part_is_printed(
         code, out, err = run_entry(["status", "--head", url, "--json"], capsys, monkeypatch)
     assert code == 2 and "\x1b" not in out
     assert out.encode() == bytes(body[: where // PART * PART])
-    said = f"head agent at {url} answered a document with control characters: the rest is not printed"
+    said = f"head agent at {url} answered a document with terminal escapes: the rest is not printed"
     assert err == f"rayscope: {said}\n"
+
+
+def test_a_c1_control_split_between_two_parts_is_refused_in_the_second(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """U+009B (CSI) in UTF-8, its lead byte the first part's last: the first part is printed,
+    the second refused."""
+    body = bytearray(document(3 * PART))
+    body[PART - 1 : PART + 1] = b"\xc2\x9b"
+    printed = Kept()
+    with raw_head(bytes(body)) as url:
+        monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(io.BufferedWriter(printed), encoding="utf-8"))
+        code, _, err = run_entry(["status", "--head", url, "--json"], capsys, monkeypatch)
+    assert code == 2 and printed.data == body[:PART] and "terminal escapes" in err
+
+
+@pytest.mark.parametrize(
+    ("part", "escapes"),
+    [
+        (b'{\n  "a": "b"\n}\n', False),
+        (b'"caf\xc3\xa9 \xc2\xa9 \xe2\x82\xac"', False),  # UTF-8: a C2 lead before a printable sign
+        (b"x\rx\x08x\x07", False),  # move the cursor, beep: text a bent wire could rewrite anyway
+        (b"x\x1b[2Jx", True),
+        (b"x\x1b]52;c;aGk=\x07", True),  # OSC 52: write the clipboard
+        (b"x\x0ex", True),
+        (b"x\x0fx", True),
+        (b"x\xc2\x9b2Jx", True),  # CSI as U+009B
+        (b"x\xc2\x9d0;t\xc2\x9c", True),
+        (b"x\xc2", False),  # a lead at the end: its part is fine, the next says
+    ],
+)
+def test_what_escapes_a_terminal(part: bytes, escapes: bool) -> None:
+    assert fast_status.escapes_a_terminal(part) is escapes
+    assert fast_status.escapes_a_terminal(bytearray(part)) is escapes
+
+
+def test_a_lead_byte_at_a_part_s_end_is_judged_with_the_next_part() -> None:
+    assert fast_status.escapes_a_terminal(b"\x9b[2J", after_lead=True)
+    assert not fast_status.escapes_a_terminal(b"\xa9 2026", after_lead=True)
 
 
 def test_a_document_cut_short_is_one_line_and_exit_2(

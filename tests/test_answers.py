@@ -13,12 +13,13 @@ from rayscope.cli import output
 from rayscope.core.completeness import assess
 from rayscope.core.rollup import merge, scheduler_nodes, scheduler_sums
 from rayscope.head import answers
-from rayscope.head.routes import Request, Routes
+from rayscope.head import routes as routes_module
+from rayscope.head.routes import Request, Response, Routes
 from rayscope.head.state import HeadState
 from rayscope.logs import LogThrottle
 from rayscope.render.status import SUMMARY_NODES, status_lines
 from rayscope.schema.report import SourceStatus
-from rayscope.schema.status import ReceivedReport
+from rayscope.schema.status import ClusterStatus, ReceivedReport
 from tests.reliability_plugin import FaultRecord
 from tests.scenarios import EUROPA, NOW, SEED_REPORTS, SEED_VIEWS, T4, gpu, report, view
 
@@ -81,7 +82,7 @@ def get(routes: Routes, target: str, **headers: str) -> tuple[int, dict[str, str
     for name, value in headers.items():
         message[name.replace("_", "-")] = value
     response = routes.answer(Request("GET", target, message))
-    return response.status, dict(response.headers), response.body
+    return response.status, dict(response.headers), bytes(response.body)
 
 
 def test_an_answer_is_rendered_once_per_change_and_the_clock_moves_it(
@@ -110,6 +111,44 @@ def test_an_answer_is_rendered_once_per_change_and_the_clock_moves_it(
     clock[0] = NOW + 2.7
     get(routes, "/v1/status")
     assert routes.answers.renders == 3
+
+
+def test_a_render_reuses_the_previous_buffer_only_when_no_client_holds_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a change, ``/v1/status`` is encoded into the previous render's buffer when
+    nothing else holds it (no fresh pages: a third of the encode at 10,000 nodes); a
+    response still being sent keeps its bytes, and the render takes a new buffer.
+    Positive control: drop the ``sys.getrefcount`` check in ``answers._spare`` and the held
+    response's bytes change under it."""
+    clock = [NOW]
+    monkeypatch.setattr(answers, "_monotonic", lambda: clock[0])
+    encode = routes_module.status_json_into
+    given: list[int] = []  # per render: the id of the buffer it was given, 0 for a new one
+
+    def spy(status: ClusterStatus, buffer: bytearray, include_dead: bool = False) -> bytearray:
+        given.append(id(buffer) if buffer else 0)
+        return encode(status, buffer, include_dead)
+
+    monkeypatch.setattr(routes_module, "status_json_into", spy)
+    state, routes = head_with_seed(interval_s=4.0)
+
+    def changed(gib: float) -> Response:
+        ingest(state, EUROPA, "172.17.0.3", gib, clock[0])
+        clock[0] += 1.0  # past the refresh
+        return routes.answer(Request("GET", "/v1/status", Message()))
+
+    first_id = id(changed(5.8).body)
+    second = changed(6.0).body
+    assert given == [0, first_id] and id(second) == first_id  # nobody held it: written in place
+    del second
+    held = changed(7.0)  # a client is being sent this one
+    kept = bytes(held.body)
+    after = changed(8.0).body
+    assert given[-1] == 0 and after is not held.body and bytes(held.body) == kept
+    for body, gib in ((held.body, 7.0), (after, 8.0)):
+        document = json.loads(bytes(body))  # whole, and nothing of an earlier one after it
+        assert document["nodes"][EUROPA]["used_gpu_memory_bytes"] == int(gib * 1024**3)
 
 
 def test_status_answers_carry_what_status_would_say() -> None:

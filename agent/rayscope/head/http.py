@@ -331,7 +331,7 @@ class HttpConnection(asyncio.Protocol):
     def send(self, response: Response, head_only: bool) -> None:
         self._write(response_bytes(response, head_only=True), b"" if head_only else response.body)
 
-    def _write(self, head: bytes, body: bytes = b"") -> None:
+    def _write(self, head: bytes, body: Union[bytes, bytearray] = b"") -> None:
         """``head``, then ``body`` :data:`SEND_PIECE` at a time as the client takes it
         (:meth:`pause_writing`), then the close. The body is the cached answer itself, never
         copied whole: at 10,000 nodes joining it to the head and handing it to the transport

@@ -21,7 +21,7 @@ import logging
 import math
 import time
 from email.message import Message
-from typing import Callable, NamedTuple, Optional, Union
+from typing import NamedTuple, Optional, Union
 from urllib.parse import parse_qs, urlsplit
 
 import msgspec
@@ -31,7 +31,7 @@ from rayscope.core.isolation import per_node, recording
 from rayscope.core.usage.summary import DEFAULT_HEADROOM_PCT, checked_headroom, parse_window
 from rayscope.defaults import HEADER_INDENT
 from rayscope.head import session
-from rayscope.head.answers import Answers, Rendered, accepts_gzip, status_headers
+from rayscope.head.answers import Answers, Render, Rendered, Spare, accepts_gzip, status_headers
 from rayscope.head.guesses import Guesses
 from rayscope.head.origin import REFUSAL, Hosts
 from rayscope.head.state import HeadState
@@ -39,7 +39,7 @@ from rayscope.logs import LogThrottle
 from rayscope.render.metrics import metrics_text
 from rayscope.render.page.assets import PAGE_HEADERS
 from rayscope.render.page.document import login_html, page_html, page_query, session_html
-from rayscope.render.status import status_json_bytes
+from rayscope.render.status import status_json_bytes, status_json_into
 from rayscope.render.usage import usage_metrics
 from rayscope.schema.status import ClusterStatus
 from rayscope.units import parse_amount
@@ -67,7 +67,7 @@ class Request(NamedTuple):
 class Response(NamedTuple):
     status: int
     content_type: str
-    body: bytes
+    body: Union[bytes, bytearray]
     headers: tuple[tuple[str, str], ...] = ()
     """More headers (this module's constants, or values it encoded: never a client's text)."""
 
@@ -171,7 +171,7 @@ class Routes:
         document = self.answers.get(key, _json(include_dead, indent), gpus, gzipped)
         return Response(200, JSON, document.body, document.headers)
 
-    def _metrics(self, status: ClusterStatus) -> Rendered:
+    def _metrics(self, status: ClusterStatus, spare: Spare) -> Rendered:
         """The status families, then the usage history's per-app ones (cached with them)."""
         usage = usage_metrics(self.answers.usage_document())
         return Rendered((metrics_text(status) + usage).encode(), ())
@@ -266,25 +266,26 @@ class Routes:
         return scheme.lower() == "bearer" and any(matches)
 
 
-def _json(include_dead: bool, indent: bool) -> Callable[[ClusterStatus], Rendered]:
-    """The document, compact; or (``indent``, ``?indent=1``) the bytes ``status --json``
-    prints for the same options, so that ``status --head --json`` copies them (79 MB at
-    10,000 nodes of 8 GPUs: indenting them in the client was most of its time)."""
+def _json(include_dead: bool, indent: bool) -> Render:
+    """The document, compact (into the previous render's buffer when it is free); or
+    (``indent``, ``?indent=1``) the bytes ``status --json`` prints for the same options, so
+    that ``status --head --json`` copies them (79 MB at 10,000 nodes of 8 GPUs: indenting
+    them in the client was most of its time)."""
 
-    def render(status: ClusterStatus) -> Rendered:
-        document = status_json_bytes(status, include_dead)
+    def render(status: ClusterStatus, spare: Spare) -> Rendered:
         if not indent:
+            document = status_json_into(status, spare or bytearray(), include_dead)
             return Rendered(document, status_headers(status))
-        indented = msgspec.json.format(document, indent=2) + b"\n"
+        indented = msgspec.json.format(status_json_bytes(status, include_dead), indent=2) + b"\n"
         return Rendered(indented, (*status_headers(status), (HEADER_INDENT, "2")))
 
     return render
 
 
-def _lines(include_dead: bool, gpus: bool) -> Callable[[ClusterStatus], Rendered]:
+def _lines(include_dead: bool, gpus: bool) -> Render:
     """What ``status`` prints on stdout for the same options (``format=lines``)."""
 
-    def render(status: ClusterStatus) -> Rendered:
+    def render(status: ClusterStatus, spare: Spare) -> Rendered:
         lines = output.status_text_lines(status, include_dead, gpus)
         return Rendered(("\n".join(lines) + "\n").encode(), status_headers(status))
 

@@ -14,10 +14,11 @@ from rayscope.core.completeness import assess
 from rayscope.core.rollup import merge, scheduler_nodes, scheduler_sums
 from rayscope.head import answers
 from rayscope.head import routes as routes_module
+from rayscope.head.reports import ReportTable
 from rayscope.head.routes import Request, Response, Routes
 from rayscope.head.state import HeadState
 from rayscope.logs import LogThrottle
-from rayscope.render.status import SUMMARY_NODES, status_lines
+from rayscope.render.status import SUMMARY_NODES, status_json_into, status_lines
 from rayscope.schema.report import SourceStatus
 from rayscope.schema.status import ClusterStatus, ReceivedReport
 from tests.reliability_plugin import FaultRecord
@@ -123,7 +124,7 @@ def test_a_render_reuses_the_previous_buffer_only_when_no_client_holds_it(
     response's bytes change under it."""
     clock = [NOW]
     monkeypatch.setattr(answers, "_monotonic", lambda: clock[0])
-    encode = routes_module.status_json_into
+    encode = status_json_into
     given: list[int] = []  # per render: the id of the buffer it was given, 0 for a new one
 
     def spy(status: ClusterStatus, buffer: bytearray, include_dead: bool = False) -> bytearray:
@@ -149,6 +150,29 @@ def test_a_render_reuses_the_previous_buffer_only_when_no_client_holds_it(
     for body, gib in ((held.body, 7.0), (after, 8.0)):
         document = json.loads(bytes(body))  # whole, and nothing of an earlier one after it
         assert document["nodes"][EUROPA]["used_gpu_memory_bytes"] == int(gib * 1024**3)
+
+
+def test_the_head_counts_the_gpus_two_reports_list_as_they_come() -> None:
+    """The rollup looks for time-sliced GPUs only while two held reports list one UUID
+    (``ReportTable.repeated_uuids``, kept as reports come and go): the head's status says
+    so exactly when a merge that always looks does.
+    Positive control: never count in ``ReportTable._count_uuids`` and the shared GPU is not said."""
+    table = ReportTable()
+    counts = []
+    for key, index in ((EUROPA, 0), (T4, 1), (T4, 0), (T4, 0), (EUROPA, 2)):
+        table.put(key, report(key, [gpu(index, 1.0)], "10.0.0.5"), None, None, None, 15.0)
+        counts.append(table.repeated_uuids)
+    table.drop(T4)
+    assert (counts, table.repeated_uuids) == ([0, 0, 1, 1, 0], 0)
+    state, _ = head_with_seed()
+    ingest(state, EUROPA, "172.17.0.3", 5.8, NOW)
+    ingest(state, T4, "10.0.0.5", 3.0, NOW)  # the same GPU UUID: time-slicing
+    shared = state.status(NOW + 1)
+    assert shared.cluster.shared_gpus == 1
+    looked = merge(state._base, dict(state._table.reports), now=NOW + 1, stale_after_s=12.0, view="head")
+    shared.generated_at = looked.generated_at = 0.0
+    shared.sources = looked.sources
+    assert msgspec.json.encode(shared.nodes) == msgspec.json.encode(looked.nodes)
 
 
 def test_status_answers_carry_what_status_would_say() -> None:

@@ -260,7 +260,7 @@ class HeadState:
         ``gpus``: also attribute each fresh report's GPU memory to the actors on it."""
         with self._lock:
             base, reports, gcs_status = self._base, dict(self._table.reports), self._gcs_status
-            sums = self._sums
+            sums, gpus_unique = self._sums, not self._table.repeated_uuids
             actors, actors_status = self._actors, self._actors_status
             read_at = self._view_read_at
             waiting, pending_status = self._pending, self._pending_status
@@ -279,6 +279,7 @@ class HeadState:
                 scheduler_read_at=read_at,
                 wall_now=wall_now,
                 sums=sums,
+                gpus_unique=gpus_unique,
             )
             if pending_status is not None:
                 status.sources.append(pending_status)

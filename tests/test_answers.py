@@ -14,7 +14,7 @@ from rayscope.core.completeness import assess
 from rayscope.core.rollup import merge, scheduler_nodes, scheduler_sums
 from rayscope.head import answers
 from rayscope.head import routes as routes_module
-from rayscope.head.reports import ReportTable
+from rayscope.head.reports import SharedGpuWatch
 from rayscope.head.routes import Request, Response, Routes
 from rayscope.head.state import HeadState
 from rayscope.logs import LogThrottle
@@ -152,18 +152,19 @@ def test_a_render_reuses_the_previous_buffer_only_when_no_client_holds_it(
         assert document["nodes"][EUROPA]["used_gpu_memory_bytes"] == int(gib * 1024**3)
 
 
-def test_the_head_counts_the_gpus_two_reports_list_as_they_come() -> None:
-    """The rollup looks for time-sliced GPUs only while two held reports list one UUID
-    (``ReportTable.repeated_uuids``, kept as reports come and go): the head's status says
-    so exactly when a merge that always looks does.
-    Positive control: never count in ``ReportTable._count_uuids`` and the shared GPU is not said."""
-    table = ReportTable()
-    counts = []
+def test_the_head_looks_for_shared_gpus_only_while_two_reports_list_one() -> None:
+    """The rollup looks through every node's GPUs for time-sliced ones only while two of the
+    reports list one UUID (``SharedGpuWatch``, kept per merge from the reports that changed):
+    the head's status says so exactly when a merge that always looks does.
+    Positive control: never count in ``SharedGpuWatch._count`` and the shared GPU is not said."""
+    watch = SharedGpuWatch()
+    reports: dict[str, ReceivedReport] = {}
+    verdicts = []
     for key, index in ((EUROPA, 0), (T4, 1), (T4, 0), (T4, 0), (EUROPA, 2)):
-        table.put(key, report(key, [gpu(index, 1.0)], "10.0.0.5"), None, None, None, 15.0)
-        counts.append(table.repeated_uuids)
-    table.drop(T4)
-    assert (counts, table.repeated_uuids) == ([0, 0, 1, 1, 0], 0)
+        reports[key] = report(key, [gpu(index, 1.0)], "10.0.0.5")
+        verdicts.append(watch.unique(reports))
+    del reports[T4]
+    assert (verdicts, watch.unique(reports), watch.repeated) == ([True, True, False, False, True], True, 0)
     state, _ = head_with_seed()
     ingest(state, EUROPA, "172.17.0.3", 5.8, NOW)
     ingest(state, T4, "10.0.0.5", 3.0, NOW)  # the same GPU UUID: time-slicing

@@ -23,8 +23,9 @@ The rules (SECURITY.md, issue 19), each a property of every path into the table:
   a crash leaves it to go stale.
 """
 
+import threading
 from collections import OrderedDict
-from collections.abc import Container, Hashable
+from collections.abc import Container, Hashable, Mapping
 from typing import Optional
 
 from rayscope.core.validate import ReportError
@@ -36,12 +37,6 @@ MAX_NODES_HELD = 16_384
 MAX_UNKNOWN_HELD = 1024
 """Nodes the scheduler does not know (hosts without a raylet, nodes just gone): a few per
 login node and a few gone per interval; more is someone sending made-up ids."""
-
-
-def _uuids(received: Optional[ReceivedReport]) -> tuple[str, ...]:
-    """The GPU UUIDs a report lists, as the rollup reads them (its devices, not MIG's)."""
-    gpus = received.report.gpus if received is not None else None
-    return tuple(g.uuid for g in gpus if g.uuid) if gpus else ()
 
 
 def bare_address(host: str) -> str:
@@ -59,11 +54,6 @@ class ReportTable:
         self._owned: dict[Hashable, set[str]] = {}  # connected owner -> the keys it owns
         self._unknown: OrderedDict[str, None] = OrderedDict()  # unknown keys, oldest report first
         self._known: Container[str] = ()
-        self._uuid_counts: dict[str, int] = {}  # GPU UUID -> how many held reports list it
-        self.repeated_uuids = 0
-        """GPU UUIDs more than one held report lists (or one lists twice): while 0, no GPU is
-        shared and the rollup need not look at every node's GPUs to say so (a quarter of a
-        merge at 10,000 nodes; :func:`rayscope.core.gpu.memory.find_shared_gpus`)."""
 
     def __len__(self) -> int:
         return len(self.reports)
@@ -94,9 +84,7 @@ class ReportTable:
                 reason=WRONG_PEER,
             )
         evicted = None if key in self.reports else self._make_room(key)
-        previous = self.reports.get(key)
         self.reports[key] = received
-        self._count_uuids(received, previous)
         if key not in self._known:
             self._unknown[key] = None
             self._unknown.move_to_end(key)
@@ -137,23 +125,7 @@ class ReportTable:
         self._owner[key] = conn
         self._owned.setdefault(conn, set()).add(key)
 
-    def _count_uuids(self, new: Optional[ReceivedReport], old: Optional[ReceivedReport]) -> None:
-        """:attr:`repeated_uuids` as ``old`` gives way to ``new`` (either may be ``None``)."""
-        before, after = _uuids(old), _uuids(new)
-        if before == after:
-            return  # the usual report: the same GPUs as the last
-        counts = self._uuid_counts
-        for uuid in before:
-            counts[uuid] -= 1
-            self.repeated_uuids -= counts[uuid] == 1
-            if not counts[uuid]:
-                del counts[uuid]
-        for uuid in after:
-            counts[uuid] = counts.get(uuid, 0) + 1
-            self.repeated_uuids += counts[uuid] == 2
-
     def drop(self, key: str) -> None:
-        self._count_uuids(None, self.reports.get(key))
         self.reports.pop(key, None)
         self._unknown.pop(key, None)
         owner = self._owner.pop(key, None)
@@ -189,3 +161,52 @@ class ReportTable:
         for key in gone:
             self.drop(key)
         return gone
+
+
+class SharedGpuWatch:
+    """Whether any GPU UUID is listed by two of the reports a merge is given (or twice by
+    one): while none is, no GPU is time-sliced and the rollup need not look through every
+    node's GPUs to say so (:func:`rayscope.core.gpu.memory.find_shared_gpus`: a quarter of a
+    merge at 10,000 nodes of 8 GPUs). Kept per merge from the reports that changed since the
+    last (a report is known by its identity and receive time, nothing of it held), never on
+    the report path. Safe across the HTTP port's threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen: dict[str, tuple[int, float, tuple[str, ...]]] = {}
+        self._counts: dict[str, int] = {}  # GPU UUID -> how many of the seen reports list it
+        self.repeated = 0
+        """UUIDs listed more than once."""
+
+    def unique(self, reports: Mapping[str, ReceivedReport]) -> bool:
+        """No GPU UUID listed twice in ``reports``."""
+        with self._lock:
+            seen = self._seen
+            for key in seen.keys() - reports.keys():
+                self._count(seen.pop(key)[2], ())
+            for key, received in reports.items():
+                held = seen.get(key)
+                if held is None or held[0] != id(received) or held[1] != received.received_at:
+                    uuids = _uuids(received)
+                    self._count(held[2] if held is not None else (), uuids)
+                    seen[key] = (id(received), received.received_at, uuids)
+            return not self.repeated
+
+    def _count(self, before: tuple[str, ...], after: tuple[str, ...]) -> None:
+        if before == after:
+            return  # the usual report: the same GPUs as the last
+        counts = self._counts
+        for uuid in before:
+            counts[uuid] -= 1
+            self.repeated -= counts[uuid] == 1
+            if not counts[uuid]:
+                del counts[uuid]
+        for uuid in after:
+            counts[uuid] = counts.get(uuid, 0) + 1
+            self.repeated += counts[uuid] == 2
+
+
+def _uuids(received: ReceivedReport) -> tuple[str, ...]:
+    """The GPU UUIDs a report lists, as the rollup reads them (its devices, not MIG's)."""
+    gpus = received.report.gpus
+    return tuple([g.uuid for g in gpus if g.uuid]) if gpus else ()

@@ -22,7 +22,7 @@ from rayscope.core.rollup import STALE_INTERVALS, merge, scheduler_nodes, schedu
 from rayscope.core.validate import ReportError
 from rayscope.defaults import DEFAULT_TIMEOUT_S
 from rayscope.head.admission import IngestCounters
-from rayscope.head.reports import ReportTable
+from rayscope.head.reports import ReportTable, SharedGpuWatch
 from rayscope.head.usage_store import DEFAULT_WINDOW_S, UsageStore
 from rayscope.logs import LogThrottle
 from rayscope.schema.pending import PendingRead
@@ -97,6 +97,7 @@ class HeadState:
         self.gcs_address = gcs_address
         self._lock = threading.Lock()
         self._table = ReportTable()
+        self._shared_gpus = SharedGpuWatch()
         self._base: dict[str, NodeStatus] = {}  # rollup.scheduler_nodes of the latest view
         self._sums: dict[str, float] = scheduler_sums(())  # and its bookings summed
         self._gcs_status = SourceStatus(name="gcs", ok=False, reason="not read yet", detail=gcs_address or "")
@@ -260,13 +261,14 @@ class HeadState:
         ``gpus``: also attribute each fresh report's GPU memory to the actors on it."""
         with self._lock:
             base, reports, gcs_status = self._base, dict(self._table.reports), self._gcs_status
-            sums, gpus_unique = self._sums, not self._table.repeated_uuids
+            sums = self._sums
             actors, actors_status = self._actors, self._actors_status
             read_at = self._view_read_at
             waiting, pending_status = self._pending, self._pending_status
             sources = [gcs_status, actors_status] if gpus else [gcs_status]
             sources += [self.ray_versions] if self.ray_versions else []
         sources += [more() for more in self.more_sources]
+        gpus_unique = self._shared_gpus.unique(reports)
         with recording(self.failures):  # a node that cannot be merged is counted for /healthz
             status = merge(
                 base,

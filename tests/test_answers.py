@@ -10,6 +10,7 @@ import msgspec
 import pytest
 
 from rayscope.cli import output
+from rayscope.client import request as head_request
 from rayscope.core.completeness import assess
 from rayscope.core.rollup import merge, scheduler_nodes, scheduler_sums
 from rayscope.head import answers
@@ -21,6 +22,7 @@ from rayscope.logs import LogThrottle
 from rayscope.render.status import SUMMARY_NODES, status_json_into, status_lines
 from rayscope.schema.report import SourceStatus
 from rayscope.schema.status import ClusterStatus, ReceivedReport
+from tests import bench
 from tests.reliability_plugin import FaultRecord
 from tests.scenarios import EUROPA, NOW, SEED_REPORTS, SEED_VIEWS, T4, gpu, report, view
 
@@ -301,3 +303,22 @@ def test_gzip_refused_with_q_0_is_not_sent_and_every_answer_says_vary(fault: Fau
         for headers in (plain_headers, refused_headers, zipped_headers):
             assert headers["Vary"] == "Accept-Encoding", path
     fault.observe("gzip;q=0: identity on all 3; gzip;q=0.5: gzip; Vary: Accept-Encoding on all 9 answers")
+
+
+def test_a_note_about_many_nodes_names_a_few_and_counts_the_rest() -> None:
+    """4,000 nodes whose agents stopped: the note (stderr, and a header of every status
+    answer) names 20 and counts the others, so the answer's headers stay far under what a
+    client takes (64 KiB). Before: every node named, 75 KB of ``X-Rayscope-Note``, and
+    ``status --head`` refused the answer (exit 2, "headers over 64 KiB") instead of saying
+    partial (exit 1). Positive control: ``NAMED = 10**6`` in agent/rayscope/core/completeness.py."""
+    reports = bench.synthetic_reports(4000)
+    state = HeadState(5.0, None)
+    state.set_view(bench.synthetic_views(reports), SourceStatus(name="gcs", ok=True), read_at=100.0)
+    for r in reports:
+        state.ingest(msgspec.msgpack.encode(r), 0.0)
+    status = state.status(100.0)  # every report 100 s old: stale after 15 s
+    headers = dict(answers.status_headers(status))
+    note = json.loads(headers["X-Rayscope-Note"])
+    assert headers["X-Rayscope-Exit"] == "1" and note.startswith("partial: stale report from 4000 node(s): ")
+    assert note.endswith(" and 3,980 more") and note.count("(100s)") == 20
+    assert sum(len(k) + len(v) + 4 for k, v in headers.items()) < head_request.MAX_HEAD_BYTES // 16

@@ -4,11 +4,11 @@
 the renderers: ~50 ms) only when it returns:
 
 * ``status`` reading a head agent (``--head`` / ``$RAYSCOPE_HEAD``), as text or ``--json``
-  on stdout: the head renders the answer (``GET /v1/status?format=lines``, or the JSON
-  document), with the exit code and the notes ``status`` prints on stderr in
-  ``X-Rayscope-*`` headers; printed here, byte for byte what the CLI prints for it, with
-  nothing imported beyond a socket (:mod:`rayscope.client.request`, the one transport of every
-  ``--head`` read: the whole exchange within ``--timeout``, the body capped);
+  on stdout: the head renders the answer (``GET /v1/status?format=lines``, or ``?indent=1``:
+  the JSON as ``--json`` prints it, copied as it comes), with the exit code and the notes
+  ``status`` prints on stderr in ``X-Rayscope-*`` headers; printed here, byte for byte what the
+  CLI prints, with nothing imported beyond a socket (:mod:`rayscope.client.request`, the one
+  transport of every ``--head`` read: the whole exchange within ``--timeout``, the body capped);
 * ``status`` reading the GCS (no head): the GCS child is started at once
   (:mod:`rayscope.sources.gcs.prestart`): ``import ray``, most of the command's time, then
   runs while the CLI imports its own modules and finds the address.
@@ -19,7 +19,7 @@ know or a value it would not take (the CLI then says why), ``--help``, ``--outpu
 ``--append``, ``--watch``, ``--format prom``, ``--gcs``; and a head whose answer this module
 does not print itself (a refusal, whose meaning the CLI's path says; an older head, which
 answers ``format=lines`` with JSON and no ``X-Rayscope-Exit``): the CLI then asks again, as it
-always did, within what is left of the same ``--timeout`` (:func:`rayscope.client.request.carry`).
+always did, within what is left of the same ``--timeout`` (:func:`rayscope.net.deadline.carry`).
 """
 
 import math
@@ -245,9 +245,8 @@ def answer_from_head(request: Request) -> Optional[int]:
     deadline = deadlines.Deadline(request.timeout_s)
     copied: list[Said] = []
     sink = _json_copy(request, copied) if json_out else None
-    got = head_request.get(
-        request.head, "/v1/status?" + "&".join(query), token, request.timeout_s, tls, deadline, sink
-    )
+    target = "/v1/status?" + "&".join(query)
+    got = head_request.get(request.head, target, token, request.timeout_s, tls, deadline, sink)
     if copied:  # printed as it came
         return _said(copied[0], request.verbose)
     # What this module does not print itself, the CLI asks again: within the same deadline.
@@ -282,25 +281,19 @@ def _said(said: "Said", verbose: bool) -> int:
 
 
 ESCAPES = (b"\x1b", b"\x0e", b"\x0f")
-"""ESC, which every escape sequence starts with (CSI, OSC, DCS: colours, titles, the
-clipboard, key remapping), and SO and SI, which switch a terminal's character set: what a
-document must not hold to be copied to stdout, with the C1 controls in UTF-8
-(:func:`escapes_a_terminal`). JSON escapes every control character in its strings, and the
-head's indentation is spaces and line breaks, so the head's own document holds none; a wire
-that bent it is refused. The other C0 controls (CR, BS, BEL) only move the cursor or beep: a
-wire that can insert them can rewrite the text itself. Checked with ``memchr`` (~5 ms at
-10,000 nodes; each byte through a table, as ``bytes.translate`` does, was ~70 ms, more than
-the copy)."""
+"""ESC, which starts every escape sequence, and SO and SI, which switch the character set:
+never in the head's document (JSON escapes controls; it indents with spaces). CR, BS or BEL
+only move the cursor or beep: a wire that inserts them could rewrite the text itself."""
 C1_LEAD = 0xC2
 """U+0080-U+009F, the C1 controls, in UTF-8: 0xC2 then 0x80-0x9F (CSI is U+009B)."""
 
 
 def escapes_a_terminal(part: Union[bytes, bytearray], after_lead: bool = False) -> bool:
-    """Whether ``part`` holds one of :data:`ESCAPES` or a C1 control in UTF-8
-    (``after_lead``: the part before it ended with 0xC2)."""
-    if after_lead and part[:1] and 0x80 <= part[0] <= 0x9F:
-        return True
-    if any(byte in part for byte in ESCAPES):
+    """Whether ``part`` holds one of :data:`ESCAPES` or a C1 control in UTF-8 (``after_lead``:
+    the part before ended with 0xC2). By ``memchr``: ~5 ms at 10,000 nodes (``bytes.translate``
+    of every byte: ~70 ms, more than the copy)."""
+    starts_c1 = after_lead and part[:1] and 0x80 <= part[0] <= 0x9F
+    if starts_c1 or any(byte in part for byte in ESCAPES):
         return True
     lead = part.find(C1_LEAD)
     while 0 <= lead < len(part) - 1:
@@ -311,11 +304,9 @@ def escapes_a_terminal(part: Union[bytes, bytearray], after_lead: bool = False) 
 
 
 def _json_copy(request: Request, copied: "list[Said]") -> "Sink":
-    """Where ``status --head --json`` sends the head's indented document (``?indent=1``, said
-    by ``X-Rayscope-Indent``): to stdout as it comes, through one reused buffer, each part
-    checked (:func:`escapes_a_terminal`) before it is written (79 MB at 10,000 nodes of 8 GPUs:
-    received whole, then indented, it cost 35 MB and 9 times the fetch). The answer's
-    :class:`Said` goes to ``copied``. Any other answer is read whole and taken as before."""
+    """The head's indented document (``X-Rayscope-Indent``) to stdout as it comes, each part
+    checked first (:class:`_Copy`), its :class:`Said` into ``copied``; any other answer is
+    read whole, as before (79 MB at 10,000 nodes: held whole, then indented, it cost 35 MB)."""
     from rayscope.errors import EXIT_NO_DATA, AgentError
 
     def sink(status: int, headers: dict[str, str]) -> "Optional[Writer]":
@@ -336,13 +327,10 @@ def _json_copy(request: Request, copied: "list[Said]") -> "Sink":
 
 
 class _Copy:
-    """The head's document to stdout, part by part, each part checked first; a reader that
-    went away (``status --json | head -1``) is not an error (:func:`rayscope.cli.output.to_stdout`)."""
+    """Part by part to stdout, each checked first; a reader gone (``| head -1``) is no error."""
 
     def __init__(self, refusal: str) -> None:
-        self.refusal = refusal
-        self.gone = False
-        self.after_lead = False
+        self.refusal, self.gone, self.after_lead = refusal, False, False
 
     def __call__(self, part: Union[bytes, bytearray]) -> None:
         if escapes_a_terminal(part, self.after_lead):
@@ -399,10 +387,9 @@ def _lines_text(body: Union[bytes, bytearray]) -> str:
 
 
 def _json_text(body: Union[bytes, bytearray], headers: dict[str, str]) -> Optional[bytes]:
-    """The head's document as ``status --json`` prints it, UTF-8; ``None`` when it is not
-    JSON. Indented by the head (``X-Rayscope-Indent``), when it cannot escape a terminal
-    (:func:`escapes_a_terminal`); else, compact (an older head), indented here by
-    ``msgspec.json.format`` (the same Struct encoded, then formatted, as the CLI does)."""
+    """The document as ``status --json`` prints it; ``None`` when it is not JSON. Indented by
+    the head (``X-Rayscope-Indent``) unless it escapes a terminal; compact (an older head),
+    indented here by ``msgspec.json.format`` (the CLI's own decode and encode give the same)."""
     if headers.get(HEADER_INDENT.lower()) == "2":
         return None if escapes_a_terminal(body) else bytes(body)
     import msgspec

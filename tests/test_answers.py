@@ -9,15 +9,19 @@ from email.message import Message
 import msgspec
 import pytest
 
+from rayscope.client import request as head_request
 from rayscope.core.completeness import assess
 from rayscope.core.rollup import merge, scheduler_nodes, scheduler_sums
 from rayscope.head import answers
-from rayscope.head.routes import Request, Routes
+from rayscope.head import routes as routes_module
+from rayscope.head.reports import SharedGpuWatch
+from rayscope.head.routes import Request, Response, Routes
 from rayscope.head.state import HeadState
 from rayscope.logs import LogThrottle
-from rayscope.render.status import SUMMARY_NODES, status_lines, status_text_lines
+from rayscope.render.status import SUMMARY_NODES, status_json_into, status_lines, status_text_lines
 from rayscope.schema.report import SourceStatus
-from rayscope.schema.status import ReceivedReport
+from rayscope.schema.status import ClusterStatus, ReceivedReport
+from tests import bench
 from tests.reliability_plugin import FaultRecord
 from tests.scenarios import EUROPA, NOW, SEED_REPORTS, SEED_VIEWS, T4, gpu, report, view
 
@@ -80,7 +84,7 @@ def get(routes: Routes, target: str, **headers: str) -> tuple[int, dict[str, str
     for name, value in headers.items():
         message[name.replace("_", "-")] = value
     response = routes.answer(Request("GET", target, message))
-    return response.status, dict(response.headers), response.body
+    return response.status, dict(response.headers), bytes(response.body)
 
 
 def test_an_answer_is_rendered_once_per_change_and_the_clock_moves_it(
@@ -109,6 +113,68 @@ def test_an_answer_is_rendered_once_per_change_and_the_clock_moves_it(
     clock[0] = NOW + 2.7
     get(routes, "/v1/status")
     assert routes.answers.renders == 3
+
+
+def test_a_render_reuses_the_previous_buffer_only_when_no_client_holds_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a change, ``/v1/status`` is encoded into the previous render's buffer when
+    nothing else holds it (no fresh pages: a third of the encode at 10,000 nodes); a
+    response still being sent keeps its bytes, and the render takes a new buffer.
+    Positive control: drop the ``sys.getrefcount`` check in ``answers._spare`` and the held
+    response's bytes change under it."""
+    clock = [NOW]
+    monkeypatch.setattr(answers, "_monotonic", lambda: clock[0])
+    encode = status_json_into
+    given: list[int] = []  # per render: the id of the buffer it was given, 0 for a new one
+
+    def spy(status: ClusterStatus, buffer: bytearray, include_dead: bool = False) -> bytearray:
+        given.append(id(buffer) if buffer else 0)
+        return encode(status, buffer, include_dead)
+
+    monkeypatch.setattr(routes_module, "status_json_into", spy)
+    state, routes = head_with_seed(interval_s=4.0)
+
+    def changed(gib: float) -> Response:
+        ingest(state, EUROPA, "172.17.0.3", gib, clock[0])
+        clock[0] += 1.0  # past the refresh
+        return routes.answer(Request("GET", "/v1/status", Message()))
+
+    first_id = id(changed(5.8).body)
+    second = changed(6.0).body
+    assert given == [0, first_id] and id(second) == first_id  # nobody held it: written in place
+    del second
+    held = changed(7.0)  # a client is being sent this one
+    kept = bytes(held.body)
+    after = changed(8.0).body
+    assert given[-1] == 0 and after is not held.body and bytes(held.body) == kept
+    for body, gib in ((held.body, 7.0), (after, 8.0)):
+        document = json.loads(bytes(body))  # whole, and nothing of an earlier one after it
+        assert document["nodes"][EUROPA]["used_gpu_memory_bytes"] == int(gib * 1024**3)
+
+
+def test_the_head_looks_for_shared_gpus_only_while_two_reports_list_one() -> None:
+    """The rollup looks through every node's GPUs for time-sliced ones only while two of the
+    reports list one UUID (``SharedGpuWatch``, kept per merge from the reports that changed):
+    the head's status says so exactly when a merge that always looks does.
+    Positive control: never count in ``SharedGpuWatch._count`` and the shared GPU is not said."""
+    watch = SharedGpuWatch()
+    reports: dict[str, ReceivedReport] = {}
+    verdicts = []
+    for key, index in ((EUROPA, 0), (T4, 1), (T4, 0), (T4, 0), (EUROPA, 2)):
+        reports[key] = report(key, [gpu(index, 1.0)], "10.0.0.5")
+        verdicts.append(watch.unique(reports))
+    del reports[T4]
+    assert (verdicts, watch.unique(reports), watch.repeated) == ([True, True, False, False, True], True, 0)
+    state, _ = head_with_seed()
+    ingest(state, EUROPA, "172.17.0.3", 5.8, NOW)
+    ingest(state, T4, "10.0.0.5", 3.0, NOW)  # the same GPU UUID: time-slicing
+    shared = state.status(NOW + 1)
+    assert shared.cluster.shared_gpus == 1
+    looked = merge(state._base, dict(state._table.reports), now=NOW + 1, stale_after_s=12.0, view="head")
+    shared.generated_at = looked.generated_at = 0.0
+    shared.sources = looked.sources
+    assert msgspec.json.encode(shared.nodes) == msgspec.json.encode(looked.nodes)
 
 
 def test_status_answers_carry_what_status_would_say() -> None:
@@ -236,3 +302,22 @@ def test_gzip_refused_with_q_0_is_not_sent_and_every_answer_says_vary(fault: Fau
         for headers in (plain_headers, refused_headers, zipped_headers):
             assert headers["Vary"] == "Accept-Encoding", path
     fault.observe("gzip;q=0: identity on all 3; gzip;q=0.5: gzip; Vary: Accept-Encoding on all 9 answers")
+
+
+def test_a_note_about_many_nodes_names_a_few_and_counts_the_rest() -> None:
+    """4,000 nodes whose agents stopped: the note (stderr, and a header of every status
+    answer) names 20 and counts the others, so the answer's headers stay far under what a
+    client takes (64 KiB). Before: every node named, 75 KB of ``X-Rayscope-Note``, and
+    ``status --head`` refused the answer (exit 2, "headers over 64 KiB") instead of saying
+    partial (exit 1). Positive control: ``NAMED = 10**6`` in agent/rayscope/core/completeness.py."""
+    reports = bench.synthetic_reports(4000)
+    state = HeadState(5.0, None)
+    state.set_view(bench.synthetic_views(reports), SourceStatus(name="gcs", ok=True), read_at=100.0)
+    for r in reports:
+        state.ingest(msgspec.msgpack.encode(r), 0.0)
+    status = state.status(100.0)  # every report 100 s old: stale after 15 s
+    headers = dict(answers.status_headers(status))
+    note = json.loads(headers["X-Rayscope-Note"])
+    assert headers["X-Rayscope-Exit"] == "1" and note.startswith("partial: stale report from 4000 node(s): ")
+    assert note.endswith(" and 3,980 more") and note.count("(100s)") == 20
+    assert sum(len(k) + len(v) + 4 for k, v in headers.items()) < head_request.MAX_HEAD_BYTES // 16

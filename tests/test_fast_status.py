@@ -142,6 +142,11 @@ class FakeHead:
             if self.mode == "bent":  # a wire (or a head) not to be trusted with a terminal
                 lines = ["\x1b]0;owned\x07" + line + "\u2028\x1b[2J" for line in lines]
             return 200, "text/plain; charset=utf-8", ("\n".join(lines) + "\n").encode(), headers
+        if query.get("indent") == ["1"] and self.mode != "compact":  # "compact": the previous release
+            document = (status_json(self.status, include_dead) + "\n").encode()
+            if self.mode == "bent":
+                document = document.replace(b'"node_ip"', b'"\x1b]0;owned\x07node_ip"')
+            return 200, "application/json", document, [*headers, ("X-Rayscope-Indent", "2")]
         document = status_json(self.status, include_dead, indent=0).encode()
         return 200, "application/json", document, headers
 

@@ -140,7 +140,7 @@ def test_parallel_usage_requests_never_hold_healthz(tmp_path: Path, fault: Fault
 def get(routes: Routes, target: str) -> bytes:
     response = routes.answer(Request("GET", target, Message()))
     assert response.status == 200, response.body
-    return response.body
+    return bytes(response.body)
 
 
 def test_the_usage_document_is_computed_once_per_fold_or_interval(

@@ -143,6 +143,46 @@ def test_the_window_says_since_when_it_knows() -> None:
     assert doc.actors[0].window_s == 30  # first seen at 130
 
 
+RUNS = {
+    "a full window": ([GIB + i for i in range(10)], [1] * 10),
+    "gaps and an empty last slot": ([GIB, EMPTY, 2 * GIB, EMPTY, 3 * GIB, EMPTY], [1, 3, 2, 0, 65_535, 0]),
+    "longer than the window": ([i * MIB for i in range(1, 26)], [2] * 25),
+    "nothing measured": ([EMPTY] * 4, [0] * 4),
+    "counts that do not match": ([GIB, 2 * GIB, 3 * GIB], [1, 1]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+@pytest.mark.parametrize("last_slot", [103, 109, 117])
+def test_a_restored_run_is_what_restoring_it_slot_by_slot_keeps(name: str, last_slot: int) -> None:
+    """``UsageWindow.restore_run`` (a restart's arrays copied whole) keeps exactly what
+    ``restore`` keeps slot by slot, wherever the run ends in the ring; a device restored
+    twice merges. Positive control: drop the clearing of counts in empty slots and the
+    "gaps" run's sample count differs."""
+    values, counts = RUNS[name]
+    first = last_slot - len(values) + 1
+    windows = []
+    for whole in (True, False):
+        window = UsageWindow(10, 1, now=0.0)
+        for _ in range(2):  # the second time: the device is there, merged slot by slot
+            if whole:
+                window.restore_run(meta(), 50.0, "GPU-0", last_slot, values, counts)
+            else:
+                slots = [(first + i, v, c) for i, (v, c) in enumerate(zip(values, counts))]
+                window.restore(meta(), 50.0, "GPU-0", slots)
+        windows.append(window)
+    kept = [
+        {
+            a: (s.first_seen, s.last_slot, {d: (r.newest, r.values, r.counts) for d, r in s.devices.items()})
+            for a, s in w.actors.items()
+        }
+        for w in windows
+    ]
+    assert kept[0] == kept[1]
+    docs = [usage_document(w, now=float(last_slot + 1), wall_now=WALL) for w in windows]
+    assert docs[0] == docs[1]
+
+
 # --- the rules ----------------------------------------------------------------------------
 
 

@@ -228,7 +228,7 @@ def get(routes: Routes, target: str, token: bytes = b"") -> tuple[int, bytes]:
     if token:
         headers["Authorization"] = "Bearer " + token.decode()
     response = routes.answer(Request("GET", target, headers))
-    return response.status, response.body
+    return response.status, bytes(response.body)
 
 
 def usage_routes() -> Routes:

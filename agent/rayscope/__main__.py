@@ -15,15 +15,27 @@ def main() -> None:
     """The command line: answered by :func:`rayscope.cli.fast_status.run` when it can (it exits),
     else by the CLI. Whatever escapes both is one line and exit 70 (an internal error),
     never a traceback and exit 1 ("partial" to cron)."""
-    from rayscope.errors import one_line_errors
+    import gc
 
-    with one_line_errors(verbose=bool({"--verbose", "-v"} & set(sys.argv[1:]))):
-        from rayscope.cli import fast_status
+    # The fast paths allocate while importing and make no garbage cycles: the collector's
+    # passes were 6% of `status --head --json`'s CPU. The CLI gets it back.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        from rayscope.errors import one_line_errors
 
-        fast_status.run(sys.argv[1:])
-        from rayscope.cli.app import main as cli_main
+        with one_line_errors(verbose=bool({"--verbose", "-v"} & set(sys.argv[1:]))):
+            from rayscope.cli import fast_status
 
-        cli_main()
+            fast_status.run(sys.argv[1:])
+            if collecting:
+                gc.enable()
+            from rayscope.cli.app import main as cli_main
+
+            cli_main()
+    finally:
+        if collecting:
+            gc.enable()
 
 
 if __name__ == "__main__":

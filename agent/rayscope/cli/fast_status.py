@@ -4,11 +4,11 @@
 the renderers: ~50 ms) only when it returns:
 
 * ``status`` reading a head agent (``--head`` / ``$RAYSCOPE_HEAD``), as text or ``--json``
-  on stdout: the head renders the answer (``GET /v1/status?format=lines``, or the JSON
-  document), with the exit code and the notes ``status`` prints on stderr in
-  ``X-Rayscope-*`` headers; printed here, byte for byte what the CLI prints for it, with
-  nothing imported beyond a socket (:mod:`rayscope.client.request`, the one transport of every
-  ``--head`` read: the whole exchange within ``--timeout``, the body capped);
+  on stdout: the head renders the answer (``GET /v1/status?format=lines``, or ``?indent=1``:
+  the JSON as ``--json`` prints it, copied as it comes), with the exit code and the notes
+  ``status`` prints on stderr in ``X-Rayscope-*`` headers; printed here, byte for byte what the
+  CLI prints, with nothing imported beyond a socket (:mod:`rayscope.client.request`, the one
+  transport of every ``--head`` read: the whole exchange within ``--timeout``, the body capped);
 * ``status`` reading the GCS (no head): the GCS child is started at once
   (:mod:`rayscope.sources.gcs.prestart`): ``import ray``, most of the command's time, then
   runs while the CLI imports its own modules and finds the address.
@@ -19,20 +19,22 @@ know or a value it would not take (the CLI then says why), ``--help``, ``--outpu
 ``--append``, ``--watch``, ``--format prom``, ``--gcs``; and a head whose answer this module
 does not print itself (a refusal, whose meaning the CLI's path says; an older head, which
 answers ``format=lines`` with JSON and no ``X-Rayscope-Exit``): the CLI then asks again, as it
-always did, within what is left of the same ``--timeout`` (:func:`rayscope.client.request.carry`).
+always did, within what is left of the same ``--timeout`` (:func:`rayscope.net.deadline.carry`).
 """
 
 import math
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, NamedTuple, Optional, Union
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Union
 
+from rayscope.cli.terminal_copy import TerminalCopy, escapes_a_terminal
 from rayscope.defaults import (
     DASHBOARD_ENV,
     DEFAULT_TIMEOUT_S,
     HEAD_ENV,
     HEADER_EXIT,
+    HEADER_INDENT,
     HEADER_NOTE,
     HEADER_NOTES,
     HEADER_SCHEMA,
@@ -44,6 +46,7 @@ from rayscope.defaults import (
 )
 
 if TYPE_CHECKING:
+    from rayscope.client.request import Sink, Writer
     from rayscope.net.tls import TlsFiles
 
 GLOBAL_FLAGS = ("-v", "--verbose")
@@ -266,23 +269,27 @@ def answer_from_head(request: Request) -> Optional[int]:
     """Print the head's answer to ``request`` as ``status`` prints it; its exit code, or
     ``None`` when the answer is not one this module takes (nothing printed)."""
     from rayscope.client import request as head_request
-    from rayscope.errors import EXIT_NO_DATA, AgentError, say
+    from rayscope.errors import EXIT_NO_DATA, AgentError
+    from rayscope.net import deadline as deadlines
     from rayscope.net import tokens
-    from rayscope.net.deadline import Deadline
     from rayscope.net.tls import NO_TLS
 
     assert request.head is not None
     tls = request.tls or NO_TLS
     json_out = request.fmt == "json"
     token = tokens.read_token(request.token_file)
-    query = ["format=lines"] if not json_out else []
+    query = ["indent=1"] if json_out else ["format=lines"]
     query += ["gpus=1"] if request.gpus else []
     query += ["all=1"] if request.all_nodes else []
-    target = "/v1/status" + ("?" + "&".join(query) if query else "")
-    deadline = Deadline(request.timeout_s)
-    got = head_request.get(request.head, target, token, request.timeout_s, tls, deadline)
+    deadline = deadlines.Deadline(request.timeout_s)
+    copied: list[Said] = []
+    sink = _json_copy(request, copied) if json_out else None
+    target = "/v1/status?" + "&".join(query)
+    got = head_request.get(request.head, target, token, request.timeout_s, tls, deadline, sink)
+    if copied:  # printed as it came
+        return _said(copied[0], request.verbose)
     # What this module does not print itself, the CLI asks again: within the same deadline.
-    head_request.carry(request.head, deadline)
+    deadlines.carry(request.head, deadline)
     if got.status != 200:  # the CLI's path says what the refusal means
         return None
     kind = "application/json" if json_out else "text/plain"
@@ -291,18 +298,49 @@ def answer_from_head(request: Request) -> Optional[int]:
         return None
     if said.code == EXIT_NO_DATA:
         raise AgentError(said.note or "no data", EXIT_NO_DATA)
-    text = _json_text(got.body) if json_out else _lines_text(got.body)
+    text = _json_text(got.body, got.headers) if json_out else _lines_text(got.body)
     if text is None:
         return None
-    head_request.forget_carried()
+    deadlines.forget_carried()
     from rayscope.cli.output import to_stdout
 
     to_stdout(text)
+    return _said(said, request.verbose)
+
+
+def _said(said: "Said", verbose: bool) -> int:
+    """After the body: the note and (``--verbose``) the sources on stderr; the exit code."""
+    from rayscope.errors import say
+
     if said.note:
         say(said.note)
-    if request.verbose:
+    if verbose:
         sys.stderr.write("\n".join(said.sources) + "\n")
     return said.code
+
+
+def _json_copy(request: Request, copied: "list[Said]") -> "Sink":
+    """The head's indented document (``X-Rayscope-Indent``) to stdout as it comes, each part
+    checked first (:class:`rayscope.cli.terminal_copy.TerminalCopy`), its :class:`Said` into
+    ``copied``; any other answer is read whole, as before (79 MB at 10,000 nodes: held whole,
+    then indented, it cost 35 MB)."""
+    from rayscope.errors import EXIT_NO_DATA, AgentError
+
+    def sink(status: int, headers: dict[str, str]) -> "Optional[Writer]":
+        utf8 = (sys.stdout.encoding or "").lower().replace("-", "") == "utf8"
+        indented = headers.get(HEADER_INDENT.lower()) == "2"
+        if status != 200 or not indented or not utf8:
+            return None
+        said = status_headers(headers, request.verbose)
+        if said is None or not headers.get("content-type", "").startswith("application/json"):
+            return None
+        if said.code == EXIT_NO_DATA:
+            raise AgentError(said.note or "no data", EXIT_NO_DATA)
+        copied.append(said)
+        sys.stdout.flush()
+        return TerminalCopy(f"head agent at {request.head} answered a document with terminal escapes")
+
+    return sink
 
 
 def status_headers(headers: dict[str, str], verbose: bool) -> Optional[Said]:
@@ -315,12 +353,10 @@ def status_headers(headers: dict[str, str], verbose: bool) -> Optional[Said]:
     code, note = headers.get(HEADER_EXIT.lower()), headers.get(HEADER_NOTE.lower())
     if code not in ("0", "1", "2") or note is None:
         return None
-    import json
-
     try:
-        said = Said(int(code), "" if note == '""' else json.loads(note), [])
+        said = Said(int(code), "" if note == '""' else _json_loads(note), [])
         if verbose:
-            said = said._replace(sources=json.loads(headers.get(HEADER_NOTES.lower(), "")))
+            said = said._replace(sources=_json_loads(headers.get(HEADER_NOTES.lower(), "")))
     except ValueError:
         return None
     if not isinstance(said.note, str) or not all(isinstance(s, str) for s in said.sources):
@@ -328,6 +364,12 @@ def status_headers(headers: dict[str, str], verbose: bool) -> Optional[Said]:
     from rayscope.labels import printable_lines
 
     return said._replace(sources=printable_lines(said.sources)) if verbose else said
+
+
+def _json_loads(text: str) -> Any:
+    import json  # only for a note or --verbose: most answers have neither
+
+    return json.loads(text)
 
 
 def _lines_text(body: Union[bytes, bytearray]) -> str:
@@ -338,9 +380,12 @@ def _lines_text(body: Union[bytes, bytearray]) -> str:
     return "\n".join(printable_lines(body.decode("utf-8", "replace").split("\n")))
 
 
-def _json_text(body: Union[bytes, bytearray]) -> Optional[bytes]:
-    """The head's compact document indented as ``status --json`` prints it (the same
-    Struct encoded, then ``msgspec.json.format``), UTF-8; ``None`` when it is not JSON."""
+def _json_text(body: Union[bytes, bytearray], headers: dict[str, str]) -> Optional[bytes]:
+    """The document as ``status --json`` prints it; ``None`` when it is not JSON. Indented by
+    the head (``X-Rayscope-Indent``) unless it escapes a terminal; compact (an older head),
+    indented here by ``msgspec.json.format`` (the CLI's own decode and encode give the same)."""
+    if headers.get(HEADER_INDENT.lower()) == "2":
+        return None if escapes_a_terminal(body) else bytes(body)
     import msgspec
 
     try:

@@ -352,6 +352,7 @@ def merge(
     wall_now: Optional[float] = None,
     sums: Optional[Mapping[str, float]] = None,
     dashboard: Optional[DashboardRead] = None,
+    gpus_unique: bool = False,
 ) -> ClusterStatus:
     """Merge the latest report per node id into :func:`scheduler_nodes` (left untouched),
     then Ray's dashboard's figures where no fresh report measured a node (``dashboard``:
@@ -366,8 +367,7 @@ def merge(
     A report for a node the scheduler does not know becomes a node with ``in_scheduler=False``;
     one that cannot be merged, an ``unreadable`` node (rayscope.core.isolation). ``sums``: those of
     ``base`` when kept. A report older than ``stale_after_s`` is stale: its used figure is
-    left out of the cluster's sums.
-    """
+    left out of the cluster's sums. ``gpus_unique``: the head counted no GPU UUID twice."""
     wall_offset = 0.0 if wall_now is None else wall_now - now
     nodes = dict(base)
     unknown = False
@@ -379,7 +379,7 @@ def merge(
     sources = [*sources, *take_dashboard(nodes, dashboard, now + wall_offset)]
     ordered = sorted(nodes.values(), key=sort_key) if unknown else list(nodes.values())
     # Time-slicing: one physical GPU in several nodes' reports is said so, and summed once.
-    shared = find_shared_gpus(ordered) if reports or dashboard else 0
+    shared = find_shared_gpus(ordered) if (reports or dashboard) and not gpus_unique else 0
     age = None if scheduler_read_at is None else round(max(0.0, now - scheduler_read_at), 1)
     return ClusterStatus(
         scheduler_age_s=age,

@@ -24,7 +24,7 @@ from rayscope.core.validate import ReportError
 from rayscope.defaults import DEFAULT_TIMEOUT_S
 from rayscope.head.admission import IngestCounters
 from rayscope.head.failures import NodeFailures
-from rayscope.head.reports import ReportTable
+from rayscope.head.reports import ReportTable, SharedGpuWatch
 from rayscope.head.usage_store import DEFAULT_WINDOW_S, UsageStore
 from rayscope.logs import LogThrottle
 from rayscope.schema.dashboard import DashboardRead
@@ -100,6 +100,7 @@ class HeadState:
         self.gcs_address = gcs_address
         self._lock = threading.Lock()
         self._table = ReportTable()
+        self._shared_gpus = SharedGpuWatch()
         self._base: dict[str, NodeStatus] = {}  # rollup.scheduler_nodes of the latest view
         self._sums: dict[str, float] = scheduler_sums(())  # and its bookings summed
         self._gcs_status = SourceStatus(name="gcs", ok=False, reason="not read yet", detail=gcs_address or "")
@@ -301,6 +302,7 @@ class HeadState:
             sources = [gcs_status, actors_status] if gpus else [gcs_status]
             sources += [self.ray_versions] if self.ray_versions else []
         sources += [more() for more in self.more_sources]
+        gpus_unique = self._shared_gpus.unique(reports)
         with recording(self.failures):  # a node that cannot be merged is counted for /healthz
             status = merge(
                 base,
@@ -314,6 +316,7 @@ class HeadState:
                 wall_now=wall_now,
                 sums=sums,
                 dashboard=dashboard,
+                gpus_unique=gpus_unique,
             )
             if pending_status is not None:
                 status.sources.append(pending_status)

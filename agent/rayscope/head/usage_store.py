@@ -245,6 +245,8 @@ class UsageStore:
         save plus the downtime since (never negative), in this head's slots."""
         downtime = max(0.0, now + self._wall_offset - saved.saved_at)
         slot = self.window.slot(now)
+        same_width = saved.slot_s == self.window.slot_s
+        shift = math.floor(downtime / self.window.slot_s)  # the downtime in whole slots
         with self._lock:
             for actor in saved.actors:
                 meta = ActorMeta(
@@ -262,6 +264,10 @@ class UsageStore:
                 )
                 first_seen = now - downtime - actor.first_seen_s_ago
                 for device in actor.devices:
+                    if same_width:  # the usual restart: slot for slot, arrays copied whole
+                        values, counts = device.values, device.counts
+                        self.window.restore_run(meta, first_seen, device.device, slot - shift, values, counts)
+                        continue
                     last = len(device.values) - 1
                     slots = [
                         (slot - math.floor(((last - i) * saved.slot_s + downtime) / self.window.slot_s), v, c)

@@ -48,3 +48,29 @@ class Deadline:
     def bound(self, sock: _Timed) -> None:
         """Set ``sock``'s timeout to what is left; :class:`TimeoutError` when nothing is."""
         sock.settimeout(self.need())
+
+
+_carried: Optional[tuple[str, Deadline]] = None
+
+
+def carry(url: str, deadline: Deadline) -> None:
+    """The fast path asked ``url`` and hands the command to the CLI, which asks again: the
+    next read of ``url`` in this process (:func:`carried`) runs under the same deadline (one
+    ``--timeout`` for the command, not one per request)."""
+    global _carried
+    _carried = (url, deadline)
+
+
+def forget_carried() -> None:
+    global _carried
+    _carried = None
+
+
+def carried(url: str, timeout_s: float) -> Deadline:
+    """The deadline a read of ``url`` runs under: the one :func:`carry` left for it (once),
+    else ``timeout_s`` from now."""
+    global _carried
+    if _carried is not None and _carried[0] == url and _carried[1].timeout_s == timeout_s:
+        deadline, _carried = _carried[1], None
+        return deadline
+    return Deadline(timeout_s)

@@ -214,6 +214,17 @@ def status_json_bytes(status: ClusterStatus, include_dead: bool = False) -> byte
     return msgspec.json.encode(_shown(status, include_dead))
 
 
+_ENCODER = msgspec.json.Encoder()
+
+
+@per_node
+def status_json_into(status: ClusterStatus, buffer: bytearray, include_dead: bool = False) -> bytearray:
+    """:func:`status_json_bytes` written into ``buffer`` (its pages already the process's:
+    no fresh 52 MB per render at 10,000 nodes); ``buffer``."""
+    _ENCODER.encode_into(_shown(status, include_dead), buffer)
+    return buffer
+
+
 def _shown(status: ClusterStatus, include_dead: bool) -> ClusterStatus:
     if include_dead:
         return status

@@ -30,9 +30,9 @@ def head_status(
 ) -> ClusterStatus:
     """The rollup a head agent serves (``GET /v1/status?all=1``, ``&gpus=1`` for the per-GPU
     attribution); :class:`AgentError` (exit 2) when it cannot be had. No ray import on this
-    path: it is the fast one. HTTPS when the URL says ``https://`` or any ``tls`` file is
-    given. ``token_file``:
-    where ``token`` came from, for the message when the head refuses it."""
+    path (the fast path, :mod:`rayscope.cli.fast_status`, hands its reads on to it). HTTPS
+    when the URL says ``https://`` or any ``tls`` file is given. ``token_file``: where
+    ``token`` came from, for the message when the head refuses it."""
     path = "/v1/status?all=1" + ("&gpus=1" if gpus else "")
     body = head_get(url, path, token, timeout_s, tls, token_file)
     try:

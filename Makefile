@@ -30,7 +30,7 @@ test-fast: setup  ## the inner loop: no live cluster, not the slowest files (mak
 
 .PHONY: install-ends
 install-ends: setup  ## `pip install .` in two fresh venvs, the newest and the lowest versions pyproject.toml allows: --version, every --help, the tests of the dependencies, the GCS read via the Ray node's Python
-	$(BIN)/python -m tests.install_ends
+	$(BIN)/python -m tests.tools.install_ends
 
 lint: setup  ## ruff + mypy (strict)
 	$(BIN)/ruff check agent tests build
@@ -80,14 +80,14 @@ clean:
 
 fuzz: setup  ## 100,000 generated inputs to the head's frame and report decoders: none unhandled, every rejection counted -> RELIABILITY.md
 	mkdir -p $(RELIABILITY_DIR)
-	$(BIN)/python -m tests.fuzz_wire 100000 $${FUZZ_SEED:-0} --json $(RELIABILITY_DIR)/fuzz.json; rc=$$?; \
-	$(BIN)/python -m tests.reliability --fuzz $(RELIABILITY_DIR)/fuzz.json --out RELIABILITY.md; exit $$rc
+	$(BIN)/python -m tests.tools.fuzz_wire 100000 $${FUZZ_SEED:-0} --json $(RELIABILITY_DIR)/fuzz.json; rc=$$?; \
+	$(BIN)/python -m tests.tools.reliability --fuzz $(RELIABILITY_DIR)/fuzz.json --out RELIABILITY.md; exit $$rc
 
 bench: setup  ## the head agent's figures against peers, written to BENCHMARKS.md
-	$(BIN)/python -m tests.bench
+	$(BIN)/python -m tests.tools.bench
 
 bench-agents: setup  ## add_node -> first report from its Ray-placed agent, vs a plain actor, into BENCHMARKS.md
-	$(BIN)/python -m tests.bench_agents
+	$(BIN)/python -m tests.tools.bench_agents
 
 .PHONY: pyz pyz-lock pyz-bench compat compat-ends
 
@@ -109,9 +109,9 @@ SOAK_CAP_S      ?= 600
 
 soak: setup  ## 2,000 simulated agents push for 60 s to one head (capped at 10 min) -> RELIABILITY.md
 	mkdir -p $(RELIABILITY_DIR)
-	timeout $(SOAK_CAP_S) $(BIN)/python -m tests.soak run --agents $(SOAK_AGENTS) --seconds $(SOAK_SECONDS) \
+	timeout $(SOAK_CAP_S) $(BIN)/python -m tests.tools.soak run --agents $(SOAK_AGENTS) --seconds $(SOAK_SECONDS) \
 		--out $(RELIABILITY_DIR)/soak.json; rc=$$?; \
-	$(BIN)/python -m tests.reliability --faults $(RELIABILITY_DIR)/faults.jsonl \
+	$(BIN)/python -m tests.tools.reliability --faults $(RELIABILITY_DIR)/faults.jsonl \
 		--fuzz $(RELIABILITY_DIR)/fuzz.json --soak $(RELIABILITY_DIR)/soak.json --out RELIABILITY.md; exit $$rc
 
 reliability: setup  ## every fault test (pytest -m fault), the 100,000-input fuzz, then the soak -> RELIABILITY.md
@@ -120,7 +120,7 @@ reliability: setup  ## every fault test (pytest -m fault), the 100,000-input fuz
 	rc=$$?; $(MAKE) fuzz || rc=1; $(MAKE) soak || rc=1; exit $$rc
 
 compat: pyz  ## dist/rayscope.pyz under a venv per Ray 2.33.0-2.60.0 (cached in ~/.cache/rayscope-compat), table into docs/ray-releases.md
-	$(BIN)/python -m tests.compat --readme
+	$(BIN)/python -m tests.tools.compat --readme
 
 compat-ends: pyz  ## the same for the oldest and the newest Ray only (CI, every change)
-	$(BIN)/python -m tests.compat --ends
+	$(BIN)/python -m tests.tools.compat --ends

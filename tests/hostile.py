@@ -1,7 +1,7 @@
 """Reports a token holder may send to break a view: every string field of the report, filled,
 then its digits written in other scripts (``'²'``, ``'٢'``, ``'５'``: ``str.isdigit()`` is
 true for each, ``int()`` refuses the first). Shared by tests/test_hostile_input.py and the
-fuzz run (tests/fuzz_wire.py).
+fuzz run (tests/tools/fuzz_wire.py).
 
 :func:`full_report` sets every string field the schema has (:func:`string_fields` lists them
 from the Structs, so a new field fails the test until it is filled here); :func:`foreign`

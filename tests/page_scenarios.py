@@ -9,8 +9,8 @@ from rayscope.core.gpu.attribution import attribute_cluster
 from rayscope.core.rollup import merge, scheduler_nodes
 from rayscope.schema.report import GpuHealth, GpuProcess, NodeReport, ProcessInfo, RayletInfo, SourceStatus
 from rayscope.schema.status import ActorBooking, ClusterStatus, RayNode, ReceivedReport
-from tests.bench import synthetic_reports, synthetic_views
 from tests.scenarios import NOW
+from tests.tools.bench import synthetic_reports, synthetic_views
 
 if TYPE_CHECKING:
     from rayscope.schema.usage import UsageDocument

@@ -21,9 +21,9 @@ from rayscope.logs import LogThrottle
 from rayscope.render.status import SUMMARY_NODES, status_json_into, status_lines, status_text_lines
 from rayscope.schema.report import SourceStatus
 from rayscope.schema.status import ClusterStatus, ReceivedReport
-from tests import bench
 from tests.reliability_plugin import FaultRecord
 from tests.scenarios import EUROPA, NOW, SEED_REPORTS, SEED_VIEWS, T4, gpu, report, view
+from tests.tools import bench
 
 
 def fresh_copies(reports: dict[str, ReceivedReport]) -> dict[str, ReceivedReport]:

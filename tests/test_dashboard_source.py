@@ -1,5 +1,5 @@
 """The Ray dashboard as a source (agent/sources/dashboard.py, dashboard_http.py): its parser against what each
-Ray release answered (tests/data/dashboard/, written by ``python -m tests.record_dashboard``
+Ray release answered (tests/data/dashboard/, written by ``python -m tests.tools.record_dashboard``
 against a real ``ray start`` with the fake NVML), and its one GET against a local fake
 dashboard that hangs, trickles, answers 500, garbage, too much, or wants a token.
 

@@ -11,8 +11,8 @@ from rayscope.node.push import started_by
 from rayscope.render.status import node_line
 from rayscope.schema.report import NodeReport
 from rayscope.schema.status import NodeStatus, RayNode, ReceivedReport
-from tests.bench_agents import BEGIN, END, keep_marked, write_section
 from tests.conftest import run_rayscope
+from tests.tools.bench_agents import BEGIN, END, keep_marked, write_section
 
 
 def test_a_new_node_gets_an_agent() -> None:

@@ -151,8 +151,8 @@ def test_the_stated_range_is_the_tested_range() -> None:
     """pyproject.toml, README.md and --help name exactly the Rays and Pythons that
     ``make compat`` runs (its matrix ends), nothing wider."""
     from rayscope import SUPPORTED_PYTHON, SUPPORTED_RAY
-    from tests.compat import MATRIX
     from tests.conftest import REPO, run_rayscope
+    from tests.tools.compat import MATRIX
 
     oldest, newest = (
         min(MATRIX, key=lambda p: version_key(p[0])),

@@ -1,4 +1,4 @@
-"""RELIABILITY.md's writer (tests/reliability.py): the fuzz run's figures get a section of
+"""RELIABILITY.md's writer (tests/tools/reliability.py): the fuzz run's figures get a section of
 their own, and ``make fuzz`` alone replaces that section without touching the fault rows or
 the soak figures an earlier ``make reliability`` wrote.
 
@@ -9,7 +9,7 @@ and the fault and soak sections are gone (the second test fails).
 import json
 from pathlib import Path
 
-from tests import reliability
+from tests.tools import reliability
 
 FIGURES = {
     "inputs": 1000,

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.soak import soak
+from tests.tools.soak import soak
 
 pytestmark = pytest.mark.live
 

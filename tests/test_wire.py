@@ -272,7 +272,7 @@ def test_fuzzed_frames_and_reports_are_all_handled_and_counted() -> None:
     decoders is taken or rejected and counted, none escapes. It found that bad UTF-8 in a
     report's string raised UnicodeDecodeError past ``HeadState.ingest``; positive control:
     catch only ``msgspec.DecodeError`` there again."""
-    from tests import fuzz_wire
+    from tests.tools import fuzz_wire
 
     counts, failures = fuzz_wire.fuzz(3000, seed=11)
     assert failures == []
@@ -287,7 +287,7 @@ def test_fuzzed_http_requests_are_all_answered_and_counted() -> None:
     answered once with a status line or left incomplete, each refusal counted, and nothing
     reaches the port's catch-all. Positive control: ``length.isdigit()`` and ``int(length)``
     back in ``HttpConnection`` and the non-ASCII lengths escape as ValueError."""
-    from tests import fuzz_wire
+    from tests.tools import fuzz_wire
 
     counts, failures = fuzz_wire.fuzz(2000, seed=12, target="http")
     assert failures == []

@@ -8,7 +8,7 @@ first used, so ``import rayscope`` (``status --head``'s fast path starts here) s
 __version__ = "0.1.0"
 
 SUPPORTED_RAY = ("2.33.0", "2.60.0")
-"""Oldest and newest Ray release `make compat` passes (tests/compat.py); pyproject.toml,
+"""Oldest and newest Ray release `make compat` passes (tests/tools/compat.py); pyproject.toml,
 README.md and --help state the same range, checked by tests/test_raycompat.py."""
 SUPPORTED_PYTHON = ("3.9", "3.13")
 

@@ -43,7 +43,7 @@ from rayscope.units import MIB
 LIBRARY = "libcuda.so.1"
 DEFAULT_CONTEXT_COST_BYTES = 1024 * MIB
 """What one CUDA primary context is taken to cost in device memory until it is measured on
-the GPU at hand (``python -m tests.measure_cuda_context``). Published figures for a primary
+the GPU at hand (``python -m tests.tools.measure_cuda_context``). Published figures for a primary
 context with no modules run from ~107 MiB (RTX 4060 Ti) to ~555 MiB (RTX PRO 6000 Blackwell)
 and grow with the SM count; 1 GiB leaves a margin for the largest GPUs. It only decides
 whether a GPU is sampled at all: a GPU with less free than this is skipped."""

@@ -5,7 +5,7 @@ returns the synthetic scheduler view every round (as a GCS read would: the same 
 it, marks it fresh, tells known nodes from unknown). Everything else is the real head: the
 reports arrive over the real wire, the HTTP port answers ``status --head`` and ``curl``.
 
-    python -m tests.bench_head --nodes 10000 --listen 127.0.0.1:P --http 127.0.0.1:Q --token-file F
+    python -m tests.tools.bench_head --nodes 10000 --listen 127.0.0.1:P --http 127.0.0.1:Q --token-file F
 """
 
 import argparse
@@ -18,7 +18,7 @@ from rayscope.net import tokens
 from rayscope.schema.pending import PendingRead
 from rayscope.schema.report import SourceStatus
 from rayscope.schema.status import ActorBooking, RayNode
-from tests.bench import synthetic_reports, synthetic_views
+from tests.tools.bench import synthetic_reports, synthetic_views
 
 
 class SyntheticGcs:

@@ -1,5 +1,5 @@
 """``make bench``'s figures at scale and on Ray's dashboard, each beside a peer measured in the
-same run, in turn with it (tests/bench.py writes them into BENCHMARKS.md):
+same run, in turn with it (tests/tools/bench.py writes them into BENCHMARKS.md):
 
     dashboard read at 1,000 nodes   the head's read (``sources.dashboard.read_nodes``) of a fake
                                     dashboard answering Ray 2.60's recorded summary for 1,000
@@ -10,7 +10,7 @@ same run, in turn with it (tests/bench.py writes them into BENCHMARKS.md):
     status on a dashboard cluster   the embedded ``status`` on a live cluster with Ray's dashboard
                                     up, and the dashboard's own answer; peer: ``ray status``
 
-``python -m tests.bench_scale dashboard-server BODY_FILE`` serves BODY_FILE to every GET (the
+``python -m tests.tools.bench_scale dashboard-server BODY_FILE`` serves BODY_FILE to every GET (the
 fake dashboard, in a process of its own so that it takes no CPU from the reader measured).
 """
 
@@ -107,7 +107,7 @@ def bench_dashboard_read(logs: Path, runs: int) -> dict[str, float]:
     body_file = logs / "dashboard-summary.json"
     body_file.write_bytes(body)
     server = subprocess.Popen(
-        [sys.executable, "-m", "tests.bench_scale", "dashboard-server", str(body_file)],
+        [sys.executable, "-m", "tests.tools.bench_scale", "dashboard-server", str(body_file)],
         cwd=REPO,
         env=base_env(),
         stdout=subprocess.PIPE,
@@ -251,7 +251,7 @@ def bench_usage(logs: Path, runs: int) -> dict[str, float]:
 def bench_dashboard_status(logs: Path, runs: int, timed: Callable[..., dict[str, float]]) -> dict[str, float]:
     """The embedded ``status`` on a live 3-node cluster with Ray's dashboard up (every node's
     dashboard agent on the fake NVML), beside ``ray status``; and the dashboard's own answer
-    to ``/nodes?view=summary`` there. ``timed``: tests/bench.py's ``timed_commands``."""
+    to ``/nodes?view=summary`` there. ``timed``: tests/tools/bench.py's ``timed_commands``."""
     nvml = fake_nvml.build(Path(tempfile.mkdtemp(prefix="rs-nvml-", dir=str(logs))))
     scenarios = {"head": fake_nvml.two_gpus(os.getpid()), "denbi": fake_nvml.two_gpus(os.getpid())}
     with running_dashboard_cluster("seed", nvml, scenarios) as cluster:

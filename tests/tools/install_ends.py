@@ -37,7 +37,7 @@ from typing import Any, Optional
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 LOCK = REPO / "constraints.txt"
 ENDS = ("newest", "lowest")
 INSTALL_TIMEOUT_S = 1200.0

@@ -1,4 +1,4 @@
-"""What one CUDA sample costs on this host's GPUs: ``python -m tests.measure_cuda_context``.
+"""What one CUDA sample costs on this host's GPUs: ``python -m tests.tools.measure_cuda_context``.
 
 For each GPU NVML lists, a child (the sampler's own ``cuda_read`` code, under ``python -I``)
 retains the primary context, reads ``cuMemGetInfo_v2`` and then waits while the parent reads

@@ -1,6 +1,6 @@
 """Record what a Ray release's dashboard answers, for the parser's tests (tests/data/dashboard/).
 
-``python -m tests.record_dashboard --python VENV/bin/python --out FILE [--scenario two_gpus]``:
+``python -m tests.tools.record_dashboard --python VENV/bin/python --out FILE [--scenario two_gpus]``:
 starts ``ray start --head --block`` from the venv of ``--python`` (a ``ray[default]``
 install) on 127.0.0.1 with its dashboard on and the project's fake NVML
 (``tests/fake_nvml``) first on the loader's path, then writes FILE, one JSON document:
@@ -42,7 +42,7 @@ import psutil
 
 from tests import fake_nvml
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SUMMARY = "/nodes?view=summary"
 START_TIMEOUT_S = 180.0
 TOKEN = "0123456789abcdef0123456789abcdef"

@@ -9,7 +9,7 @@ by SIGTERM with its agents connected (it must be gone within 5 s). Every check a
 Europa and deNBI lines exactly. The results table goes to stdout and, with ``--readme``,
 between the compat markers of docs/ray-releases.md.
 
-``python -m tests.compat [--ends] [--readme] [--pyz dist/rayscope.pyz]``; exit 1 when any
+``python -m tests.tools.compat [--ends] [--readme] [--pyz dist/rayscope.pyz]``; exit 1 when any
 check fails. ``--ends``: the oldest and newest Ray only (what CI runs on every change).
 """
 
@@ -33,7 +33,7 @@ from typing import Any, Callable, NamedTuple, Optional
 from tests import fake_nvml
 from tests.conftest import free_port
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("RAYSCOPE_COMPAT_CACHE", "~/.cache/rayscope-compat")).expanduser()
 # (Ray, Python): 2.33.0 the oldest supported, its actor table only through the
 # GlobalStateAccessor; 2.40 where the GCS client gained its async actor call (NewGcsClient);

@@ -5,7 +5,7 @@ Writes BENCHMARKS.md. Live figures use the real Ray test cluster of tests/livecl
 
     status --head vs ray status       median wall time of whole commands, same cluster
     status --head at 10,000 nodes     lines and JSON from a real head, beside curl fetching the same
-    dashboard, usage at scale         tests/bench_scale.py: the head's read of Ray's dashboard at
+    dashboard, usage at scale         tests/tools/bench_scale.py: the head's read of Ray's dashboard at
                                       1,000 nodes, its usage history at 1,000 actors, the embedded
                                       status on a live cluster with Ray's dashboard up
     report ingest, in process         frames → MAC check → typed decode → latest-per-node
@@ -43,8 +43,7 @@ from rayscope.render.metrics import metrics_text
 from rayscope.render.status import status_json_bytes, status_lines
 from rayscope.schema.report import GpuDevice, HostInfo, NodeReport, RayletInfo, SourceStatus
 from rayscope.schema.status import RayNode
-from tests import bench_scale, fake_nvml
-from tests.bench_agents import keep_marked
+from tests import fake_nvml
 from tests.conftest import (
     REPO,
     HeadDaemon,
@@ -56,6 +55,8 @@ from tests.conftest import (
     start_cluster,
 )
 from tests.livecluster import demo_scenarios, hold_demo_memory
+from tests.tools import bench_scale
+from tests.tools.bench_agents import keep_marked
 from tests.waiting import eventually
 
 NODES = 10_000
@@ -231,7 +232,7 @@ def bench_rollup(reports: list[NodeReport]) -> dict[str, float]:
 
 def bench_ingest_tcp(reports: list[NodeReport], logs: Path) -> float:
     """Reports/s a head pinned to one core takes over TCP from 100 simulated agents: the head
-    of tests/bench_head.py, whose scheduler view knows every node (as a real head's does; a
+    of tests/tools/bench_head.py, whose scheduler view knows every node (as a real head's does; a
     head without one holds at most 1,024 unknown nodes and would be measuring evictions)."""
     env = base_env(RAY_AUTH_MODE="disabled")
     token_file = logs / "token"
@@ -273,14 +274,14 @@ def send_reports(head: "HeadDaemon", reports: list[NodeReport], rounds: int, age
 
 
 class BigHead(HeadDaemon):
-    """tests/bench_head.py: a real head whose scheduler view is the synthetic cluster."""
+    """tests/tools/bench_head.py: a real head whose scheduler view is the synthetic cluster."""
 
     def __init__(self, env: dict[str, str], log_path: Path, token_file: Path) -> None:
         self.listen_port, self.http_port = free_port(), free_port()
         args = ["--listen", f"127.0.0.1:{self.listen_port}", "--http", f"127.0.0.1:{self.http_port}"]
         self.args, self.log_path = args, log_path
         self._log = open(log_path, "a")  # noqa: SIM115 - closed in stop()
-        command = [sys.executable, "-m", "tests.bench_head", *args, "--token-file", str(token_file)]
+        command = [sys.executable, "-m", "tests.tools.bench_head", *args, "--token-file", str(token_file)]
         self.process = subprocess.Popen(command, cwd=REPO, env=env, stdout=self._log, stderr=self._log)
         self.token = token_file.read_text().strip()
         self.wait_ready(120)
@@ -641,7 +642,7 @@ def write_report(
         "",
         "How: commands are timed as installed, bytecode compiled (the sandbox's",
         "PYTHONDONTWRITEBYTECODE is lifted for them), from the dev venv's editable install, each",
-        "the median of the runs. The 10,000-node head is tests/bench_head.py: the real head, its",
+        "the median of the runs. The 10,000-node head is tests/tools/bench_head.py: the real head, its",
         "scheduler view a synthetic one (no GCS here serves 10,000 nodes), the reports sent over",
         "the real wire; each answer was asked once before timing, as a busy head has it rendered.",
         "No GPU on this machine, so the agent's NVML call fails fast (library not found); on a",
@@ -654,11 +655,11 @@ def write_report(
         "",
         "`GET /v1/status` after a change: a report arrived (the state's version moved) and the",
         "kept answer is as old as the refresh, so the merge and the encode run again, into the",
-        "previous answer's buffer (tests/bench.py `bench_rollup`). `status --head --json` copies",
+        "previous answer's buffer (tests/tools/bench.py `bench_rollup`). `status --head --json` copies",
         "the indented document the head serves; what it takes beyond a `curl` of the same bytes",
         "is the interpreter's start and the fast path's imports (docs/fast-status.md). The",
         f"dashboard's read at {bench_scale.DASHBOARD_NODES:,} nodes is the head's own reader against a fake",
-        "dashboard in a process of its own (tests/bench_scale.py), answering Ray 2.60's recorded",
+        "dashboard in a process of its own (tests/tools/bench_scale.py), answering Ray 2.60's recorded",
         "node summary (tests/data/dashboard/) for each node; its CPU is the reading thread's. The",
         "usage history's start is `rayscope head --usage-state` to its first `/healthz`, asked",
         "every 10 ms; `/v1/usage` and `/healthz` are read on a plain socket (a `curl`'s own start",

@@ -1,6 +1,6 @@
 """Soak: many simulated node agents push to one head agent on loopback (``make soak``).
 
-``python -m tests.soak --agents 2000 --seconds 60 --out FILE`` starts a one-node Ray cluster
+``python -m tests.tools.soak --agents 2000 --seconds 60 --out FILE`` starts a one-node Ray cluster
 of its own (for ``ray status`` and the head's GCS poll), a ``rayscope head``, and client
 processes that each run hundreds of agents on one asyncio loop. Every agent keeps one
 connection and sends one report per second (its first send spread over the first second);
@@ -203,7 +203,7 @@ def soak(agents: int, seconds: float, clients: int, work: Path) -> dict[str, Any
             argv = [
                 sys.executable,
                 "-m",
-                "tests.soak",
+                "tests.tools.soak",
                 "client",
                 "--first",
                 str(c * per),

@@ -1,9 +1,9 @@
 """RELIABILITY.md from a real run: the fault tests' rows, the fuzz run's figures, the soak's.
 
-``python -m tests.reliability --faults FAULTS.jsonl --fuzz FUZZ.json --soak SOAK.json --out
+``python -m tests.tools.reliability --faults FAULTS.jsonl --fuzz FUZZ.json --soak SOAK.json --out
 RELIABILITY.md`` writes the whole file; ``make reliability`` runs the fault tests (``pytest -m
 fault`` with ``$RAYSCOPE_RELIABILITY_JSON``, see tests/reliability_plugin.py), the fuzz run
-(tests/fuzz_wire.py) and the soak (tests/soak.py) first. With ``--fuzz`` alone (``make fuzz``)
+(tests/tools/fuzz_wire.py) and the soak (tests/tools/soak.py) first. With ``--fuzz`` alone (``make fuzz``)
 only the Fuzz section of the existing file is replaced; the other sections stay as the run
 that wrote them left them. A file that is missing is said to be missing, never filled in.
 """
@@ -59,7 +59,8 @@ def fuzz_section(path: Optional[Path]) -> list[str]:
     f = json.loads(path.read_text())
     lines = [
         f"{f['inputs']:,} generated inputs (seed {f['seed']}) on {f['finished_at']}"
-        f" (Python {f['python']}, {f['machine']}, {f['seconds']:g} s), by `make fuzz` (tests/fuzz_wire.py):"
+        f" (Python {f['python']}, {f['machine']}, {f['seconds']:g} s),"
+        " by `make fuzz` (tests/tools/fuzz_wire.py):"
         f"{_targets(f.get('target', 'report'))} Checked on each report stream: nothing escapes the"
         " protocol, every connection the head closes has exactly one counted rejection, every frame"
         " it took was acknowledged, the decoder raises nothing but a rejection. On each head holding"
@@ -81,7 +82,8 @@ def fuzz_section(path: Optional[Path]) -> list[str]:
 
 
 def _targets(target: str) -> str:
-    """What the inputs were, by ``tests/fuzz_wire.py --target`` (runs before the HTTP target: ``report``)."""
+    """What the inputs were, by ``tests/tools/fuzz_wire.py --target`` (before the HTTP target:
+    ``report``)."""
     report = (
         "byte streams fed in random chunks to the head's report port (authentic version-1 and"
         " version-2 frames, then mutated, replayed, reordered, with a wrong token or generated"
@@ -177,8 +179,8 @@ def render(faults: Path, fuzz: Optional[Path], soak: Path) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--faults", help="the fault tests' rows (JSON lines)")
-    parser.add_argument("--fuzz", help="the fuzz run's figures (tests/fuzz_wire.py --json)")
-    parser.add_argument("--soak", help="the soak's figures (tests/soak.py --out)")
+    parser.add_argument("--fuzz", help="the fuzz run's figures (tests/tools/fuzz_wire.py --json)")
+    parser.add_argument("--soak", help="the soak's figures (tests/tools/soak.py --out)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     out = Path(args.out)

@@ -3,7 +3,7 @@ they cheap enough to be the default?): the attribution the head runs before such
 then the Prometheus text with and without them, size (plain and gzip level 1, as the head
 compresses) and render time (median of 5).
 
-    python -m tests.bench_device_metrics 10000
+    python -m tests.tools.bench_device_metrics 10000
 
 The cluster is tests/page_scenarios.big_status (1-3 replicas per GPU, ~20,000 actors per
 1,000 nodes). Figures in deploy/prometheus/README.md.

@@ -1,5 +1,5 @@
 """Fuzz targets for the head's frame and report decoders and its HTTP request parser:
-``python -m tests.fuzz_wire [N] [SEED] [--target all|report|http] [--json FILE]``.
+``python -m tests.tools.fuzz_wire [N] [SEED] [--target all|report|http] [--json FILE]``.
 
 Report port: each input is a byte stream fed, in random chunks, to a real
 :class:`rayscope.head.ingest.ReportProtocol` (over a fake transport) as a peer would send it:
@@ -30,7 +30,7 @@ HTTP requests, one in ten bare payloads).
 
 Prints one line per outcome with its count; exits 1 on any unhandled input. ``--json``
 also writes the figures (the counts, the run's time and interpreter) for RELIABILITY.md
-(tests/reliability.py). ``make fuzz`` runs 100,000 inputs; the test suite runs a bounded
+(tests/tools/reliability.py). ``make fuzz`` runs 100,000 inputs; the test suite runs a bounded
 share (tests/test_wire.py).
 """
 

@@ -9,7 +9,6 @@ from email.message import Message
 import msgspec
 import pytest
 
-from rayscope.client import request as head_request
 from rayscope.core.completeness import assess
 from rayscope.core.rollup import merge, scheduler_nodes, scheduler_sums
 from rayscope.head import answers
@@ -18,6 +17,7 @@ from rayscope.head.reports import SharedGpuWatch
 from rayscope.head.routes import Request, Response, Routes
 from rayscope.head.state import HeadState
 from rayscope.logs import LogThrottle
+from rayscope.net import http as net_http
 from rayscope.render.status import SUMMARY_NODES, status_json_into, status_lines, status_text_lines
 from rayscope.schema.report import SourceStatus
 from rayscope.schema.status import ClusterStatus, ReceivedReport
@@ -320,4 +320,4 @@ def test_a_note_about_many_nodes_names_a_few_and_counts_the_rest() -> None:
     note = json.loads(headers["X-Rayscope-Note"])
     assert headers["X-Rayscope-Exit"] == "1" and note.startswith("partial: stale report from 4000 node(s): ")
     assert note.endswith(" and 3,980 more") and note.count("(100s)") == 20
-    assert sum(len(k) + len(v) + 4 for k, v in headers.items()) < head_request.MAX_HEAD_BYTES // 16
+    assert sum(len(k) + len(v) + 4 for k, v in headers.items()) < net_http.MAX_HEAD_BYTES // 16

@@ -509,7 +509,13 @@ def test_a_trickling_dashboard_is_cut_at_the_deadline(serving: Any) -> None:
 
 def test_too_large_an_answer_is_refused_not_truncated(serving: Any) -> None:
     server = serving(reply(http(200, b"x" * 200_000)))
-    with pytest.raises(dashboard_http.Unanswered, match="answered more than 0 MiB"):
+    with pytest.raises(dashboard_http.Unanswered, match="over the cap of 100,000 bytes"):
+        dashboard_http.get(server.url, None, 5.0, max_bytes=100_000)
+
+
+def test_too_large_an_answer_without_a_length_is_cut_at_the_cap(serving: Any) -> None:
+    server = serving(reply(b"HTTP/1.0 200 OK\r\n\r\n" + b"x" * 200_000))
+    with pytest.raises(dashboard_http.Unanswered, match="a body over the cap of 100,000 bytes"):
         dashboard_http.get(server.url, None, 5.0, max_bytes=100_000)
 
 
@@ -517,7 +523,9 @@ def test_a_huge_content_length_allocates_nothing(serving: Any) -> None:
     server = serving(reply(b"HTTP/1.1 200 OK\r\nContent-Length: 999999999999\r\n\r\n{}"))
     tracemalloc.start()
     try:
-        with pytest.raises(dashboard_http.Unanswered, match="cut short"):
+        with pytest.raises(
+            dashboard_http.Unanswered, match="Content-Length of 999,999,999,999 bytes, over the cap"
+        ):
             dashboard_http.get(server.url, None, 5.0)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
@@ -528,18 +536,36 @@ def test_a_huge_content_length_allocates_nothing(serving: Any) -> None:
 @pytest.mark.parametrize(
     ("data", "said"),
     [
-        (b"SSH-2.0-OpenSSH_9.2\r\n", "sent no complete HTTP answer"),
+        (b"SSH-2.0-OpenSSH_9.2\r\n", "is not an HTTP server"),
         (b"garbage\r\n\r\n{}", "is not an HTTP server"),
-        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n", "encoded answer"),
-        (b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\n\r\n\x1f\x8b", "encoded answer"),
-        (b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n{}", "two lengths"),
-        (b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n{}", "Content-Length"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n{}", "a body that ended before its length"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n{}", "Transfer-Encoding other than chunked"),
+        (b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\n\r\n\x1f\x8b", "Content-Encoding that was not asked"),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n{}",
+            "two Content-Length headers",
+        ),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n{}", "Content-Length that is not a number"),
+        (b"HTTP/1.1 2\xb20 OK\r\n\r\n{}", "status code that is not a number"),
+        (b"", "failed: remote end closed connection without response"),
     ],
 )
 def test_what_is_not_a_plain_http_answer(serving: Any, data: bytes, said: str) -> None:
     server = serving(reply(data))
     with pytest.raises(dashboard_http.Unanswered, match=said):
         dashboard_http.get(server.url, None, 5.0)
+
+
+def test_a_chunked_answer_is_read_by_the_one_bounded_reader(serving: Any) -> None:
+    """The dashboard's transport is the head client's (one reader): a chunked answer is read,
+    not refused, and its size is capped like any other."""
+    server = serving(reply(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"))
+    assert dashboard_http.get(server.url, None, 5.0) == (200, b"{}")
+    server = serving(
+        reply(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n30d41\r\n" + b"x" * 200_001)
+    )
+    with pytest.raises(dashboard_http.Unanswered, match="a chunked body over the cap"):
+        dashboard_http.get(server.url, None, 5.0, max_bytes=100_000)
 
 
 def test_a_closed_port_is_connection_refused() -> None:

@@ -32,8 +32,8 @@ import pytest
 from rayscope import __main__ as entry
 from rayscope.cli import app as cli
 from rayscope.cli import fast_status
-from rayscope.client import request as head_request
 from rayscope.core.completeness import assess
+from rayscope.net import http as net_http
 from rayscope.render.status import source_details, status_json, status_text_lines
 from rayscope.schema import DOCUMENT_SCHEMA
 from rayscope.schema.report import SourceStatus
@@ -463,12 +463,12 @@ def test_the_fast_path_reads_the_clis_option_names_defaults_and_variables() -> N
 
 
 def test_parse_head_answer_headers_strictly() -> None:
-    assert head_request.parse_head(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nX-A:  b ") == (
+    assert net_http.parse_head(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nX-A:  b ") == (
         200,
         {"content-length": "3", "x-a": "b"},
     )
     # a repeated header is one list (RFC 9110, 5.3), as a proxy may send it
-    assert head_request.parse_head(
+    assert net_http.parse_head(
         b"HTTP/1.1 200 OK\r\nVary: a\r\nvary: b\r\nContent-Length: 3\r\nContent-Length: 3"
     ) == (200, {"vary": "a, b", "content-length": "3"})
     for bad in (
@@ -483,8 +483,8 @@ def test_parse_head_answer_headers_strictly() -> None:
         b"HTTP/1.1 200 OK\r\nno colon",
         b"HTTP/1.1 200 OK\r\nX A: 1",
     ):
-        with pytest.raises(head_request.BadAnswer):
-            head_request.parse_head(bad)
+        with pytest.raises(net_http.BadAnswer):
+            net_http.parse_head(bad)
 
 
 EMBEDDED = {

@@ -23,7 +23,7 @@ import pytest
 
 from rayscope import __main__ as entry
 from rayscope.cli import terminal_copy
-from rayscope.client import request as head_request
+from rayscope.net import http as net_http
 from rayscope.schema import DOCUMENT_SCHEMA
 from tests import scenarios
 from tests.test_fast_status import fake_head, run_cli, run_entry
@@ -36,7 +36,7 @@ HEAD = (
     f'X-Rayscope-Note: ""\r\nX-Rayscope-Notes: []\r\nX-Rayscope-Schema: {DOCUMENT_SCHEMA}\r\n'
     "X-Rayscope-Indent: 2\r\nContent-Length: {length}\r\n\r\n"
 )
-PART = head_request._RECV_BYTES
+PART = net_http._RECV_BYTES
 
 
 @contextlib.contextmanager

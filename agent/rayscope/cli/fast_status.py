@@ -46,7 +46,7 @@ from rayscope.defaults import (
 )
 
 if TYPE_CHECKING:
-    from rayscope.client.request import Sink, Writer
+    from rayscope.net.http import Sink, Writer
     from rayscope.net.tls import TlsFiles
 
 GLOBAL_FLAGS = ("-v", "--verbose")

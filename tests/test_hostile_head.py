@@ -34,9 +34,9 @@ import pytest
 
 from rayscope import __main__ as entry
 from rayscope import units
-from rayscope.client import peer
 from rayscope.client import request as head_request
 from rayscope.errors import AgentError
+from rayscope.net import peer
 from rayscope.net.deadline import Deadline
 from rayscope.net.tls import NO_TLS
 from rayscope.sources.gcs import child as gcs_child

@@ -6,7 +6,7 @@ The exchange itself is :class:`rayscope.net.http.Exchange` (one deadline, one bo
 the one number parser: the same as for Ray's dashboard); here are what is the head's own: its
 URL, its cap (:data:`MAX_BODY_BYTES`), its TLS files and token, and the words when it cannot
 be asked (:func:`unreachable`; a port that answers something else than HTTP is named by
-:func:`rayscope.client.peer.wrong_http_port`, within what is left of the same deadline).
+:func:`rayscope.net.peer.wrong_http_port`, within what is left of the same deadline).
 """
 
 import socket
@@ -59,7 +59,7 @@ def unreachable(
     deadline: Optional[Deadline] = None,
 ) -> AgentError:
     """The head could not be asked (connect, TLS, send or receive failed), in one line. A
-    port that answered something else than HTTP is probed (:mod:`rayscope.client.peer`, within what is
+    port that answered something else than HTTP is probed (:mod:`rayscope.net.peer`, within what is
     left of ``deadline``) and named, never quoted: its bytes (a report port's random
     challenge) are not the operator's."""
     if _timed_out(err):
@@ -67,7 +67,7 @@ def unreachable(
     if isinstance(err, ConnectionRefusedError):
         return AgentError(f"head agent unreachable at {url} (connection refused)", EXIT_NO_DATA)
     if host:
-        from rayscope.client import peer
+        from rayscope.net import peer
 
         wrong = peer.wrong_http_port(url, host, port, deadline)
         if wrong:
@@ -130,7 +130,7 @@ def get(
     try:
         return exchange.run(request)
     except NotHttp:
-        from rayscope.client import peer
+        from rayscope.net import peer
 
         wrong = peer.wrong_http_port(named, host, port, deadline)
         said = wrong or f"head agent at {named} answered something that is not HTTP"

@@ -23,7 +23,6 @@ from typing import Optional
 
 import msgspec
 
-from rayscope.cli.files import write_atomic
 from rayscope.core.actor_names import actor_name
 from rayscope.core.gpu import memory as gpu_memory
 from rayscope.core.gpu.attribution import attribute_node, leaf_devices
@@ -33,6 +32,7 @@ from rayscope.errors import EXIT_NO_DATA, AgentError
 from rayscope.schema.report import GpuDevice, NodeReport
 from rayscope.schema.status import ActorBooking
 from rayscope.schema.usage import SavedActor, SavedDevice, SavedUsage, UsageDocument
+from rayscope.sources.files import write_atomic
 from rayscope.units import MIB
 
 log = logging.getLogger("rayscope.head")

@@ -25,9 +25,8 @@ from typing import Optional
 
 import msgspec
 
-from rayscope.client import peer
 from rayscope.errors import EXIT_USAGE, AgentError
-from rayscope.net import tokens, wire
+from rayscope.net import peer, tokens, wire
 from rayscope.net.addresses import split_address
 from rayscope.net.tls import TlsFiles, client_context
 from rayscope.node import collect

@@ -22,7 +22,7 @@ from rayscope.sources.gcs import read as gcs_read
 from rayscope.sources.gcs import reader as gcs
 
 if TYPE_CHECKING:
-    from rayscope.client import peer
+    from rayscope.net import peer
 
 
 def _runnable(path: str) -> bool:

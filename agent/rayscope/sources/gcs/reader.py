@@ -33,7 +33,7 @@ from rayscope.sources.gcs import raycompat
 from rayscope.sources.gcs import read as gcs_read
 
 if TYPE_CHECKING:
-    from rayscope.client import peer
+    from rayscope.net import peer
 
 T = TypeVar("T")
 
@@ -84,11 +84,11 @@ def _with_deadline(fn: Callable[[], T], timeout_s: float, busy: list[threading.T
 
 def check_port(address: str, timeout_s: float, deadline: Optional[Deadline] = None) -> "peer.Naming":
     """Fail fast, with the reason, when nothing listens at the GCS address; else the probe
-    (:class:`rayscope.client.peer.Naming`) started on the connection made, which tells in the
+    (:class:`rayscope.net.peer.Naming`) started on the connection made, which tells in the
     background what answers there, within ``deadline`` (default: ``timeout_s`` from now),
     for :func:`not_a_gcs` should the read time out: one deadline for the check, the read and
     the naming, never a probe after it (it overran ``--timeout`` by 1-3.9 s)."""
-    from rayscope.client import peer
+    from rayscope.net import peer
 
     deadline = deadline or Deadline(timeout_s)
     host, port = split_address(address)
@@ -105,10 +105,10 @@ def check_port(address: str, timeout_s: float, deadline: Optional[Deadline] = No
 
 def not_a_gcs(address: str, naming: "Optional[peer.Naming]") -> str:
     """When a port took the connection but the GCS read timed out: what answers there if it
-    is plainly no GCS (a rayscope head's port, an HTTP or TLS server: :mod:`rayscope.client.peer`,
+    is plainly no GCS (a rayscope head's port, an HTTP or TLS server: :mod:`rayscope.net.peer`,
     told by the port check's probe), as the whole message; ``""`` when it may be a GCS that
     is slow or hung, or the probe could not tell before the deadline."""
-    from rayscope.client import peer
+    from rayscope.net import peer
 
     kind = naming.kind() if naming is not None else None
     if kind is None or kind == peer.GRPC:

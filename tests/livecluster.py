@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -759,3 +760,21 @@ def main() -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def open_url(url: str, data: Optional[bytes] = None, **headers: str) -> tuple[int, dict[str, str], bytes]:
+    """One request (the tests' own client, not rayscope's), redirects not followed: status,
+    headers, body; an HTTP error status is an answer, not an exception."""
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: object, **kwargs: object) -> None:
+            return None
+
+    opener = urllib.request.build_opener(NoRedirect)
+    req = urllib.request.Request(url, data=data, headers=headers)
+    try:
+        with opener.open(req, timeout=10) as response:
+            return int(response.status), dict(response.headers), bytes(response.read())
+    except urllib.error.HTTPError as err:
+        with err:  # its response holds the socket: closed, not left to the collector
+            return int(err.code), dict(err.headers), bytes(err.read())

@@ -25,6 +25,7 @@ from rayscope.head.routes import Request, Response, Routes
 from rayscope.head.state import HeadState
 from rayscope.logs import LogThrottle
 from tests.conftest import HeadDaemon, base_env, free_port, run_rayscope
+from tests.livecluster import open_url
 
 READ = b"read-token-0123456789abcdef"
 PATHS = ("/", "/?fragment=1", "/v1/status", "/v1/usage", "/metrics", "/healthz")
@@ -207,21 +208,6 @@ def test_the_table_of_clients_is_bounded_and_an_ipv6_host_is_one_client() -> Non
     assert guesses.peer_key("::ffff:192.0.2.1") == "192.0.2.1"
 
 
-def _open(url: str, data: Optional[bytes] = None, **headers: str) -> tuple[int, dict[str, str], bytes]:
-    class NoRedirect(urllib.request.HTTPRedirectHandler):
-        def redirect_request(self, *args: object, **kwargs: object) -> None:
-            return None
-
-    opener = urllib.request.build_opener(NoRedirect)
-    req = urllib.request.Request(url, data=data, headers=headers)
-    try:
-        with opener.open(req, timeout=10) as response:
-            return int(response.status), dict(response.headers), bytes(response.read())
-    except urllib.error.HTTPError as err:
-        with err:  # its response holds the socket: closed, not left to the collector
-            return int(err.code), dict(err.headers), bytes(err.read())
-
-
 def test_dns_rebinding_reads_nothing_from_a_real_head(tmp_path: Path) -> None:
     """Over the wire, a token-less loopback head: ``Host: evil.example`` reads no path (the
     probe's ``/v1/status``: 200); every client the tests and the CLI use is answered."""
@@ -229,14 +215,14 @@ def test_dns_rebinding_reads_nothing_from_a_real_head(tmp_path: Path) -> None:
     head = HeadDaemon(env, tmp_path / "head.log", ["--gcs", f"127.0.0.1:{free_port()}"], None)
     try:
         for path in PATHS:
-            status, _, body = _open(head.url + path, Host="evil.example")
+            status, _, body = open_url(head.url + path, Host="evil.example")
             assert (status, body) == (421, origin.REFUSAL.encode() + b"\n"), path
-        status, _, _ = _open(head.url + "/v1/status", Host=f"localhost:{head.http_port}")
+        status, _, _ = open_url(head.url + "/v1/status", Host=f"localhost:{head.http_port}")
         assert status == 200
         for url in (head.url, f"http://localhost:{head.http_port}"):  # the CLI's Host passes
             done = run_rayscope("status", "--head", url, "--timeout", "5")
             assert done.stderr.startswith("rayscope: no data: no node in the scheduler's view"), done.stderr
-        health = _open(head.url + "/healthz")[2]
+        health = open_url(head.url + "/healthz")[2]
         assert b'"http_misdirected":6' in health
     finally:
         head.stop()
@@ -250,7 +236,7 @@ def test_a_rebound_login_is_refused_on_a_real_head(tmp_path: Path, token: Path) 
     try:
         form = urllib.parse.urlencode({"token": head.token}).encode()
         evil = {"Host": f"evil.example:{head.http_port}", "Origin": f"http://evil.example:{head.http_port}"}
-        status, headers, body = _open(head.url + "/login", form, **evil)
+        status, headers, body = open_url(head.url + "/login", form, **evil)
         assert (status, "Set-Cookie" in headers, b"data-value" in body) == (421, False, False)
     finally:
         head.stop()
@@ -267,7 +253,7 @@ def test_a_real_head_answers_wrong_tokens_slowly(tmp_path: Path, token: Path) ->
         statuses = []
         for i in range(100):
             form = urllib.parse.urlencode({"token": f"wrong-token-{i:08d}"}).encode()
-            statuses.append(_open(head.url + "/login", form)[0])
+            statuses.append(open_url(head.url + "/login", form)[0])
         elapsed = time.monotonic() - started
         checked = statuses.count(401)
         assert statuses.count(401) + statuses.count(429) == 100, statuses
@@ -275,9 +261,9 @@ def test_a_real_head_answers_wrong_tokens_slowly(tmp_path: Path, token: Path) ->
         # The API's bearer tokens share the bucket: drained by the form, a bearer token sent at
         # once is not checked either (the CLI's line for a 429 is the test below's; a CLI
         # started here would race the bucket's refill on a loaded machine).
-        while _open(head.url + "/login", b"token=wrong-token-drain")[0] != 429:
+        while open_url(head.url + "/login", b"token=wrong-token-drain")[0] != 429:
             pass
-        status, headers, _ = _open(head.url + "/v1/status", Authorization="Bearer wrong-token-0123456789")
+        status, headers, _ = open_url(head.url + "/v1/status", Authorization="Bearer wrong-token-0123456789")
         assert status == 429 and headers.get("Retry-After", "").isascii(), (status, headers)
     finally:
         head.stop()

@@ -20,6 +20,7 @@ from rayscope.head.state import HeadState
 from rayscope.logs import LogThrottle
 from rayscope.render.page.assets import CSP
 from tests.conftest import HeadDaemon
+from tests.livecluster import open_url
 
 READ = b"read-token-0123456789abcdef"
 AGENTS = b"agents-token-0123456789abcdef"
@@ -185,45 +186,28 @@ def test_every_html_answer_carries_the_policy() -> None:
         assert ("Cache-Control", "no-store") in answer.headers
 
 
-def _open(url: str, data: Optional[bytes] = None, **headers: str) -> tuple[int, dict[str, str], bytes]:
-    """One request, redirects not followed: status, headers, body."""
-
-    class NoRedirect(urllib.request.HTTPRedirectHandler):
-        def redirect_request(self, *args: object, **kwargs: object) -> None:
-            return None
-
-    opener = urllib.request.build_opener(NoRedirect)
-    req = urllib.request.Request(url, data=data, headers=headers)
-    try:
-        with opener.open(req, timeout=10) as response:
-            return int(response.status), dict(response.headers), bytes(response.read())
-    except urllib.error.HTTPError as err:
-        with err:  # its response holds the socket: closed, not left to the collector
-            return int(err.code), dict(err.headers), bytes(err.read())
-
-
 def test_the_login_over_a_real_heads_port(head_daemon: HeadDaemon) -> None:
     """The same on the wire: the form, the login's answer as a browser receives it, the page
     for its session header and not for its cookie, a cross-site post refused."""
     url = head_daemon.url
-    status, headers, body = _open(url + "/")
+    status, headers, body = open_url(url + "/")
     assert status == 401 and b"<form" in body and headers["Content-Security-Policy"] == CSP
     form = urllib.parse.urlencode({"token": head_daemon.token}).encode()
     host = url.removeprefix("http://")
-    status, headers, _ = _open(url + "/login", form, Origin="https://evil.example")
+    status, headers, _ = open_url(url + "/login", form, Origin="https://evil.example")
     assert status == 403 and "Set-Cookie" not in headers
-    status, headers, body = _open(url + "/login", form, Origin=f"http://{host}")
+    status, headers, body = open_url(url + "/login", form, Origin=f"http://{host}")
     found = re.search(rb'id="session" data-value="([^"]*)"', body)
     assert status == 200 and found is not None and headers["Content-Security-Policy"] == CSP
     value = found.group(1).decode()
     cookie = headers["Set-Cookie"].split(";", 1)[0]
     assert cookie == f"{session.OLD_COOKIE}="  # the old cookie's deletion, nothing else
-    assert _open(url + "/", Cookie=cookie)[0] == 401
-    assert _open(url + "/", Cookie=f"{session.OLD_COOKIE}={value}")[0] == 401
-    status, headers, body = _open(url + "/", None, **{session.HEADER: value})
+    assert open_url(url + "/", Cookie=cookie)[0] == 401
+    assert open_url(url + "/", Cookie=f"{session.OLD_COOKIE}={value}")[0] == 401
+    status, headers, body = open_url(url + "/", None, **{session.HEADER: value})
     assert status == 200 and b'<main id="view"' in body and b"<form" not in body
     assert headers["Content-Type"] == "text/html; charset=utf-8"
-    assert _open(url + "/v1/status", None, **{session.HEADER: value})[0] == 401
+    assert open_url(url + "/v1/status", None, **{session.HEADER: value})[0] == 401
 
 
 @pytest.mark.parametrize("content_type", ["text/plain", "multipart/form-data; boundary=x", ""])

@@ -6,7 +6,7 @@ No ray, no psutil, no pynvml: the one transport of every ``--head`` read
 than the interpreter's start.
 """
 
-from typing import Optional, Union
+from typing import Optional, TypeVar, Union
 from urllib.parse import urlsplit
 
 import msgspec
@@ -34,11 +34,7 @@ def head_status(
     when the URL says ``https://`` or any ``tls`` file is given. ``token_file``: where
     ``token`` came from, for the message when the head refuses it."""
     path = "/v1/status?all=1" + ("&gpus=1" if gpus else "")
-    body = head_get(url, path, token, timeout_s, tls, token_file)
-    try:
-        return msgspec.json.decode(body, type=ClusterStatus)
-    except msgspec.DecodeError as err:
-        raise _unexpected(url, body, err) from None
+    return _decoded(url, head_get(url, path, token, timeout_s, tls, token_file), ClusterStatus)
 
 
 def head_usage(
@@ -52,9 +48,16 @@ def head_usage(
 ) -> UsageDocument:
     """What the head remembers of each actor's GPU memory (``GET /v1/usage``)."""
     query = f"/v1/usage?headroom={headroom_pct:g}" + (f"&window={window_s:g}" if window_s else "")
-    body = head_get(url, query, token, timeout_s, tls, token_file)
+    return _decoded(url, head_get(url, query, token, timeout_s, tls, token_file), UsageDocument)
+
+
+_Document = TypeVar("_Document", ClusterStatus, UsageDocument)
+
+
+def _decoded(url: str, body: Union[bytes, bytearray], kind: type[_Document]) -> _Document:
+    """The head's document as ``kind``; what does not decode says so in one line (exit 2)."""
     try:
-        return msgspec.json.decode(body, type=UsageDocument)
+        return msgspec.json.decode(body, type=kind)
     except msgspec.DecodeError as err:
         raise _unexpected(url, body, err) from None
 

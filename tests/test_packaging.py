@@ -9,6 +9,7 @@ Positive control: pyproject.toml's setuptools backend of before (``build-backend
 """
 
 import email
+import os
 import subprocess
 import sys
 import tarfile
@@ -21,6 +22,7 @@ from rayscope import __version__
 from tests.conftest import REPO
 
 BUILD_TIMEOUT_S = 600.0
+INSTALL_TIMEOUT_S = 600.0
 TOOL_CACHES = ("__pycache__/", ".pytest_cache/", ".hypothesis/", ".mypy_cache/", ".ruff_cache/")
 """What the test tools themselves write while this runs, beside any build."""
 
@@ -88,3 +90,56 @@ def test_the_sdist_holds_what_builds_and_tests_the_wheel(built: tuple[Path, list
     wanted = {"pyproject.toml", "LICENSE", "README.md", "agent/rayscope/__init__.py", "tests/conftest.py"}
     assert wanted <= names
     assert not [n for n in names if n.startswith((".venv/", "dist/", "build/", ".git/"))]
+
+
+def _installed_by(installer: str, wheel: Path, where: Path) -> Path:
+    """The console script ``installer`` put in place from ``wheel`` (its dependencies from the
+    package index, as an operator's install gets them); asserts the install succeeded."""
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "PIPX_HOME": str(where / "pipx"), "PIPX_BIN_DIR": str(where / "bin")}
+    env.pop("VIRTUAL_ENV", None)
+    if installer == "uv":
+        venv = where / "venv"
+        commands = [
+            [str(bin_dir / "uv"), "venv", "--quiet", "--python", sys.executable, str(venv)],
+            [
+                str(bin_dir / "uv"),
+                "pip",
+                "install",
+                "--quiet",
+                "--python",
+                str(venv / "bin" / "python"),
+                str(wheel),
+            ],
+        ]
+        script = venv / "bin" / "rayscope"
+    else:
+        commands = [[str(bin_dir / "pipx"), "install", "--python", sys.executable, str(wheel)]]
+        script = where / "bin" / "rayscope"
+    for command in commands:
+        done = subprocess.run(
+            command, capture_output=True, text=True, env=env, timeout=INSTALL_TIMEOUT_S, check=False
+        )
+        assert done.returncode == 0, f"{command[:3]}: {done.stdout[-2000:]}{done.stderr[-2000:]}"
+    return script
+
+
+@pytest.mark.parametrize("installer", ["uv", "pipx"])
+def test_the_wheel_installs_with_uv_and_pipx(
+    built: tuple[Path, list[str], list[str]], tmp_path: Path, installer: str
+) -> None:
+    """The README says ``pipx install .`` and ``uv pip install .`` work as pip's does: the
+    console script each puts in place answers ``--version`` and ``status --help`` from an
+    install that holds no ray and no checkout (before: checked by hand only)."""
+    out, _before, _after = built
+    (wheel,) = out.glob("*.whl")
+    script = _installed_by(installer, wheel, tmp_path)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    version = subprocess.run(
+        [str(script), "--version"], capture_output=True, text=True, env=env, timeout=60, check=False
+    )
+    assert version.returncode == 0 and __version__ in version.stdout, version.stderr[-2000:]
+    helped = subprocess.run(
+        [str(script), "status", "--help"], capture_output=True, text=True, env=env, timeout=60, check=False
+    )
+    assert helped.returncode == 0 and "--json" in helped.stdout, helped.stderr[-2000:]

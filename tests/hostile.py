@@ -54,6 +54,7 @@ def _gpu(index: int, node_ip: str) -> GpuDevice:
         memory_used_source="nvml",
         memory_used_age_s=0.0,
         memory_used_reason="vGPU guest 2: NVML used not trusted",
+        health_flags=["XID 79 (9 since start)"],  # the head's to judge: replaced where it merges
     )
 
 

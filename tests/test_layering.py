@@ -138,6 +138,37 @@ def test_a_source_imports_no_rule_of_the_pure_parts() -> None:
     assert {n: ms for n, ms in rules.items() if ms} == {}
 
 
+RULES = {"gpu_used", "nvml_trusted", "health_flags", "measured_memory", "memory_used_reliable"}
+"""The per-GPU rules the merge settles once (rayscope.core.gpu.settled): no output asks them again."""
+OUTPUTS = ("rayscope.render", "rayscope.head.answers", "rayscope.head.routes")
+
+
+def rules_imported(path: Path) -> set[str]:
+    """The names of :data:`RULES` a module imports or reaches through its module."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            found |= {a.name for a in node.names} & RULES
+        elif isinstance(node, ast.Attribute) and node.attr in RULES:
+            found.add(node.attr)
+    return found
+
+
+def test_no_output_judges_a_gpu_again() -> None:
+    """Decide once, in the merge (issue 31): the lines, --gpus, the JSON, the metrics and the
+    page read each GPU's settled figure, source and flags. Positive control: give
+    ``agent/rayscope/render/gpus.py`` back ``from rayscope.core.gpu.memory import gpu_used``
+    and this names it."""
+    found = {
+        name: rules
+        for name, path in modules().items()
+        if any(within(name, o) for o in OUTPUTS)
+        for rules in (rules_imported(path),)
+        if rules
+    }
+    assert found == {}
+
+
 def test_the_layer_check_names_what_is_imported_beyond() -> None:
     """The checks above can fail: a pure module importing a renderer is named, with only that import."""
     graph = {

@@ -13,6 +13,7 @@ from typing import Optional
 import msgspec
 
 from rayscope.core.gpu.placement import place_devices
+from rayscope.core.gpu.settled import settle_gpu
 from rayscope.render.page.assets import CSP
 from rayscope.render.page.document import (
     PAGE_NODES,
@@ -166,7 +167,8 @@ def test_an_unhealthy_gpu_and_an_unreliable_measurement_are_marked() -> None:
     status = head_seed()
     europa, t4 = status.nodes[EUROPA], status.nodes[T4]
     assert europa.gpus is not None
-    sick = msgspec.structs.replace(europa.gpus[0], health=GpuHealth(xid_errors=2, last_xid=79))
+    # Settled as the rollup settles a report's GPU: the page reads its flags, judges none.
+    sick = settle_gpu(msgspec.structs.replace(europa.gpus[0], health=GpuHealth(xid_errors=2, last_xid=79)))
     reason = "vGPU guest: NVML's used memory is the vGPU manager's, not a measurement"
     nodes = {
         **status.nodes,

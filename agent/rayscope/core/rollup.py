@@ -13,15 +13,9 @@ from typing import Optional, cast
 
 from msgspec.structs import replace
 
-from rayscope.core.gpu.memory import (
-    MeasuredMemory,
-    bioengine_memory,
-    find_shared_gpus,
-    measured_memory,
-    put_memory,
-    shared_overcount,
-)
+from rayscope.core.gpu.memory import bioengine_memory, find_shared_gpus, put_memory, shared_overcount
 from rayscope.core.gpu.precedence import take_dashboard
+from rayscope.core.gpu.settled import SettledReport, settle_report
 from rayscope.core.isolation import guarded, unreadable_as
 from rayscope.schema.dashboard import DashboardRead
 from rayscope.schema.report import NodeReport, SourceStatus
@@ -217,11 +211,13 @@ def _node_from_report(report: NodeReport, key: str) -> NodeStatus:
     return node
 
 
-def _memory(received: ReceivedReport) -> MeasuredMemory:
-    """The report's GPU memory sums, computed once per report (not once per query)."""
+def _settled(received: ReceivedReport) -> SettledReport:
+    """The report's GPUs settled (each GPU's trusted figure, its source and its health flags:
+    rayscope.core.gpu.settled) and their sums, once per report (not once per query): every
+    output reads them from the node."""
     if received.memory is None:
-        received.memory = measured_memory(received.report.gpus)
-    return cast(MeasuredMemory, received.memory)
+        received.memory = settle_report(received.report.gpus)
+    return cast(SettledReport, received.memory)
 
 
 def _apply_report(
@@ -231,10 +227,11 @@ def _apply_report(
     age = round(max(0.0, now - received.received_at), 1)
     # The head's interval only: a report's own interval_s must not decide its freshness.
     stale = not received.local and age > stale_after_s
-    put_memory(node, _memory(received), 0.0 if received.local else age, stale)
+    settled = _settled(received)
+    put_memory(node, settled.memory, 0.0 if received.local else age, stale)
     node.collected_at = report.collected_at
     node.received_at = received.received_at + wall_offset
-    node.gpus = report.gpus
+    node.gpus = settled.gpus
     node.driver_version = report.driver_version
     node.sources = report.sources
     node.hostname = report.host.hostname if report.host else node.hostname

@@ -10,6 +10,7 @@ from typing import Any, Callable, Optional
 
 from rayscope.core.capacity import pending
 from rayscope.core.gpu.attribution import attribute_cluster, attribute_node, leaf_devices
+from rayscope.core.gpu.settled import settle_gpus as settle_gpus_once
 from rayscope.core.rollup import merge, scheduler_nodes
 from rayscope.errors import EXIT_NO_DATA, EXIT_USAGE, AgentError
 from rayscope.net.addresses import parse_address, split_address
@@ -206,6 +207,7 @@ def node_diagnostics(
         status = merge(scheduler_nodes(mine), {}, now=clock(), stale_after_s=math.inf, view="gcs")
         booking = dict(status.nodes)
     report = local_report(None, clock())
+    settled = settle_gpus_once(report.gpus)  # as the rollup settles a report's: `node` reads them
     agents, agents_status = find_agents()
     diag = NodeDiagnostics(
         generated_at=clock(),
@@ -213,15 +215,15 @@ def node_diagnostics(
         raylets=raylets,
         host=report.host,
         driver_version=report.driver_version,
-        gpus=report.gpus,
+        gpus=settled,
         booking=booking,
         sources=sources + report.sources + [agents_status],
         processes=report.processes,
         agents=agents,
     )
-    if gpus and report.gpus is not None:
+    if gpus and settled is not None:
         diag.gpus, diag.attribution = attribute_node(
-            report.gpus,
+            settled,
             report.processes,
             actors,
             {r.node_id for r in raylets},

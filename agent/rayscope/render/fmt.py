@@ -9,7 +9,8 @@ from typing import Optional
 
 import msgspec
 
-from rayscope.core.gpu.memory import NOT_TRUSTED, gpu_used, measured_memory, untrusted_gpus, untrusted_label
+from rayscope.core.gpu.memory import NOT_TRUSTED, untrusted_label
+from rayscope.core.gpu.settled import settled_trusted, settled_used
 from rayscope.schema.report import SourceStatus, known
 from rayscope.schema.status import ClusterStatus, NodeStatus
 from rayscope.units import GIB
@@ -24,7 +25,10 @@ def shown_used_bytes(node: NodeStatus) -> Optional[int]:
     """The used GPU memory a node's line shows: rayscope's trusted figure; for a stale
     report the trusted figure it last had (the line says ``stale Ns``); ``None``: unknown.
     Never BioEngine's ``used_gpu_memory``, whose ``"NA"`` is no number."""
-    return measured_memory(node.gpus).used_bytes if node.stale else node.used_gpu_memory_bytes
+    if not node.stale:
+        return node.used_gpu_memory_bytes
+    figures = [settled_used(g).used_bytes for g in node.gpus] if node.gpus is not None else [None]
+    return None if None in figures else sum(f or 0 for f in figures)
 
 
 def vram_note(node: NodeStatus) -> str:
@@ -37,11 +41,11 @@ def vram_note(node: NodeStatus) -> str:
     )
     if plain and not node.stale and not node.gpus_unmeasured:  # the rollup's verdict: no GPU to say it of
         return ""
-    untrusted = untrusted_gpus(node.gpus)
+    untrusted = [g for g in node.gpus or () if not settled_trusted(g)]  # as the rollup settled them
     if not untrusted:
         return ""
     label = untrusted_label(known(untrusted[0].virtualization_mode), untrusted[0].name)
-    figures = [gpu_used(g) for g in untrusted]
+    figures = [settled_used(g) for g in untrusted]
     if any(f.used_bytes is None for f in figures):
         return f" ({label}: {NOT_TRUSTED})"
     age = max(f.age_s or 0.0 for f in figures) + (node.report_age_s or 0.0)

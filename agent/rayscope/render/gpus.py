@@ -3,8 +3,7 @@
 from collections.abc import Mapping, Sequence
 from typing import Optional
 
-from rayscope.core.gpu.health import health_flags
-from rayscope.core.gpu.memory import gpu_used, nvml_trusted
+from rayscope.core.gpu.settled import settled_flags, settled_trusted, settled_used
 from rayscope.core.isolation import UNREADABLE, per_node
 from rayscope.labels import printable_lines
 from rayscope.render.fmt import gib, has_gpus, visible_nodes
@@ -71,10 +70,10 @@ def used_text(gpu: GpuDevice) -> tuple[str, str]:
     NVML's where trusted, `` (CUDA, 3s old)`` for a CUDA sample's, `` (Ray dashboard, 3s
     old)`` for Ray's dashboard's, `` (NVML's 14.5 GB not trusted)`` where NVML's figure is
     not the device's."""
-    figure = gpu_used(gpu)
+    figure = settled_used(gpu)  # the rollup's verdict (rayscope.core.gpu.settled), read
     if figure.source in SOURCE_WORDS:
         return gib(figure.used_bytes), f" ({SOURCE_WORDS[figure.source]}, {figure.age_s or 0.0:.0f}s old)"
-    if nvml_trusted(gpu):
+    if settled_trusted(gpu):
         return gib(figure.used_bytes), ""
     raw = figure.nvml_used_bytes
     return gib(None), " (NVML not trusted)" if raw is None else f" (NVML's {gib(raw)} GB not trusted)"
@@ -136,7 +135,7 @@ def gpu_booking_line(gpu: GpuDevice, shared: Mapping[str, Sequence[str]] = {}) -
     name = gpu.name or "NA"
     mig = "  MIG on" if gpu.mig_enabled else ""
     flags = _flags_text(gpu.attribution.flags) if gpu.attribution else ""
-    flags += "  unhealthy" if health_flags(gpu) else ""  # one flag; `node --gpus` says why
+    flags += "  unhealthy" if settled_flags(gpu) else ""  # one flag; `node --gpus` says why
     flags += shared_text(gpu, shared)
     figure, note = used_text(gpu)
     used = f"used {figure} GB{note}"
@@ -236,12 +235,12 @@ def gpu_block_lines(
     ``shared``: UUID → the other nodes that report the same GPU."""
     lines: list[str] = []
     for gpu in gpus:
-        trusted = nvml_trusted(gpu)
+        trusted = settled_trusted(gpu)
         lines.append(gpu_booking_line(gpu, shared))
         if details and "device" not in gpu.errors:
             lines.append("  " + gpu_details_line(gpu))
-        if details and health_flags(gpu):
-            lines.append("  health: " + "; ".join(health_flags(gpu)))
+        if details and settled_flags(gpu):
+            lines.append("  health: " + "; ".join(settled_flags(gpu)))
         for mig in gpu.mig_devices:
             lines.append("  " + gpu_booking_line(mig))
             if details:

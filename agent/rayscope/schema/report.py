@@ -42,6 +42,8 @@ MAX_PROCESSES = 1024
 of its process table."""
 MAX_ERRORS = 64
 """Reasons a GPU's fields are unknown (one per NVML field at most)."""
+MAX_HEALTH_FLAGS = 16
+"""A GPU's health flags: one per problem ``rayscope.core.gpu.health`` names (7 today)."""
 MAX_ITEMS = 512
 """Any other list or map in a report: sources, a raylet's resources and labels."""
 MAX_REPORT_CHARS = 256 * 1024
@@ -262,6 +264,11 @@ class GpuDevice(msgspec.Struct, kw_only=True, gc=False):
     memory_used_reason: Union[str, Unset] = UNSET
     """Why ``memory_used_bytes`` is ``None`` although NVML answered (``vGPU guest: NVML used not
     trusted; ...``)."""
+    health_flags: Union[Annotated[list[str], msgspec.Meta(max_length=MAX_HEALTH_FLAGS)], Unset] = UNSET
+    """What needs an operator on this GPU, one flag per problem in the operator's words
+    (``XID 79 (2 since start)``, ``fallen off the bus``), judged from ``health`` once where
+    the report is merged (``rayscope.core.gpu.settled``), never taken from a node agent;
+    absent when nothing is wrong (and in a report)."""
 
 
 class HostInfo(msgspec.Struct, kw_only=True, gc=False):

@@ -151,7 +151,8 @@ class ReceivedReport(msgspec.Struct, kw_only=True, gc=False):
     local: bool = False
     """``True``: read on this host by this command, not sent by an agent."""
     memory: Optional[object] = None
-    """The rollup's cache (never encoded): its ``MeasuredMemory`` of the report's GPUs."""
+    """The rollup's cache (never encoded): the report's GPUs settled and their sums
+    (``rayscope.core.gpu.settled.SettledReport``)."""
     merged: "Optional[tuple[NodeStatus, NodeStatus]]" = None
     """The rollup's cache: (scheduler node, that node merged with this fresh report, ages
     left out): a report is merged into the same scheduler node query after query."""

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Optional
 
 from rayscope.core.capacity.sizing import EXIT_COULD_NOT_TELL, request_sizing, sizing_hazard
-from rayscope.core.gpu.memory import gpu_used
+from rayscope.core.gpu.memory import settled_used
 from rayscope.core.gpu.placement import device_free, placement_known, replicas_on_devices
 from rayscope.core.gpu.precedence import NOT_READ, figures_old
 from rayscope.core.rollup import (
@@ -178,7 +178,7 @@ def measured_gpus(node: NodeStatus) -> tuple[list[GpuFit], dict[int, str]]:
     for g in node.gpus or ():
         if g.memory_total_bytes is None:
             continue
-        figure = gpu_used(g)
+        figure = settled_used(g)  # settled where the report was merged (rayscope.core.gpu.settled)
         if figure.used_bytes is None:
             if figure.reason and figure.nvml_used_bytes is not None:  # measured, not trusted
                 not_checked[g.index] = figure.reason

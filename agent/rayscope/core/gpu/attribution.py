@@ -37,6 +37,7 @@ from rayscope.core.gpu.holders import (
 )
 from rayscope.core.gpu.placement import id_map, place_devices
 from rayscope.core.gpu.precedence import dashboard_reports
+from rayscope.core.gpu.settled import settle_gpus
 from rayscope.core.isolation import guarded, unreadable_as
 from rayscope.schema.report import (
     GpuAttribution,
@@ -268,6 +269,16 @@ def attribute_node(
     return attributed, _node_attribution(attributed, users, matcher, off_gpu, vram_mb)
 
 
+def _settled(
+    nodes: Mapping[str, NodeStatus], reports: Mapping[str, NodeReport], node_id: str
+) -> Optional[list[GpuDevice]]:
+    """The GPUs of ``node_id``'s report as the merge settled them (rayscope.core.gpu.settled)."""
+    merged = nodes.get(node_id)
+    if merged is not None and merged.gpus is not None:
+        return merged.gpus
+    return settle_gpus(reports[node_id].gpus)
+
+
 def attribute_cluster(
     status: ClusterStatus,
     reports: Mapping[str, NodeReport],
@@ -294,13 +305,12 @@ def attribute_cluster(
         by_node.setdefault(booking.node_id, []).append(booking)
 
     def placed(node: NodeStatus) -> NodeStatus:
-        host_reports = [reports[n] for n in sorted(groups[node.node_id]) if n in reports]
         own = reports.get(node.node_id)
-        host_reports = ([own] if own else []) + [
-            reports[n] for n in sorted(groups[node.node_id] - {node.node_id}) if n in reports
+        host_ids = ([node.node_id] if own else []) + [
+            n for n in sorted(groups[node.node_id] - {node.node_id}) if n in reports
         ]
         raylet = (raylets or {}).get(node.node_id) or (own.raylet if own is not None else None)
-        gpus = next((r.gpus for r in host_reports if r.gpus is not None), None)
+        gpus = next((g for n in host_ids for g in (_settled(nodes, reports, n),) if g is not None), None)
         placement = place_devices(node, by_node.get(node.node_id, []), raylet, gpus)
         if raylet is not None and raylet.environ_read and gpus is not None:
             id_maps[node.node_id] = id_map(placement)
@@ -309,7 +319,7 @@ def attribute_cluster(
     def attributed(node: NodeStatus, report: NodeReport) -> NodeStatus:
         members = [nodes[n] for n in groups[node.node_id] if n in nodes]
         gpus, attribution = attribute_node(
-            report.gpus or [],
+            _settled(nodes, reports, node.node_id) or [],
             report.processes,
             None if actors is None else [a for n in sorted(groups[node.node_id]) for a in by_node.get(n, [])],
             groups[node.node_id],

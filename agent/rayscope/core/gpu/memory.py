@@ -105,19 +105,6 @@ def nvml_trusted(gpu: GpuDevice) -> bool:
     return mode in _TRUSTED_MODES
 
 
-def untrusted_gpus(gpus: Optional[Sequence[GpuDevice]]) -> list[GpuDevice]:
-    """The GPUs of ``gpus`` whose NVML figures are not the device's (:func:`nvml_trusted`,
-    or a dashboard's GPU named as a vGPU: its reason says so), in one comprehension: each
-    node's status line asks."""
-    trusted = _TRUSTED_MODES
-    return [
-        g
-        for g in gpus or ()
-        if (g.virtualization_mode is not UNSET and g.virtualization_mode not in trusted)
-        or NOT_TRUSTED in (known(g.memory_used_reason) or "")
-    ]
-
-
 def _untrusted_reason(virtualization_mode: Optional[str]) -> str:
     kind = "vGPU guest" if virtualization_mode == "vgpu_guest" else "virtualization mode unknown"
     return f"{kind}: {NOT_TRUSTED}"
@@ -153,14 +140,30 @@ def gpu_used(gpu: GpuDevice) -> GpuUsed:
     raw, reason = known(gpu.nvml_memory_used_bytes), known(gpu.memory_used_reason) or ""
     if source is None and raw is None and not reason:
         raw, source = used, "nvml"  # an agent before issue 20: memory_used_bytes is NVML's own
-    if source in ("cuda", DASHBOARD_SOURCE) and used is not None:
-        return GpuUsed(used, source, known(gpu.memory_used_age_s) or 0.0, "", raw)
     mode = known(gpu.virtualization_mode)
-    if not memory_used_reliable(mode)[0]:
-        return GpuUsed(None, None, None, reason or _untrusted_reason(mode), raw)
-    if used is None or source != "nvml":
-        return GpuUsed(None, None, None, reason, raw)
+    reliable = memory_used_reliable(mode)[0]
+    # A CUDA figure stands in only where NVML's is not trusted; a dashboard's GPU has no mode.
+    if used is not None and source == ("cuda" if not reliable else DASHBOARD_SOURCE if mode is None else ""):
+        return GpuUsed(used, source, known(gpu.memory_used_age_s) or 0.0, "", raw)
+    if not reliable:  # every such reason says so (rayscope.core.gpu.settled reads it)
+        why = reason if NOT_TRUSTED in reason else "; ".join(filter(None, (_untrusted_reason(mode), reason)))
+        return GpuUsed(None, None, None, why, raw)
+    if used is None or source != "nvml":  # a reported mode is trusted: a reason saying not is no verdict
+        return GpuUsed(None, None, None, "" if mode is not None and NOT_TRUSTED in reason else reason, raw)
     return GpuUsed(used, "nvml", 0.0, "", raw)
+
+
+def settled_used(gpu: GpuDevice) -> GpuUsed:
+    """A settled GPU's used figure as its fields say it (``rayscope.core.gpu.settled`` wrote
+    :func:`gpu_used`'s verdict there): no rule, a reading. A figure without a source is
+    NVML's, at age 0 (an agent before issue 20 sent it so)."""
+    used, source = gpu.memory_used_bytes, known(gpu.memory_used_source)
+    raw, reason = known(gpu.nvml_memory_used_bytes), known(gpu.memory_used_reason) or ""
+    if used is None or (source is None and (raw is not None or reason)):
+        return GpuUsed(None, None, None, reason, raw)
+    if source is None:
+        return GpuUsed(used, "nvml", 0.0, "", used)
+    return GpuUsed(used, source, known(gpu.memory_used_age_s) or 0.0, "", raw)
 
 
 class CudaFigure(NamedTuple):
@@ -252,7 +255,7 @@ class MeasuredMemory(NamedTuple):
 
 
 def measured_memory(gpus: Optional[Sequence[GpuDevice]]) -> MeasuredMemory:
-    """A node's GPU memory from its report's GPUs (:func:`gpu_used` per GPU).
+    """A node's GPU memory from its report's GPUs, settled (:func:`settled_used` per GPU).
 
     A sum is ``None`` when any GPU's part is unknown (a lost GPU): a sum without it would be
     a made-up smaller number; ``0`` when NVML answered and found no GPU. One pass: the head
@@ -268,7 +271,7 @@ def measured_memory(gpus: Optional[Sequence[GpuDevice]]) -> MeasuredMemory:
     age = 0.0
     reason = ""
     for gpu in gpus:
-        figure = gpu_used(gpu)
+        figure = settled_used(gpu)
         if gpu.memory_total_bytes is None or figure.nvml_used_bytes is None:
             unmeasured += 1
         total = None if total is None or gpu.memory_total_bytes is None else total + gpu.memory_total_bytes
@@ -360,6 +363,6 @@ def shared_overcount(nodes: Iterable[NodeStatus]) -> tuple[int, int]:
                 continue
             if gpu.uuid in counted:
                 total += gpu.memory_total_bytes or 0
-                used += gpu_used(gpu).used_bytes or 0
+                used += settled_used(gpu).used_bytes or 0
             counted.add(gpu.uuid)
     return total, used

@@ -22,7 +22,7 @@ unset). An entry is an index or a UUID (``GPU-…``, a prefix is enough for CUDA
 from collections.abc import Mapping, Sequence
 from typing import Optional
 
-from rayscope.core.gpu.memory import gpu_used
+from rayscope.core.gpu.memory import settled_used
 from rayscope.schema.report import GpuDevice, RayletInfo
 from rayscope.schema.status import ActorBooking, DeviceFree, NodePlacement, NodeStatus
 from rayscope.units import RAY_UNITS_PER_ONE, is_count, parse_count, ray_round
@@ -131,7 +131,7 @@ def place_devices(
             uuid=gpu.uuid if gpu is not None else None,
             nvml_index=_physical_index(gpu),
             mapping=how,
-            memory_used_bytes=gpu_used(gpu).used_bytes if gpu is not None else None,
+            memory_used_bytes=settled_used(gpu).used_bytes if gpu is not None else None,
             memory_total_bytes=gpu.memory_total_bytes if gpu is not None else None,
             actors={},
             actor_vram_mb={},

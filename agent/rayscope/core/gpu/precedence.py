@@ -25,7 +25,8 @@ from typing import Optional
 
 from msgspec.structs import replace
 
-from rayscope.core.gpu.memory import measured_memory, named_vgpu, put_memory
+from rayscope.core.gpu.memory import named_vgpu, put_memory
+from rayscope.core.gpu.settled import settle_report
 from rayscope.schema.dashboard import DASHBOARD_SOURCE, DashboardGpu, DashboardNode, DashboardRead
 from rayscope.schema.report import UNSET, GpuDevice, GpuProcess, NodeReport, ProcessInfo, SourceStatus, known
 from rayscope.schema.status import ActorBooking, ClusterStatus, NodeStatus
@@ -98,9 +99,10 @@ def _why_not(entry: Optional[DashboardNode], age_s: Optional[float]) -> str:
 
 
 def _from_dashboard(node: NodeStatus, entry: DashboardNode, age_s: float) -> NodeStatus:
-    gpus = [dashboard_device(g, age_s) for g in entry.gpus or ()]
+    settled = settle_report([dashboard_device(g, age_s) for g in entry.gpus or ()])
+    gpus = settled.gpus or []
     taken = replace(node, gpus=gpus, gpus_source=DASHBOARD_SOURCE, collected_at=entry.measured_at)
-    put_memory(taken, measured_memory(gpus), 0.0, False)
+    put_memory(taken, settled.memory, 0.0, False)
     if not gpus:  # no GPU there, by the dashboard's NVML read: its figure (0 of 0), of its age
         taken.used_gpu_memory_source, taken.used_gpu_memory_age_s = DASHBOARD_SOURCE, age_s
     return taken

@@ -17,9 +17,8 @@ import html
 from collections.abc import Sequence
 from typing import NamedTuple, Optional
 
-from rayscope.core.gpu.health import health_flags
-from rayscope.core.gpu.memory import gpu_used
 from rayscope.core.gpu.precedence import figures_old
+from rayscope.core.gpu.settled import settled_flags, settled_used
 from rayscope.labels import printable
 from rayscope.render.fmt import gib
 from rayscope.render.gpus import SOURCE_WORDS, fuller_devices, gpu_label, used_text
@@ -104,13 +103,13 @@ def _marks(node: NodeStatus, gpu: Optional[GpuDevice], device: Optional[DeviceFr
     if figures_old(node) and node.report_age_s is not None:
         marks.append(Mark("stale", f"stale {node.report_age_s:.0f}s", "NVML numbers from an old report"))
     if gpu is not None:
-        flags = health_flags(gpu)
+        flags = settled_flags(gpu)
         if flags:
             marks.append(Mark("unhealthy", "unhealthy", "; ".join(flags)))
         if "device" in gpu.errors or gpu.memory_used_bytes is None:
             why = "; ".join(f"{k}: {v}" for k, v in sorted(gpu.errors.items()))
             marks.append(Mark("unmeasured", "not measured", why))
-        reason = gpu_used(gpu).reason or _node_untrusted(node)
+        reason = settled_used(gpu).reason or _node_untrusted(node)
         if reason:
             marks.append(Mark("unreliable", "unreliable measurement", reason))
         att = gpu.attribution
@@ -185,7 +184,7 @@ def _measured(
 ) -> tuple[Optional[int], Optional[int]]:
     """(used bytes drawn as measured, NVML's used figure where rayscope does not trust it)."""
     if gpu is not None:
-        used = gpu_used(gpu).used_bytes
+        used = settled_used(gpu).used_bytes
     else:
         used = device.memory_used_bytes if device is not None else None
     if _node_untrusted(node):
@@ -315,7 +314,8 @@ def _measured_text(bar: GpuBar) -> str:
 
 def _source(gpu: Optional[GpuDevice]) -> str:
     """``Ray dashboard, 3s old`` (the GPU's line's words, render.gpus) or ``""``."""
-    return used_text(gpu)[1].strip(" ()") if gpu is not None and gpu_used(gpu).source in SOURCE_WORDS else ""
+    shown = gpu is not None and settled_used(gpu).source in SOURCE_WORDS
+    return used_text(gpu)[1].strip(" ()") if gpu is not None and shown else ""
 
 
 def _free_booking(bar: GpuBar) -> str:

@@ -179,7 +179,7 @@ def read_usage(
     """``rayscope usage``: only a head agent remembers, so ``--head`` is required."""
     if not head:
         raise AgentError(
-            f"usage needs a head agent (--head URL or ${HEAD_ENV}): only the head remembers", EXIT_NO_DATA
+            f"usage needs a head agent (--head URL or ${HEAD_ENV}): only the head remembers", EXIT_USAGE
         )
     from rayscope.net import tokens
 

@@ -28,7 +28,7 @@ from rayscope.core.gpu import memory as gpu_memory
 from rayscope.core.gpu.attribution import attribute_node, leaf_devices
 from rayscope.core.usage.summary import DEFAULT_HEADROOM_PCT, usage_document
 from rayscope.core.usage.window import EMPTY, ActorMeta, UsageWindow, slot_width
-from rayscope.errors import EXIT_NO_DATA, AgentError
+from rayscope.errors import EXIT_USAGE, AgentError
 from rayscope.schema.report import GpuDevice, NodeReport
 from rayscope.schema.status import ActorBooking
 from rayscope.schema.usage import SavedActor, SavedDevice, SavedUsage, UsageDocument
@@ -291,13 +291,13 @@ def read_state(path: str) -> Optional[SavedUsage]:
     except FileNotFoundError:
         return None
     except OSError as err:
-        raise AgentError(f"cannot read --usage-state {path}: {err.strerror or err}", EXIT_NO_DATA) from None
+        raise AgentError(f"cannot read --usage-state {path}: {err.strerror or err}", EXIT_USAGE) from None
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or st.st_uid not in (0, os.geteuid()):
         os.close(fd)
         raise AgentError(
             f"cannot read --usage-state {path}: not a regular file of root or uid {os.geteuid()}",
-            EXIT_NO_DATA,
+            EXIT_USAGE,
         )
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         os.close(fd)
@@ -305,12 +305,12 @@ def read_state(path: str) -> Optional[SavedUsage]:
         raise AgentError(
             f"cannot read --usage-state {path}: it is writable by group or others (mode {mode:03o}):"
             f" `chmod 600 {path}`",
-            EXIT_NO_DATA,
+            EXIT_USAGE,
         )
     with os.fdopen(fd, "rb") as f:
         if st.st_size > MAX_STATE_BYTES:
             too_big = f"--usage-state {path} is larger than {MAX_STATE_BYTES // MIB} MiB"
-            raise AgentError(too_big, EXIT_NO_DATA)
+            raise AgentError(too_big, EXIT_USAGE)
         data = f.read(st.st_size + 1)  # not MAX_STATE_BYTES: read(n) allocates n at once
     try:
         return msgspec.json.decode(data, type=SavedUsage)

@@ -83,7 +83,7 @@ def resolve_gcs(
     try:
         return parse_address(address)
     except ValueError as err:
-        raise AgentError(f"bad GCS address from {origin}: {err}", EXIT_NO_DATA) from None
+        raise AgentError(f"bad GCS address from {origin}: {err}", EXIT_USAGE) from None
 
 
 def _attach_local(

@@ -73,8 +73,12 @@ def get(
     host, port = parts.hostname or "", parts.port or DEFAULT_PORT
     data = bytearray()
     try:
-        with socket.create_connection((host, port), timeout=left()) as plain:
-            sock = _secured(plain, host) if parts.scheme == "https" else plain
+        # The TLS socket closed too, not only the plain one it took over (left to the collector
+        # before: an unclosed socket per read of an https dashboard, in a daemon).
+        with (
+            socket.create_connection((host, port), timeout=left()) as plain,
+            _over(plain, host, parts.scheme == "https") as sock,
+        ):
             sock.settimeout(left())
             sock.sendall(_request(url, token))
             while True:
@@ -97,7 +101,11 @@ def get(
     return split_answer(bytes(data), url)
 
 
-def _secured(plain: socket.socket, host: str) -> socket.socket:
+def _over(plain: socket.socket, host: str, secure: bool) -> socket.socket:
+    """``plain``, or (``secure``) a TLS socket that takes ``plain``'s descriptor over: the one
+    to use and to close."""
+    if not secure:
+        return plain
     import ssl  # here: only an https dashboard pays for it
 
     return ssl.create_default_context().wrap_socket(plain, server_hostname=host)

@@ -353,7 +353,7 @@ def test_a_head_that_fails_once_listening_closes_both_ports(monkeypatch: pytest.
     def cannot_start(self: PollerGuard, restarted: bool = False) -> None:
         raise RuntimeError("can't start new thread")
 
-    monkeypatch.setattr(daemon.PollerGuard, "start", cannot_start)
+    monkeypatch.setattr(PollerGuard, "start", cannot_start)
     listen, http = ("127.0.0.1", free_port()), ("127.0.0.1", free_port())
     head = daemon.Head(listen, http, None, 1.0, b"")
     with pytest.raises(RuntimeError, match="can't start new thread"):

@@ -312,7 +312,7 @@ def test_a_port_check_whose_probe_cannot_start_closes_its_connection(monkeypatch
         listening.listen(4)
         port = listening.getsockname()[1]
         sock = socket.create_connection(("127.0.0.1", port), timeout=1)
-        monkeypatch.setattr(peer.threading.Thread, "start", cannot_start)
+        monkeypatch.setattr(threading.Thread, "start", cannot_start)
         with pytest.raises(RuntimeError, match="can't start new thread"):
             peer.Naming(sock, "127.0.0.1", port, Deadline(1.0))
         monkeypatch.undo()

@@ -10,11 +10,14 @@ runs past its deadline; size the body from ``Content-Length`` and
 """
 
 import contextlib
+import gc
 import json
 import socket
+import ssl
 import threading
 import time
 import tracemalloc
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -411,12 +414,16 @@ def test_a_published_address_on_another_host_than_the_gcs_gets_no_token() -> Non
 
 
 class FakeDashboard:
-    """A listening socket on 127.0.0.1 whose every connection is handed to ``serve``."""
+    """A listening socket on 127.0.0.1 whose every connection is handed to ``serve``; over
+    TLS with the server ``context`` given (its URL then https)."""
 
-    def __init__(self, serve: Callable[[socket.socket, bytes], None]) -> None:
+    def __init__(
+        self, serve: Callable[[socket.socket, bytes], None], context: Optional[ssl.SSLContext] = None
+    ) -> None:
         self.listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
-        self.serve = serve
+        scheme = "https" if context is not None else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.serve, self.context = serve, context
         self.requests: list[bytes] = []
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -429,8 +436,13 @@ class FakeDashboard:
                 conn, _ = self.listener.accept()
             except socket.timeout:
                 continue
+            conn.settimeout(5)
+            if self.context is not None:
+                try:
+                    conn = self.context.wrap_socket(conn, server_side=True)  # closes conn if it fails
+                except OSError:
+                    continue
             with conn:
-                conn.settimeout(5)
                 request = b""
                 while b"\r\n\r\n" not in request:
                     chunk = conn.recv(4096)
@@ -482,6 +494,30 @@ def test_a_path_prefix_is_kept(serving: Any) -> None:
     server = serving(reply(http(200, answer(node()))))
     dashboard_http.get(server.url + "/ray", None, 5.0)
     assert server.requests[0].startswith(b"GET /ray/nodes?view=summary HTTP/1.0\r\n")
+
+
+def test_an_https_dashboard_is_read_and_its_tls_socket_closed(tmp_path: Path, monkeypatch: Any) -> None:
+    """Read over TLS (the system's CAs: here a throwaway CA named by ``SSL_CERT_FILE``), and
+    the TLS socket closed by the read, not left to the collector: a daemon reads the
+    dashboard every interval. Positive control: close only the plain socket in
+    ``dashboard_http.get`` (as before) and its ResourceWarning is seen."""
+    from tests.test_live_wire import make_pki
+
+    pki = make_pki(tmp_path)
+    monkeypatch.setenv("SSL_CERT_FILE", str(pki["ca.pem"]))
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(str(pki["head.pem"]), str(pki["head.key"]))
+    server = FakeDashboard(reply(http(200, answer(node()))), context)
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            status, body = dashboard_http.get(server.url, None, 5.0)
+            gc.collect()
+    finally:
+        server.close()
+    assert status == 200 and body == answer(node())
+    assert server.requests[0].startswith(b"GET /nodes?view=summary HTTP/1.0\r\n")
+    assert [str(w.message) for w in seen if issubclass(w.category, ResourceWarning)] == []
 
 
 def test_a_dashboard_that_hangs_is_cut_at_the_deadline(serving: Any) -> None:

@@ -340,6 +340,29 @@ def test_a_bug_in_one_answer_is_an_http_500_and_the_head_keeps_serving() -> None
         port.close()
 
 
+def test_a_head_that_fails_once_listening_closes_both_ports(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever ends ``Head.serve`` once both ports listen (here: the GCS poller's thread
+    cannot start) closes both at once, not left listening to the collector (an unclosed
+    socket's ResourceWarning, later, wherever it was collected): a second head binds them.
+    Positive control: drop the ``finally`` in ``Head.serve`` and the bind fails (in use)."""
+    import asyncio
+
+    from rayscope.head import daemon
+    from tests.conftest import free_port
+
+    def cannot_start(self: PollerGuard, restarted: bool = False) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(PollerGuard, "start", cannot_start)
+    listen, http = ("127.0.0.1", free_port()), ("127.0.0.1", free_port())
+    head = daemon.Head(listen, http, None, 1.0, b"")
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        asyncio.run(head.serve())
+    for address in (listen, http):
+        with socket.socket() as again:
+            again.bind(address)  # EADDRINUSE while the failed head's port still listens
+
+
 def test_a_bug_in_reading_a_request_is_a_400_and_one_throttled_line(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -298,6 +298,29 @@ def test_a_probe_never_waits_past_its_deadline() -> None:
         assert time.monotonic() - started < 0.45
 
 
+def test_a_port_check_whose_probe_cannot_start_closes_its_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GCS read's port check hands its connection to a probe thread, which closes it;
+    a thread that cannot start (the process at its thread limit, the head polling every
+    interval) must not leave it open to the collector. Positive control: drop the ``try``
+    around ``Thread.start`` in ``peer.Naming``."""
+
+    def cannot_start(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen(4)
+        port = listening.getsockname()[1]
+        sock = socket.create_connection(("127.0.0.1", port), timeout=1)
+        monkeypatch.setattr(threading.Thread, "start", cannot_start)
+        with pytest.raises(RuntimeError, match="can't start new thread"):
+            peer.Naming(sock, "127.0.0.1", port, Deadline(1.0))
+        monkeypatch.undo()
+        closed = sock.fileno() == -1
+        sock.close()
+    assert closed
+
+
 # The real cap, in a process of its own: the RELIABILITY.md row ---------------------------
 
 

@@ -31,9 +31,13 @@ class Drip:
 
     def __init__(self, port: int, count: int, context: "ssl.SSLContext | None" = None) -> None:
         self.sockets: list[socket.socket] = []
-        for _ in range(count):
-            s = socket.create_connection(("127.0.0.1", port), timeout=5)
-            self.sockets.append(s)
+        try:
+            for _ in range(count):
+                self.sockets.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        except BaseException:  # those made so far closed, not left to the collector
+            for s in self.sockets:
+                s.close()
+            raise
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -102,8 +106,10 @@ def test_slow_tls_handshakes_hold_no_worker(tmp_path: Path, token: Path) -> None
     context = ssl.create_default_context(cafile=str(pki["ca.pem"]))
     tls = ("--tls-cert", str(pki["head.pem"]), "--tls-key", str(pki["head.key"]))
     head = Head(tmp_path / "head.log", token, extra=tls, ssl_context=context)
-    silent = [socket.create_connection(("127.0.0.1", head.http_port), timeout=5) for _ in range(SLOW)]
+    silent: list[socket.socket] = []
     try:
+        for _ in range(SLOW):  # each kept as it is made: closed below if a later one fails
+            silent.append(socket.create_connection(("127.0.0.1", head.http_port), timeout=5))
         took = probe_answers(head, 2.0)
         assert max(took) < 2.0, took
         time.sleep(REQUEST_DEADLINE_S + 1)

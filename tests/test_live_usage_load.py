@@ -221,21 +221,23 @@ def test_healthz_never_waits_in_the_workers_queue(blocked_port: tuple[int, threa
     answers at once, from its own worker. Positive control: drop the ``/healthz`` branch of
     ``HttpPort.serve`` and it waits (here: times out) behind the blocked answers."""
     port, release = blocked_port
-    busy = []
-    for _ in range(HTTP_WORKERS + MAX_WAITING // 2):
-        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        connection.request("GET", "/v1/usage")
-        busy.append(connection)
-    time.sleep(0.5)  # every request read and handed to the pool
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-    started = time.monotonic()
-    connection.request("GET", "/healthz")
-    response = connection.getresponse()
-    took = time.monotonic() - started
-    assert response.status == 200 and b'"ok"' in response.read()
-    connection.close()
-    assert took < 2.0
-    release.set()
-    for connection in busy:
-        assert connection.getresponse().status == 200
-        connection.close()
+    busy: list[http.client.HTTPConnection] = []
+    try:  # every connection closed, a failed assert's too (not left to the collector)
+        for _ in range(HTTP_WORKERS + MAX_WAITING // 2):
+            busy.append(http.client.HTTPConnection("127.0.0.1", port, timeout=30))
+            busy[-1].request("GET", "/v1/usage")
+        time.sleep(0.5)  # every request read and handed to the pool
+        probe = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        busy.append(probe)
+        started = time.monotonic()
+        probe.request("GET", "/healthz")
+        response = probe.getresponse()
+        took = time.monotonic() - started
+        assert response.status == 200 and b'"ok"' in response.read()
+        assert took < 2.0
+        release.set()
+        for connection in busy[:-1]:
+            assert connection.getresponse().status == 200
+    finally:
+        for connection in busy:
+            connection.close()

@@ -154,6 +154,26 @@ class Head:
         except OSError as err:
             server.close()
             raise cannot_listen(err, self.http, "--http") from None
+        except BaseException:
+            server.close()
+            raise
+        try:
+            await self._run(loop, server, http_server, max_total, agents)
+        finally:  # stopped, both ports closed, whatever ends the run (an error left them listening)
+            self._stop.set()
+            server.close()
+            http_server.close()
+        await self._shut_down()
+
+    async def _run(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        server: asyncio.AbstractServer,
+        http_server: asyncio.AbstractServer,
+        max_total: int,
+        agents: "weakref.WeakSet[ingest.ReportProtocol]",
+    ) -> None:
+        """Poll, flush and serve until :meth:`stop`, then hang up on every agent."""
         poller = PollerGuard(self.state, self._reader, self._stop, self.agents, dashboard=self.dashboard)
         poller.start()
         _every(loop, self.state.interval_s, poller.check, self._stop)
@@ -178,7 +198,6 @@ class Head:
             http_server.close()
             for agent in list(agents):
                 agent.close()
-        await self._shut_down()
 
     async def _start_reports(
         self, max_total: int, agents: "weakref.WeakSet[ingest.ReportProtocol]"
@@ -203,8 +222,12 @@ class Head:
             backlog=ingest.ACCEPT_BACKLOG,
             ssl_handshake_timeout=ingest.FRAME_DEADLINE_S if self.ssl_context else None,
         )
-        for listening in server.sockets:
-            ingest.widen_listen_queue(listening.fileno())
+        try:
+            for listening in server.sockets:
+                ingest.widen_listen_queue(listening.fileno())
+        except BaseException:
+            server.close()
+            raise
         return server
 
     async def _shut_down(self) -> None:

@@ -177,7 +177,11 @@ class Naming:
         self._thread = threading.Thread(
             target=self._run, args=(sock, host, port), name="rayscope-probe", daemon=True
         )
-        self._thread.start()
+        try:
+            self._thread.start()
+        except BaseException:  # no thread to close it (at the thread limit): closed here
+            sock.close()
+            raise
 
     def _run(self, sock: socket.socket, host: str, port: int) -> None:
         with sock:

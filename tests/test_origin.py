@@ -154,6 +154,16 @@ def test_the_head_refuses_a_bad_http_host_at_start() -> None:
     assert "'head:7532' is not a host name or an IP address" in done.stderr
 
 
+def test_an_unset_http_host_is_an_empty_list_for_every_typer_in_range() -> None:
+    """typer 0.18 (the lower bound) hands an unset repeatable option's callback None, then
+    takes ``len()`` of what it returns: None there made every ``head`` start an internal
+    error (``make install-ends``' lowest end, the CI of stop 37)."""
+    from rayscope.cli.daemon_options import _host_names
+
+    assert _host_names(None) == [] and _host_names([]) == []
+    assert _host_names(["head.example"]) == ["head.example"]
+
+
 def login(r: Routes, token: bytes, peer: str = "192.0.2.7") -> Response:
     body = urllib.parse.urlencode({"token": token.decode()}).encode()
     return r.answer(request("/login", "POST", body, peer, Content_Type=session.FORM))

@@ -93,6 +93,7 @@ NOT_APPLIED = {
 API_DEVICES = ("null", "zero", "full", "random", "urandom", "tty", "ptmx")
 """What ``DevicePolicy=closed`` always allows; bwrap's ``--dev`` makes the same nodes."""
 UNIT_DIRS = {"StateDirectory": "/var/lib", "CacheDirectory": "/var/cache"}
+PRIVATE_TMP = (Path("/tmp"), Path("/var/tmp"))
 SPECIFIERS = {"%S": "/var/lib", "%C": "/var/cache", "%%": "%"}
 
 
@@ -283,6 +284,21 @@ def _privileges(properties: Mapping[str, Sequence[str]], uid: int, gid: int) -> 
     return [*argv, "--bounding-set=-all", "--inh-caps=-all", "--ambient-caps=-all", "--no-new-privs", "--"]
 
 
+def installed_under_tmp(python: str) -> list[Path]:
+    """This checkout and the Python environment that runs the agent, where they lie under
+    ``/tmp`` or ``/var/tmp`` (a clone made there): a node keeps its Ray environment in
+    ``/opt`` or ``/usr``, which ``PrivateTmp`` leaves alone, so they are bound back read-only
+    as a node's would be seen, not hidden with the test's ``/tmp``."""
+    repo = Path(__file__).resolve().parents[1]
+    found: list[Path] = []
+    for given in (repo, Path(python).parent.parent, Path(sys.prefix)):
+        path = Path(os.path.abspath(given))
+        inside = any(tmp in path.parents for tmp in PRIVATE_TMP)
+        if inside and not any(path == p or p in path.parents for p in found):
+            found.append(path)
+    return found
+
+
 def sandbox_argv(
     properties: Mapping[str, Sequence[str]],
     command: Sequence[str],
@@ -302,6 +318,7 @@ def sandbox_argv(
     ``/tmp`` (``spec_file`` must be in one of them: this module is copied beside it and run
     there by ``python``, which ``uid`` must be able to run)."""
     check_covered(properties)
+    stand_ins = [*stand_ins, *installed_under_tmp(python)]
     argv = ["bwrap", "--die-with-parent", *_mounts(properties, directories, stand_ins), "--"]
     argv += _privileges(properties, uid, gid)
     spec_file.write_text(json.dumps(seccomp_spec(properties)))

@@ -155,6 +155,7 @@ def main() -> int:
     logs.mkdir(parents=True)
     token_file = logs / "token"
     token_file.write_text("bench-agents-token-0123456789abcdef\n")
+    token_file.chmod(0o600)  # a token file open to others is refused (SECURITY.md rule 5)
     result = measure(args.runs, logs, token_file)
     text = section(result, args.runs)
     write_section(Path(args.output), text)

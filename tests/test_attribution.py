@@ -8,7 +8,7 @@ from typing import Optional
 
 import msgspec
 
-from rayscope.core.gpu.attribution import attribute_cluster, attribute_node
+from rayscope.core.gpu.attribution import attribute_cluster, attribute_node, sharing_devices
 from rayscope.core.rollup import merge, scheduler_nodes
 from rayscope.render.gpus import gpu_block_lines, status_gpu_lines
 from rayscope.render.status import status_json, status_lines
@@ -318,3 +318,39 @@ def test_an_older_report_without_the_new_fields_still_decodes() -> None:
     report = msgspec.json.decode(old, type=NodeReport)
     assert report.processes is None
     assert report.gpus is not None and report.gpus[0].processes is None and report.gpus[0].mig_devices == []
+
+
+def _two_raylets_on_one_host(head_uuid: str, worker_uuid: str) -> ClusterStatus:
+    """Europa's four replicas and the T4's deNBI app, both raylets on this host (the embedded
+    path's co-hosted group), each GPU with the UUID given."""
+    europa_gpu = msgspec.structs.replace(EUROPA_GPU, uuid=head_uuid)
+    t4_gpu = device(0, 4.2, [gpu_process(900, 4.2)], total_gib=15.0, name="Tesla T4")
+    t4_gpu = msgspec.structs.replace(t4_gpu, uuid=worker_uuid)
+    europa = msgspec.structs.replace(SEED_REPORTS[NODE].report, gpus=[europa_gpu], processes=EUROPA_PROCESSES)
+    t4 = msgspec.structs.replace(
+        SEED_REPORTS[T4].report, gpus=[t4_gpu], processes=[worker(900, "ray::denbi-app", node_id=T4)]
+    )
+    reports = {NODE: europa, T4: t4}
+    received = {n: ReceivedReport(report=r, received_at=NOW - 2) for n, r in reports.items()}
+    status = merge(
+        scheduler_nodes(SEED_VIEWS), received, now=NOW, stale_after_s=15.0, view="gcs", sources=SEED_SOURCES
+    )
+    denbi = actor("d00d" + "0" * 28, 900, name="denbi-app", gpu=0.33, node_id=T4)
+    return attribute_cluster(status, reports, [*EUROPA_ACTORS, denbi], sharing_devices(status, {NODE, T4}))
+
+
+def test_raylets_on_one_host_share_only_the_devices_they_were_measured_on() -> None:
+    """Raylets on one machine share its GPUs, so an actor of either may hold memory on them;
+    but where each was measured on devices of its own (no UUID in common: a container each, or
+    Ray's dashboard agent under each raylet's environment, as in ``make demo``), neither
+    holds memory on the other's. Before: the demo's T4 listed the head's four replicas and the
+    head's RTX 3090 the worker's app, each booking counted on both GPUs ("by 5 actors")."""
+    apart = _two_raylets_on_one_host("GPU-aaaa", "GPU-bbbb")
+    head_gpu, t4_gpu = ((apart.nodes[n].gpus or [])[0] for n in (NODE, T4))
+    assert head_gpu.attribution is not None and t4_gpu.attribution is not None
+    assert (head_gpu.attribution.booked_actors, t4_gpu.attribution.booked_actors) == (4, 1)
+    assert [u.name for u in t4_gpu.attribution.users] == ["denbi-app"]
+
+    shared = _two_raylets_on_one_host("GPU-aaaa", "GPU-aaaa")  # one device seen by both
+    seen = [(shared.nodes[n].gpus or [])[0].attribution for n in (NODE, T4)]
+    assert [a.booked_actors if a else None for a in seen] == [5, 5]

@@ -36,6 +36,7 @@ from tests.waiting import eventually
 pytestmark = pytest.mark.live
 
 T4 = "Tesla T4"
+T4_UUID_OF = 2  # another device than the head's two RTX 3090s (uuid(0), uuid(1))
 
 
 def denbi_scenario(pid: int) -> str:
@@ -43,7 +44,7 @@ def denbi_scenario(pid: int) -> str:
     return (
         fake_nvml.HEADER
         + "count 1\n"
-        + fake_nvml.gpu(0, T4, pci="00000000:00:1E.0", total_gib=15, used_gib=3.0)
+        + fake_nvml.gpu(0, T4, pci="00000000:00:1E.0", total_gib=15, used_gib=3.0, uuid_of=T4_UUID_OF)
         + fake_nvml.process("gpu0", pid, 2.0)
     )
 
@@ -54,7 +55,7 @@ def app_scenario(sleeper: int, app_pid: int) -> str:
     return (
         fake_nvml.HEADER
         + "count 1\n"
-        + fake_nvml.gpu(0, T4, pci="00000000:00:1E.0", total_gib=15, used_gib=3.0)
+        + fake_nvml.gpu(0, T4, pci="00000000:00:1E.0", total_gib=15, used_gib=3.0, uuid_of=T4_UUID_OF)
         + fake_nvml.process("gpu0", app_pid, 1.5)
         + fake_nvml.process("gpu0", sleeper, 0.5)
     )
@@ -199,6 +200,10 @@ def test_gpus_names_the_actor_behind_the_dashboards_pid(dashboard_cluster: LiveC
     assert "GPU0 Tesla T4  booked 0.33 GPU by 1 actor  used 3.3 GB (Ray dashboard," in block
     assert "denbi-app#" in block and "booked 0.33 GPU used 1.5 GB" in block
     assert f"pid {sleeper} booked NA used 0.5 GB  not mapped" in block
+    # Both raylets run on this host, each measured on devices of its own: neither's actors
+    # are listed on the other's GPUs (the demo listed all five on both).
+    head = done.stdout.split(f"{dashboard_cluster.node_id('head')[:12]}:", 1)[1].split("GPUs of", 1)[0]
+    assert "federated-unet" not in block and "denbi-app" not in head, done.stdout
 
 
 def test_fit_checks_the_dashboards_free_memory(dashboard_cluster: LiveCluster) -> None:

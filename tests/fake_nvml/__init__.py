@@ -97,8 +97,12 @@ def gpu(
     prefix: str = "",
     virtualization: Optional[int] = None,
     compute_mode: Optional[int] = None,
+    uuid_of: Optional[int] = None,
 ) -> str:
     """The scenario lines of one healthy GPU (``prefix``: ``gpu0.mig1`` for a MIG instance).
+
+    ``uuid_of``: the device's UUID is :func:`uuid` of this number instead of ``index``'s: a
+    GPU of another node than one with the same index (a UUID names one device in the world).
 
     ``virtualization`` and ``compute_mode`` are NVML's codes (:data:`VIRT_NONE` ...,
     :data:`COMPUTE_DEFAULT` ...); ``None`` leaves the line out: the driver answers Not
@@ -108,7 +112,7 @@ def gpu(
     memory = f"{int(total_gib * GIB)} {int(used_gib * GIB)} {int(reserved_gib * GIB)}"
     lines = [
         f"{p}.name {name}",
-        f"{p}.uuid {uuid(index)}",
+        f"{p}.uuid {uuid(index if uuid_of is None else uuid_of)}",
         f"{p}.pci {pci}",
         f"{p}.memory {memory}",
         f"{p}.util {util} 40",

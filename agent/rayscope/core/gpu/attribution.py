@@ -279,6 +279,21 @@ def _settled(
     return settle_gpus(reports[node_id].gpus)
 
 
+def sharing_devices(status: ClusterStatus, hosted: Collection[str]) -> dict[str, set[str]]:
+    """``hosted``: the node ids of the raylets on one machine, which share its GPUs: an actor
+    of any of them may hold memory on any of them. Except where the devices each node was
+    measured on are known and have no UUID in common (raylets in containers that share the
+    host's name and network, each given its own GPUs; Ray's dashboard agent reads NVML in its
+    raylet's environment): then neither holds memory on the other's devices. Node id → the
+    node ids whose actors are matched to its GPUs (itself included)."""
+    uuids = {n: {g.uuid for g in status.nodes[n].gpus or () if g.uuid} for n in hosted if n in status.nodes}
+
+    def share(a: str, b: str) -> bool:
+        return not uuids.get(a) or not uuids.get(b) or bool(uuids[a] & uuids[b])
+
+    return {n: {m for m in hosted if share(n, m)} for n in hosted}
+
+
 def attribute_cluster(
     status: ClusterStatus,
     reports: Mapping[str, NodeReport],

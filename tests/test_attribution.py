@@ -8,7 +8,7 @@ from typing import Optional
 
 import msgspec
 
-from rayscope.core.gpu.attribution import attribute_cluster, attribute_node, sharing_devices
+from rayscope.core.gpu.attribution import attribute_cluster, attribute_node
 from rayscope.core.rollup import merge, scheduler_nodes
 from rayscope.render.gpus import gpu_block_lines, status_gpu_lines
 from rayscope.render.status import status_json, status_lines
@@ -336,7 +336,8 @@ def _two_raylets_on_one_host(head_uuid: str, worker_uuid: str) -> ClusterStatus:
         scheduler_nodes(SEED_VIEWS), received, now=NOW, stale_after_s=15.0, view="gcs", sources=SEED_SOURCES
     )
     denbi = actor("d00d" + "0" * 28, 900, name="denbi-app", gpu=0.33, node_id=T4)
-    return attribute_cluster(status, reports, [*EUROPA_ACTORS, denbi], sharing_devices(status, {NODE, T4}))
+    hosted = {NODE: {NODE, T4}, T4: {NODE, T4}}
+    return attribute_cluster(status, reports, [*EUROPA_ACTORS, denbi], hosted)
 
 
 def test_raylets_on_one_host_share_only_the_devices_they_were_measured_on() -> None:

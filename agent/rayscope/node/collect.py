@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Callable, Optional
 
 from rayscope.core.capacity import pending
-from rayscope.core.gpu.attribution import attribute_cluster, attribute_node, leaf_devices, sharing_devices
+from rayscope.core.gpu.attribution import attribute_cluster, attribute_node, leaf_devices
 from rayscope.core.gpu.settled import settle_gpus as settle_gpus_once
 from rayscope.core.rollup import merge, scheduler_nodes
 from rayscope.errors import EXIT_NO_DATA, EXIT_USAGE, AgentError
@@ -167,14 +167,13 @@ def embedded_status(
     status = pending.attach(status, waiting)
     if not gpus:
         return status
-    # Every raylet of this cluster on this host shares its GPUs: their actors may hold them
-    # (unless each was measured on devices of its own).
+    # Every raylet of this cluster on this host shares its GPUs: their actors may hold them.
     local = {r.node_id for r in raylets} & {v.node_id for v in views}
     return attribute_cluster(
         status,
         {n: r.report for n, r in reports.items()},
         actors,
-        sharing_devices(status, local),
+        {n: local for n in local},
         {r.node_id: r for r in raylets if r.node_id in local},
     )
 

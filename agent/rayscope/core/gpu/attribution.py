@@ -279,19 +279,20 @@ def _settled(
     return settle_gpus(reports[node_id].gpus)
 
 
-def sharing_devices(status: ClusterStatus, hosted: Collection[str]) -> dict[str, set[str]]:
-    """``hosted``: the node ids of the raylets on one machine, which share its GPUs: an actor
-    of any of them may hold memory on any of them. Except where the devices each node was
-    measured on are known and have no UUID in common (raylets in containers that share the
-    host's name and network, each given its own GPUs; Ray's dashboard agent reads NVML in its
-    raylet's environment): then neither holds memory on the other's devices. Node id → the
-    node ids whose actors are matched to its GPUs (itself included)."""
-    uuids = {n: {g.uuid for g in status.nodes[n].gpus or () if g.uuid} for n in hosted if n in status.nodes}
+def _sharing(
+    nodes: Mapping[str, NodeStatus], co_hosted: Mapping[str, Collection[str]]
+) -> dict[str, set[str]]:
+    """Node id → the node ids whose actors may hold memory on its GPUs: itself, and the nodes
+    ``co_hosted`` says share its host. Except where the devices two of them were measured on
+    are known and have no UUID in common (raylets in containers that share the host's name
+    and network, each given its own GPUs; Ray's dashboard agent reads NVML in its raylet's
+    environment): then neither holds memory on the other's devices."""
+    uuids = {n: {g.uuid for g in node.gpus or () if g.uuid} for n, node in nodes.items()}
 
     def share(a: str, b: str) -> bool:
         return not uuids.get(a) or not uuids.get(b) or bool(uuids[a] & uuids[b])
 
-    return {n: {m for m in hosted if share(n, m)} for n in hosted}
+    return {n: {m for m in co_hosted.get(n, ()) if share(n, m)} | {n} for n in nodes}
 
 
 def attribute_cluster(
@@ -313,7 +314,7 @@ def attribute_cluster(
     the actors' worker pids."""
     nodes = dict(status.nodes)
     id_maps: dict[str, Mapping[int, Optional[int]]] = {}
-    groups = {n: set((co_hosted or {}).get(n, ())) | {n} for n in nodes}
+    groups = _sharing(nodes, co_hosted or {})
     reports = {**reports, **dashboard_reports(status, actors)}
     by_node: dict[str, list[ActorBooking]] = {}  # once: per node over all actors was quadratic
     for booking in actors or ():

@@ -365,12 +365,18 @@ def push_agent(
     return Daemon([*args, "--token-file", str(token_file), "--node-id", node_id], env, log_path)
 
 
+def write_token(path: Path, token: str = "0123456789abcdef0123456789abcdef") -> Path:
+    """A token file as a head and its agents take one: one line, mode 600 from its creation
+    (a token file open to others is refused: SECURITY.md rule 5)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(token + "\n")
+    return path
+
+
 @pytest.fixture(scope="session")
 def wire_token(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("token") / "token"
-    path.write_text("0123456789abcdef0123456789abcdef\n")
-    path.chmod(0o600)  # a token file open to others is refused (SECURITY.md rule 5)
-    return path
+    return write_token(tmp_path_factory.mktemp("token") / "token")
 
 
 @pytest.fixture(scope="session")
@@ -407,10 +413,7 @@ def sleeper() -> Iterator[int]:
 @pytest.fixture
 def token(tmp_path: Path) -> Path:
     """A head's token file (mode 600), for the tests that run a head of their own."""
-    path = tmp_path / "token"
-    path.write_text("0123456789abcdef0123456789abcdef\n")
-    path.chmod(0o600)
-    return path
+    return write_token(tmp_path / "token")
 
 
 SLOW_FILES = frozenset(

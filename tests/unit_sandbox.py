@@ -293,8 +293,8 @@ def installed_under_tmp(python: str) -> list[Path]:
     found: list[Path] = []
     for given in (repo, Path(python).parent.parent, Path(sys.prefix)):
         path = Path(os.path.abspath(given))
-        inside = any(tmp in path.parents for tmp in PRIVATE_TMP)
-        if inside and not any(path == p or p in path.parents for p in found):
+        hidden = any(tmp in path.parents for tmp in PRIVATE_TMP)
+        if hidden and not any(path.is_relative_to(p) for p in found):
             found.append(path)
     return found
 

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import REPO, HeadDaemon, LiveCluster, base_env, run_rayscope, start_cluster
+from tests.conftest import REPO, HeadDaemon, LiveCluster, base_env, run_rayscope, start_cluster, write_token
 
 BEGIN, END = "<!-- bench-agents -->", "<!-- /bench-agents -->"
 INTERVAL_S = 1.0
@@ -153,9 +153,7 @@ def main() -> int:
     args = parser.parse_args()
     logs = Path(os.environ.get("TMPDIR", "/tmp")) / f"rayscope-bench-agents-{os.getpid()}"
     logs.mkdir(parents=True)
-    token_file = logs / "token"
-    token_file.write_text("bench-agents-token-0123456789abcdef\n")
-    token_file.chmod(0o600)  # a token file open to others is refused (SECURITY.md rule 5)
+    token_file = write_token(logs / "token", "bench-agents-token-0123456789abcdef")
     result = measure(args.runs, logs, token_file)
     text = section(result, args.runs)
     write_section(Path(args.output), text)

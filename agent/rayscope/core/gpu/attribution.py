@@ -287,12 +287,24 @@ def _sharing(
     are known and have no UUID in common (raylets in containers that share the host's name
     and network, each given its own GPUs; Ray's dashboard agent reads NVML in its raylet's
     environment): then neither holds memory on the other's devices."""
-    uuids = {n: {g.uuid for g in node.gpus or () if g.uuid} for n, node in nodes.items()}
 
-    def share(a: str, b: str) -> bool:
-        return not uuids.get(a) or not uuids.get(b) or bool(uuids[a] & uuids[b])
+    def uuids(n: str) -> set[str]:
+        node = nodes.get(n)
+        gpus = node.gpus if node is not None else None
+        return {g.uuid for g in gpus or () if g.uuid}
 
-    return {n: {m for m in co_hosted.get(n, ()) if share(n, m)} | {n} for n in nodes}
+    def apart(own: set[str], other: str) -> bool:
+        theirs = uuids(other)
+        return bool(own and theirs and not own & theirs)
+
+    def group(n: str) -> set[str]:
+        others = set(co_hosted.get(n, ())) - {n}
+        if not others:  # most nodes have a host of their own: no UUID to read
+            return {n}
+        own = uuids(n)
+        return {n} | {m for m in others if not apart(own, m)}
+
+    return {n: group(n) for n in nodes}
 
 
 def attribute_cluster(

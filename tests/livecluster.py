@@ -175,8 +175,9 @@ def demo_scenarios(pids: dict[str, int]) -> dict[str, str]:
     rtx = nvml.gpu(
         0, nvml.RTX_3090, pci="00000000:01:00.0", total_gib=24, used_gib=len(replicas) * REPLICA_GIB + 0.4
     )
-    t4 = nvml.gpu(0, "Tesla T4", pci="00000000:00:1E.0", total_gib=15, used_gib=len(apps) * APP_GIB + 0.3)
-    t4 = t4.replace(nvml.uuid(0), nvml.uuid(1))  # another GPU than Europa's
+    t4 = nvml.gpu(
+        0, "Tesla T4", pci="00000000:00:1E.0", total_gib=15, used_gib=len(apps) * APP_GIB + 0.3, uuid_of=1
+    )  # another GPU than Europa's
     head = rtx + "".join(nvml.process("gpu0", pid, REPLICA_GIB) for pid in replicas)
     denbi = t4 + "".join(nvml.process("gpu0", pid, APP_GIB) for pid in apps)
     return {name: nvml.HEADER + "count 1\n" + text for name, text in (("head", head), ("denbi", denbi))}

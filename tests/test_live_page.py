@@ -332,19 +332,21 @@ class OtherPort(http.server.BaseHTTPRequestHandler):
     browser sends it and replays them, alone, to the head's page."""
 
     head_url = ""
-    heard: ClassVar[list[str]] = []
-    replays: ClassVar[list[int]] = []
+    asked: ClassVar[list[tuple[str, int]]] = []
+    """Per request, the cookies heard and the head's answer to their replay, kept together:
+    the browser asks for ``/`` and the favicon at once, and a count of one taken while the
+    other's replay was in flight read two heard, one replayed."""
 
     def do_GET(self) -> None:
         cookies = self.headers.get("Cookie") or ""
-        self.heard.append(cookies)
         replay = urllib.request.Request(self.head_url + "/", headers={"Cookie": cookies} if cookies else {})
         try:
             with urllib.request.urlopen(replay, timeout=10) as answer:
-                self.replays.append(int(answer.status))
+                status = int(answer.status)
         except urllib.error.HTTPError as err:
             with err:
-                self.replays.append(int(err.code))
+                status = int(err.code)
+        self.asked.append((cookies, status))
         body = b"<!DOCTYPE html><html><body>another service on this host</body></html>"
         self.send_response(200)
         self.send_header("Content-Type", "text/html")
@@ -384,7 +386,7 @@ def test_a_login_replayed_alone_from_another_port_opens_nothing(
     page. Before: the other port heard the cookie and its replay got the page (200).
     Positive control: the session as a cookie again (the code before issue 30)."""
     head = bare_head
-    OtherPort.head_url, OtherPort.heard, OtherPort.replays = head.url, [], []
+    OtherPort.head_url, OtherPort.asked = head.url, []
     server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), OtherPort)
     other = f"http://127.0.0.1:{server.server_address[1]}"
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
@@ -395,7 +397,8 @@ def test_a_login_replayed_alone_from_another_port_opens_nothing(
         browser.navigate(other + "/")  # the same host, another port: what does it hear?
         assert browser.evaluate("document.body.innerText") == "another service on this host"
         assert browser.evaluate("sessionStorage.length + document.cookie.length") == 0
-        heard, replays = list(OtherPort.heard), list(OtherPort.replays)
+        asked = list(OtherPort.asked)
+        heard, replays = [cookies for cookies, _ in asked], [status for _, status in asked]
         browser.navigate(head.url + "/")  # back on the head, in the same tab
         browser.wait_for(PAGE_SHOWN)
     finally:

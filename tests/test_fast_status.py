@@ -427,39 +427,23 @@ def test_the_fast_path_takes_exactly_the_timeouts_the_cli_takes(
     assert taken != refused, err
 
 
-def test_the_fast_path_reads_the_clis_option_names_defaults_and_variables() -> None:
-    """The names this module reads stand for the same things in agent/rayscope/cli/options.py."""
-    import typing
+def test_the_fast_path_and_the_cli_read_one_declaration_of_statuss_options() -> None:
+    """Every option ``status`` takes in the typer app that the fast path knows has the names,
+    parameter and variable of its one declaration (agent/rayscope/cli/names.py), and every
+    declaration is an option of ``status``; the global flags are the app's."""
+    from rayscope.cli import names, typer_click
+    from rayscope.cli.app import app
 
-    from rayscope.cli import options
-
-    declared = {
-        "head": options.HeadOption,
-        "token_file": options.TokenFileOption,
-        "tls_cert": options.TlsCertOption,
-        "tls_key": options.TlsKeyOption,
-        "tls_ca": options.TlsCaOption,
-    }
-    for key, annotated in declared.items():
-        info: Any = typing.get_args(annotated)[1]
-        assert info.envvar == fast_status.ENVIRONMENT[key], key
-    every = {**fast_status.VALUES, **fast_status.FLAGS}
-    names: dict[str, Any] = {
-        "--head": options.HeadOption,
-        "--gcs": options.GcsOption,
-        "--token-file": options.TokenFileOption,
-        "--timeout": options.TimeoutOption,
-        "--format": options.FormatOption,
-        "--tls-cert": options.TlsCertOption,
-        "--tls-key": options.TlsKeyOption,
-        "--tls-ca": options.TlsCaOption,
-        "--all": options.AllNodesOption,
-        "--gpus": options.GpusOption,
-        "--json": options.JsonOption,
-    }
-    for name, declaration in names.items():
-        info = typing.get_args(declaration)[1]
-        assert name in every and name in (info.default, *info.param_decls)  # Annotated: the name is `default`
+    root = typer_click.root_command(app)
+    status = typer_click.commands(root)["status"]
+    typer_side = {p.name: (tuple(p.opts), p.envvar) for p in status.params}
+    for declared in names.STATUS:
+        assert typer_side.get(declared.key) == (declared.flags, declared.env), declared
+        for flag in declared.flags:
+            assert (fast_status.VALUES if declared.takes_value else fast_status.FLAGS)[flag] == declared.key
+    assert len(fast_status.VALUES) + len(fast_status.FLAGS) == sum(len(n.flags) for n in names.STATUS)
+    verbose = next(p for p in root.params if p.name == names.VERBOSE.key)
+    assert tuple(verbose.opts) == names.VERBOSE.flags == fast_status.GLOBAL_FLAGS
 
 
 def test_parse_head_answer_headers_strictly() -> None:

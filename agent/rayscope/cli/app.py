@@ -17,7 +17,7 @@ import typer
 # collect, fit, the head or the agent import them where they are used.
 from rayscope import SUPPORTED_PYTHON, SUPPORTED_RAY, __version__
 from rayscope.cli import argv as cmdline
-from rayscope.cli import output
+from rayscope.cli import names, output
 from rayscope.cli.daemon_options import (
     Agents,
     AgentsOption,
@@ -94,7 +94,7 @@ def _version(value: bool) -> None:
 @app.callback()
 def _main(
     verbose: Annotated[
-        bool, typer.Option("--verbose", "-v", help="Show tracebacks and which sources answered.")
+        bool, typer.Option(*names.VERBOSE.flags, help="Show tracebacks and which sources answered.")
     ] = False,
     version: Annotated[
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")

@@ -15,11 +15,11 @@ from typing import Optional
 
 import typer
 
-from rayscope.cli import typer_click
+from rayscope.cli import names, typer_click
 from rayscope.cli.options import WATCH_DEFAULT_S
 from rayscope.errors import EXIT_INTERRUPTED, EXIT_USAGE, say
 
-GLOBAL_FLAGS = ("--verbose", "-v")
+GLOBAL_FLAGS = names.VERBOSE.flags
 
 
 def optional_watch_value(argv: Sequence[str]) -> list[str]:

@@ -28,6 +28,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Union
 
+from rayscope.cli import names
 from rayscope.cli.terminal_copy import TerminalCopy, escapes_a_terminal
 from rayscope.defaults import (
     DASHBOARD_ENV,
@@ -39,42 +40,20 @@ from rayscope.defaults import (
     HEADER_NOTES,
     HEADER_SCHEMA,
     MAX_TIMEOUT_S,
-    TLS_CA_ENV,
-    TLS_CERT_ENV,
-    TLS_KEY_ENV,
-    TOKEN_FILE_ENV,
 )
 
 if TYPE_CHECKING:
     from rayscope.net.http import Sink, Writer
     from rayscope.net.tls import TlsFiles
 
-GLOBAL_FLAGS = ("-v", "--verbose")
-FLAGS = {"--all": "all_nodes", "--gpus": "gpus", "--json": "json_out"}
-VALUES = {
-    "--head": "head",
-    "--gcs": "gcs",
-    "--token-file": "token_file",
-    "--timeout": "timeout",
-    "--format": "format",
-    "--tls-cert": "tls_cert",
-    "--tls-key": "tls_key",
-    "--tls-ca": "tls_ca",
-    "--dashboard": "dashboard",
-}
-ENVIRONMENT = {
-    "head": HEAD_ENV,
-    "token_file": TOKEN_FILE_ENV,
-    "tls_cert": TLS_CERT_ENV,
-    "tls_key": TLS_KEY_ENV,
-    "tls_ca": TLS_CA_ENV,
-}
-"""The variables the CLI's options read (agent/rayscope/cli/options.py,
-agent/rayscope/net/tls.py; tests hold them to the same names); an empty one counts as unset,
-as click has it."""
-HEAD_ONLY = ("token_file", "tls_cert", "tls_key", "tls_ca")
+GLOBAL_FLAGS = names.VERBOSE.flags
+FLAGS = {flag: n.key for n in names.STATUS if not n.takes_value for flag in n.flags}
+VALUES = {flag: n.key for n in names.STATUS if n.takes_value for flag in n.flags}
+ENVIRONMENT = {n.key: n.env for n in names.STATUS if n.env}
+"""The variables the CLI's options read, by the parameter they fill (the same declarations)."""
+HEAD_ONLY = tuple(n.key for n in (names.TOKEN_FILE, names.TLS_CERT, names.TLS_KEY, names.TLS_CA))
 """Options of a head read: given without a head, the CLI's (it ignores or refuses them)."""
-GCS_ONLY = ("dashboard",)
+GCS_ONLY = (names.DASHBOARD.key,)
 """Options of a GCS read: given with a head, the CLI's (it refuses them)."""
 FORMATS = {"text": ("text", "json"), "gcs": ("text", "json", "prom")}
 
@@ -131,7 +110,7 @@ def _status_words(args: Sequence[str]) -> Optional[tuple[bool, list[str]]]:
 
 
 def _names_a_head(words: Sequence[str], environ: Mapping[str, str]) -> bool:
-    given = any(w == "--head" or w.startswith("--head=") for w in words)
+    given = any(w in names.HEAD.flags or w.partition("=")[0] in names.HEAD.flags for w in words)
     return given or bool(environ.get(HEAD_ENV))
 
 
@@ -170,7 +149,7 @@ def parse(words: Sequence[str], verbose: bool, environ: Mapping[str, str]) -> Op
     dashboard = str(given["dashboard"]) if given.get("dashboard") else None
     if not _one_source(given, head, environ):
         return None
-    fmt = str(given.get("format", "json" if given.get("json_out") else "text"))
+    fmt = str(given.get(names.FORMAT.key, "json" if given.get("json_out") else "text"))
     if fmt not in FORMATS["text" if head else "gcs"] or (given.get("json_out") and fmt != "json"):
         return None
     try:

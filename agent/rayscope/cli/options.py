@@ -15,21 +15,12 @@ from typing import Annotated, Any, Optional, Union
 
 import typer
 
+from rayscope.cli import names
 from rayscope.cli.typer_click import OptionError, from_command_line, from_environment
 from rayscope.client import head as client
 from rayscope.core import limits
 from rayscope.core.limits import Limit, Number
-from rayscope.defaults import (
-    DASHBOARD_ENV,
-    DEFAULT_GCS_PORT,
-    DEFAULT_HTTP_PORT,
-    GCS_ADDRESS_ENV,
-    HEAD_ENV,
-    TLS_CA_ENV,
-    TLS_CERT_ENV,
-    TLS_KEY_ENV,
-    TOKEN_FILE_ENV,
-)
+from rayscope.defaults import DASHBOARD_ENV, DEFAULT_GCS_PORT, DEFAULT_HTTP_PORT, GCS_ADDRESS_ENV, HEAD_ENV
 from rayscope.net.addresses import parse_address, with_port
 
 WATCH_DEFAULT_S = 2.0
@@ -128,7 +119,7 @@ def _head_url(ctx: typer.Context, value: Optional[str]) -> Optional[str]:
 GcsOption = Annotated[
     Optional[str],
     typer.Option(
-        "--gcs",
+        *names.GCS.flags,
         metavar="HOST:PORT",
         callback=_gcs_option,
         help=(
@@ -140,20 +131,20 @@ GcsOption = Annotated[
 TimeoutOption = Annotated[
     float,
     typer.Option(
-        "--timeout",
+        *names.TIMEOUT.flags,
         metavar="SECONDS",
         callback=within(limits.SECONDS),
         parser=as_given,
         help="Deadline for the GCS read.",
     ),
 ]
-JsonOption = Annotated[bool, typer.Option("--json", help="One JSON document instead of lines.")]
+JsonOption = Annotated[bool, typer.Option(*names.JSON.flags, help="One JSON document instead of lines.")]
 TokenFileOption = Annotated[
     Optional[str],
     typer.Option(
-        "--token-file",
+        *names.TOKEN_FILE.flags,
         metavar="FILE",
-        envvar=TOKEN_FILE_ENV,
+        envvar=names.TOKEN_FILE.env,
         callback=_token_file,
         help="Shared secret of the head and its agents (the same file everywhere).",
     ),
@@ -161,22 +152,24 @@ TokenFileOption = Annotated[
 TlsCertOption = Annotated[
     Optional[str],
     typer.Option(
-        "--tls-cert",
+        *names.TLS_CERT.flags,
         metavar="PEM",
-        envvar=TLS_CERT_ENV,
+        envvar=names.TLS_CERT.env,
         help="TLS certificate (the head's; an agent's or client's for mutual TLS).",
     ),
 ]
 TlsKeyOption = Annotated[
     Optional[str],
-    typer.Option("--tls-key", metavar="PEM", envvar=TLS_KEY_ENV, help="The --tls-cert's private key."),
+    typer.Option(
+        *names.TLS_KEY.flags, metavar="PEM", envvar=names.TLS_KEY.env, help="The --tls-cert's private key."
+    ),
 ]
 TlsCaOption = Annotated[
     Optional[str],
     typer.Option(
-        "--tls-ca",
+        *names.TLS_CA.flags,
         metavar="PEM",
-        envvar=TLS_CA_ENV,
+        envvar=names.TLS_CA.env,
         help="CA that signed the head's certificate (on the head: its clients', then required).",
     ),
 ]
@@ -193,7 +186,7 @@ IntervalOption = Annotated[
 GpusOption = Annotated[
     bool,
     typer.Option(
-        "--gpus",
+        *names.GPUS.flags,
         help=(
             "Per GPU: the actors on it, what each booked (VRAM_MB, GPU) beside what it uses"
             " (NVML), and memory held by processes that booked nothing."
@@ -218,7 +211,7 @@ def _dashboard(value: Optional[str]) -> Optional[str]:
 DashboardOption = Annotated[
     Optional[str],
     typer.Option(
-        "--dashboard",
+        *names.DASHBOARD.flags,
         metavar="URL|none",
         callback=_dashboard,
         help=(
@@ -231,9 +224,9 @@ DashboardOption = Annotated[
 HeadOption = Annotated[
     Optional[str],
     typer.Option(
-        "--head",
+        *names.HEAD.flags,
         metavar="URL",
-        envvar=HEAD_ENV,
+        envvar=names.HEAD.env,
         callback=_head_url,
         help=f"Read a head agent (http://HOST:{DEFAULT_HTTP_PORT}) instead of the GCS: every node's NVML.",
     ),
@@ -255,7 +248,7 @@ class Sizing(str, Enum):
 FormatOption = Annotated[
     Optional[Format],
     typer.Option(
-        "--format",
+        *names.FORMAT.flags,
         help="text (the default), json (= --json), or prom: node_exporter textfile format.",
     ),
 ]
@@ -383,7 +376,7 @@ ReplicasOption = Annotated[
 AllNodesOption = Annotated[
     bool,
     typer.Option(
-        "--all",
+        *names.ALL_NODES.flags,
         help="Every node: dead ones too, and on a cluster of more than 50 nodes the ones with"
         " nothing to flag, which the status lines otherwise count in one line.",
     ),

@@ -11,16 +11,16 @@ import pytest
 
 from rayscope.core.completeness import assess
 from rayscope.core.rollup import merge, scheduler_nodes, scheduler_sums
-from rayscope.head import answers
-from rayscope.head import routes as routes_module
-from rayscope.head.reports import SharedGpuWatch
-from rayscope.head.routes import Request, Response, Routes
-from rayscope.head.state import HeadState
-from rayscope.logs import LogThrottle
+from rayscope.head.serve import answers
+from rayscope.head.serve import routes as routes_module
+from rayscope.head.serve.routes import Request, Response, Routes
+from rayscope.head.store.reports import SharedGpuWatch
+from rayscope.head.store.state import HeadState
 from rayscope.net import http as net_http
 from rayscope.render.status import SUMMARY_NODES, status_json_into, status_lines, status_text_lines
 from rayscope.schema.report import SourceStatus
 from rayscope.schema.status import ClusterStatus, ReceivedReport
+from rayscope.sinks.logs import LogThrottle
 from tests.reliability_plugin import FaultRecord
 from tests.scenarios import EUROPA, NOW, SEED_REPORTS, SEED_VIEWS, T4, gpu, report, view
 from tests.tools import bench

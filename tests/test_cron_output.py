@@ -27,7 +27,7 @@ from rayscope.render.metrics import metrics_text
 from rayscope.render.status import status_json, status_ndjson
 from rayscope.schema.report import SourceStatus
 from rayscope.schema.status import ClusterStatus
-from rayscope.sources import files
+from rayscope.sinks import files
 from tests.conftest import REPO, base_env, run_rayscope
 from tests.golden import check_golden
 from tests.scenarios import (
@@ -221,7 +221,7 @@ def _umask() -> int:
 
 WRITER = """
 import sys
-from rayscope.sources.files import write_atomic
+from rayscope.sinks.files import write_atomic
 path, docs = sys.argv[1], [open(p).read() for p in sys.argv[2:]]
 print("ready", flush=True)
 i = 0
@@ -229,7 +229,7 @@ while True:
     write_atomic(path, docs[i % len(docs)])
     i += 1
 """
-NAIVE_WRITER = WRITER.replace("from rayscope.sources.files import write_atomic", "").replace(
+NAIVE_WRITER = WRITER.replace("from rayscope.sinks.files import write_atomic", "").replace(
     "write_atomic(path, docs[i % len(docs)])", "open(path, 'w').write(docs[i % len(docs)])"
 )
 

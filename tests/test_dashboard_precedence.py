@@ -18,7 +18,7 @@ from rayscope.core.capacity import fit as fitting
 from rayscope.core.capacity.sizing import fit_request
 from rayscope.core.gpu import precedence
 from rayscope.core.rollup import merge, scheduler_nodes
-from rayscope.head.state import HeadState
+from rayscope.head.store.state import HeadState
 from rayscope.render.fit import fit_lines
 from rayscope.render.gpus import status_gpu_lines
 from rayscope.render.metrics import metrics_text

@@ -16,8 +16,8 @@ import pytest
 
 from rayscope.core import completeness
 from rayscope.core.rollup import merge, scheduler_nodes
-from rayscope.head.poller import PollerGuard
-from rayscope.head.state import HeadState
+from rayscope.head.poll.poller import PollerGuard
+from rayscope.head.store.state import HeadState
 from rayscope.render.metrics import metrics_text
 from rayscope.render.status import status_lines
 from rayscope.schema.report import GpuDevice, HostInfo, NodeReport, SourceStatus
@@ -311,9 +311,9 @@ def test_a_bug_in_one_answer_is_an_http_500_and_the_head_keeps_serving() -> None
     import asyncio
     import http.client
 
-    from rayscope.head.http import HttpPort
-    from rayscope.head.routes import Routes
-    from rayscope.logs import LogThrottle
+    from rayscope.head.serve.http import HttpPort
+    from rayscope.head.serve.routes import Routes
+    from rayscope.sinks.logs import LogThrottle
 
     state = BrokenState(interval_s=1.0, gcs_address=None)
     throttle = LogThrottle(logging.getLogger("rayscope.head"))
@@ -372,9 +372,9 @@ def test_a_bug_in_reading_a_request_is_a_400_and_one_throttled_line(
     ``HttpConnection.data_received`` and each request logs a 10-line traceback, no answer."""
     import asyncio
 
-    from rayscope.head import http
-    from rayscope.head.routes import Routes
-    from rayscope.logs import LogThrottle
+    from rayscope.head.serve import http
+    from rayscope.head.serve.routes import Routes
+    from rayscope.sinks.logs import LogThrottle
 
     def broken(parsed: object) -> int:
         raise ValueError("a bug")

@@ -18,10 +18,9 @@ import msgspec
 import pytest
 
 from rayscope.core.validate import ReportError
-from rayscope.head import reports as report_table
-from rayscope.head.routes import Request, Routes
-from rayscope.head.state import HeadState
-from rayscope.logs import LogThrottle
+from rayscope.head.serve.routes import Request, Routes
+from rayscope.head.store import reports as report_table
+from rayscope.head.store.state import HeadState
 from rayscope.net import wire
 from rayscope.schema import report as schema
 from rayscope.schema.report import (
@@ -34,6 +33,7 @@ from rayscope.schema.report import (
     SourceStatus,
 )
 from rayscope.schema.status import RayNode
+from rayscope.sinks.logs import LogThrottle
 from tests.test_ingest import TOKEN, Port, closed_by_head, connect, received
 
 NODE = "ab" * 28
@@ -304,7 +304,7 @@ def test_the_pollers_forgetting_uses_the_clock_the_reports_were_stamped_with() -
     """The poller forgets by the same monotonic clock the report port stamps reports with: a
     fresh report survives a round with no scheduler view, a 21-interval-old one does not.
     Positive control: give ``forget_gone`` the wall clock and the fresh report is forgotten."""
-    from rayscope.head.poller import poll_once
+    from rayscope.head.poll.poller import poll_once
 
     state = HeadState(1.0, None)
     state.take(msgspec.msgpack.encode(a_report()), time.monotonic(), "agent-1", "127.0.0.1")

@@ -15,12 +15,12 @@ from typing import Any, Optional
 
 import pytest
 
-from rayscope.head.poller import PollerGuard
-from rayscope.head.routes import Request, Routes
-from rayscope.head.state import HeadState
-from rayscope.logs import LogThrottle
+from rayscope.head.poll.poller import PollerGuard
+from rayscope.head.serve.routes import Request, Routes
+from rayscope.head.store.state import HeadState
 from rayscope.schema.report import SourceStatus
 from rayscope.schema.status import RayNode
+from rayscope.sinks.logs import LogThrottle
 from tests.reliability_plugin import FaultRecord
 from tests.scenarios import SEED_VIEWS
 from tests.waiting import eventually

@@ -16,10 +16,10 @@ from email.message import Message
 import msgspec
 import pytest
 
-from rayscope.head.routes import Request, Routes
-from rayscope.logs import LogThrottle
+from rayscope.head.serve.routes import Request, Routes
 from rayscope.schema.report import NodeReport, SourceStatus
 from rayscope.schema.status import ActorBooking
+from rayscope.sinks.logs import LogThrottle
 from tests.hostile import DIGITS, filled_strings, full_report, hostile_reports, string_fields
 from tests.reliability_plugin import FaultRecord
 from tests.scenarios import EUROPA, SEED_REPORTS, SEED_VIEWS, T4, view

@@ -1,5 +1,5 @@
 """The head's HTTP port sends a large answer as the client takes it, from the cached answer
-itself (agent/rayscope/head/http.py ``HttpConnection._write``): every byte arrives, over
+itself (agent/rayscope/head/serve/http.py ``HttpConnection._write``): every byte arrives, over
 plain TCP and TLS, to a client that reads slowly, and the port copies none of it whole.
 
 Before (issue 35): the headers and the body were joined, and what the socket did not take
@@ -23,9 +23,9 @@ from typing import Optional
 
 import pytest
 
-from rayscope.head.http import HttpPort
-from rayscope.head.routes import Request, Response
-from rayscope.logs import LogThrottle
+from rayscope.head.serve.http import HttpPort
+from rayscope.head.serve.routes import Request, Response
+from rayscope.sinks.logs import LogThrottle
 from tests.test_live_wire import make_pki
 
 BODY = bytes(range(256)) * (20 * 4096)

@@ -12,13 +12,13 @@ from typing import Any
 import msgspec
 import pytest
 
-from rayscope.head import ingest
-from rayscope.head.admission import ConnectionGuard
-from rayscope.head.state import HeadState
-from rayscope.logs import LogThrottle
+from rayscope.head.access.admission import ConnectionGuard
+from rayscope.head.serve import ingest
+from rayscope.head.store.state import HeadState
 from rayscope.net import wire
 from rayscope.node.push import Pusher
 from rayscope.schema.report import GpuDevice, GpuProcess, NodeReport, ProcessInfo
+from rayscope.sinks.logs import LogThrottle
 from tests.scenarios import SEED_REPORTS
 
 TOKEN = b"0123456789abcdef0123456789abcdef"

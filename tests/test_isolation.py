@@ -19,15 +19,15 @@ import pytest
 
 from rayscope.core import rollup
 from rayscope.core.gpu import attribution, placement
-from rayscope.head.routes import Request, Routes
-from rayscope.head.state import HeadState
-from rayscope.logs import LogThrottle
+from rayscope.head.serve.routes import Request, Routes
+from rayscope.head.store.state import HeadState
 from rayscope.render import gpus as render_gpus
 from rayscope.render import metrics as render_metrics
 from rayscope.render import status as render_status
 from rayscope.render.page import document as render_page
 from rayscope.schema.report import SourceStatus
 from rayscope.schema.status import ActorBooking, ClusterStatus, NodeStatus
+from rayscope.sinks.logs import LogThrottle
 from tests.reliability_plugin import FaultRecord
 from tests.scenarios import CPU, EUROPA, NOW, SEED_VIEWS, T4, gpu, report
 
@@ -38,8 +38,8 @@ WHY = "RuntimeError: a field no code foresaw"
 
 def a_head(monkeypatch: pytest.MonkeyPatch) -> tuple[HeadState, Routes]:
     """The seed cluster on a head, both GPU nodes reporting, the actor table read."""
-    monkeypatch.setattr("rayscope.head.answers._monotonic", lambda: NOW)
-    monkeypatch.setattr("rayscope.head.routes.time.monotonic", lambda: NOW)
+    monkeypatch.setattr("rayscope.head.serve.answers._monotonic", lambda: NOW)
+    monkeypatch.setattr("rayscope.head.serve.routes.time.monotonic", lambda: NOW)
     state = HeadState(4.0, None)
     state.set_view(SEED_VIEWS, SourceStatus(name="gcs", ok=True), read_at=NOW)
     state.set_actors(

@@ -140,7 +140,7 @@ def test_a_source_imports_no_rule_of_the_pure_parts() -> None:
 
 RULES = {"gpu_used", "nvml_trusted", "health_flags", "measured_memory", "memory_used_reliable"}
 """The per-GPU rules the merge settles once (rayscope.core.gpu.settled): no output asks them again."""
-OUTPUTS = ("rayscope.render", "rayscope.head.answers", "rayscope.head.routes")
+OUTPUTS = ("rayscope.render", "rayscope.head.serve.answers", "rayscope.head.serve.routes")
 
 
 def rules_imported(path: Path) -> set[str]:

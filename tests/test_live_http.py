@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from rayscope.head.http import HTTP_WORKERS, REQUEST_DEADLINE_S
+from rayscope.head.serve.http import HTTP_WORKERS, REQUEST_DEADLINE_S
 from tests.reliability_plugin import FaultRecord
 from tests.test_live_wire import Head, make_pki
 from tests.waiting import eventually

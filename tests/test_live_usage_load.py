@@ -20,13 +20,13 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from rayscope.head import answers
-from rayscope.head.http import HTTP_WORKERS, MAX_WAITING, HttpPort
-from rayscope.head.routes import Request, Response, Routes, text
-from rayscope.head.state import HeadState
-from rayscope.head.usage_store import open_store
-from rayscope.logs import LogThrottle
+from rayscope.head.serve import answers
+from rayscope.head.serve.http import HTTP_WORKERS, MAX_WAITING, HttpPort
+from rayscope.head.serve.routes import Request, Response, Routes, text
+from rayscope.head.store.state import HeadState
+from rayscope.head.store.usage_store import open_store
 from rayscope.schema.usage import SavedActor, SavedDevice, SavedUsage
+from rayscope.sinks.logs import LogThrottle
 from tests.conftest import HeadDaemon, base_env, free_port
 from tests.reliability_plugin import FaultRecord
 

@@ -496,7 +496,7 @@ def test_http_worker_threads_are_bounded(tmp_path: Path, token: Path) -> None:
     control: make ``BoundedHTTPServer.process_request`` skip the semaphore."""
     import psutil
 
-    from rayscope.head.http import HTTP_WORKERS
+    from rayscope.head.serve.http import HTTP_WORKERS
 
     head = Head(tmp_path / "head.log", token)
     idle: list[socket.socket] = []

@@ -6,7 +6,7 @@ sequences. Ray's C++ client in the head's process writes it to fd 2 on every rea
 code sees it; the read's reason (logged by the poller, shown in ``/healthz``) carried it too.
 
 Before (SECURITY.md): raw ESC and BEL on the head's stderr, one line per read, and in the
-reason. Now: fd 2 passes :func:`rayscope.logs.filtered_stderr` (printable lines, a native line once
+reason. Now: fd 2 passes :func:`rayscope.sinks.logs.filtered_stderr` (printable lines, a native line once
 per location per interval) and :func:`rayscope.sources.gcs.reader.explain` makes the reason printable.
 The part of the run before the filter is installed is the positive control: there the raw
 bytes still arrive.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from rayscope.logs import StderrFilter
+from rayscope.sinks.logs import StderrFilter
 from tests.conftest import REPO, HeadDaemon, base_env
 from tests.fake_grpc_gcs import failing_gcs
 from tests.reliability_plugin import FaultRecord
@@ -29,7 +29,7 @@ EVIL = "\x1b[2J\x1b]0;owned\x07peer-text"
 MARK = "--- filtered from here ---"
 READS = """
 import sys, time
-from rayscope.logs import filtered_stderr
+from rayscope.sinks.logs import filtered_stderr
 from rayscope.sources.gcs.reader import GcsReader
 
 reader = GcsReader(sys.argv[1], 20.0)

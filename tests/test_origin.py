@@ -18,12 +18,12 @@ import pytest
 
 from rayscope.client import head as client
 from rayscope.errors import AgentError
-from rayscope.head import guesses, origin, session
-from rayscope.head.guesses import Guesses
-from rayscope.head.origin import Hosts
-from rayscope.head.routes import Request, Response, Routes
-from rayscope.head.state import HeadState
-from rayscope.logs import LogThrottle
+from rayscope.head.access import guesses, origin, session
+from rayscope.head.access.guesses import Guesses
+from rayscope.head.access.origin import Hosts
+from rayscope.head.serve.routes import Request, Response, Routes
+from rayscope.head.store.state import HeadState
+from rayscope.sinks.logs import LogThrottle
 from tests.conftest import HeadDaemon, base_env, free_port, run_rayscope
 from tests.livecluster import open_url
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from rayscope.errors import AgentError
-from rayscope.sources import files
+from rayscope.sinks import files
 from tests.conftest import REPO
 from tests.reliability_plugin import FaultRecord
 
@@ -117,7 +117,7 @@ def test_a_full_disk_never_leaves_a_fragment_in_append(fault: FaultRecord) -> No
 
 APPEND_IN_CHILD = """
 import sys
-from rayscope.sources import files
+from rayscope.sinks import files
 from rayscope.errors import AgentError
 try:
     files.append_line(sys.argv[1], '{"a": 1}', lock_wait_s=float(sys.argv[2]))

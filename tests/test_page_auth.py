@@ -14,11 +14,11 @@ from typing import Optional
 
 import pytest
 
-from rayscope.head import session
-from rayscope.head.routes import Request, Response, Routes
-from rayscope.head.state import HeadState
-from rayscope.logs import LogThrottle
+from rayscope.head.access import session
+from rayscope.head.serve.routes import Request, Response, Routes
+from rayscope.head.store.state import HeadState
 from rayscope.render.page.assets import CSP
+from rayscope.sinks.logs import LogThrottle
 from tests.conftest import HeadDaemon
 from tests.livecluster import open_url
 

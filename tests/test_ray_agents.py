@@ -138,7 +138,7 @@ def test_a_failed_reconcile_is_a_source_status_of_the_head() -> None:
     longer says why no agent is placed."""
     from typing import Any, cast
 
-    from rayscope.head.state import HeadState
+    from rayscope.head.store.state import HeadState
     from rayscope.node.placed_agents import RayAgents
 
     agents = RayAgents("127.0.0.1:6379", ("10.0.0.1", 7531), b"t", 5.0, cluster=cast(Any, _BrokenCluster()))

@@ -16,7 +16,7 @@ import pytest
 
 from rayscope.core.completeness import completeness_note
 from rayscope.core.validate import ReportError
-from rayscope.head.state import HeadState
+from rayscope.head.store.state import HeadState
 from rayscope.render.gpus import status_gpu_lines
 from rayscope.render.metrics import metrics_text
 from rayscope.render.status import source_details, status_json, status_lines
@@ -218,7 +218,7 @@ def test_the_number_of_nodes_held_is_bounded_oldest_unknown_evicted(monkeypatch:
     nodes the scheduler does not know; nodes the scheduler knows are never evicted, and when
     only they are held, a new unknown node is rejected.
     Positive control: drop the ``_make_room`` call in ``ReportTable.put``."""
-    from rayscope.head import reports
+    from rayscope.head.store import reports
 
     monkeypatch.setattr(reports, "MAX_NODES_HELD", 3)
     state = HeadState(INTERVAL_S, None)

@@ -16,7 +16,7 @@ import msgspec
 import pytest
 
 from rayscope.errors import AgentError
-from rayscope.head.usage_store import open_store, read_state
+from rayscope.head.store.usage_store import open_store, read_state
 from rayscope.schema.usage import SavedActor, SavedDevice, SavedUsage
 from tests.reliability_plugin import FaultRecord
 

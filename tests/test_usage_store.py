@@ -21,15 +21,15 @@ import pytest
 from rayscope.core.gpu import memory as gpu_memory
 from rayscope.core.usage.summary import usage_document
 from rayscope.errors import AgentError
-from rayscope.head import usage_store
-from rayscope.head.routes import Request, Routes
-from rayscope.head.state import HeadState
-from rayscope.head.usage_store import UsageStore, open_store, read_state, report_samples
-from rayscope.logs import LogThrottle
+from rayscope.head.serve.routes import Request, Routes
+from rayscope.head.store import usage_store
+from rayscope.head.store.state import HeadState
+from rayscope.head.store.usage_store import UsageStore, open_store, read_state, report_samples
 from rayscope.render.usage import usage_family_names, usage_metrics
 from rayscope.schema.report import GpuDevice, GpuProcess, NodeReport, ProcessInfo
 from rayscope.schema.status import ActorBooking
 from rayscope.schema.usage import UsageDocument
+from rayscope.sinks.logs import LogThrottle
 from tests.conftest import free_port, run_rayscope
 from tests.schemas import parsed
 from tests.test_promtool import lint

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rayscope.core.validate import ReportError
-from rayscope.head.state import HeadState
+from rayscope.head.store.state import HeadState
 from rayscope.net import wire
 from rayscope.schema.node import NodeDiagnostics
 from rayscope.schema.report import REPORT_SCHEMA, NodeReport, RayletInfo, SourceStatus

@@ -15,8 +15,8 @@ import time
 
 import msgspec
 
-from rayscope.head.state import HeadState
-from rayscope.head.usage_store import UsageStore
+from rayscope.head.store.state import HeadState
+from rayscope.head.store.usage_store import UsageStore
 from rayscope.schema.report import GpuDevice, GpuProcess, NodeReport, ProcessInfo, SourceStatus
 from rayscope.schema.status import ActorBooking
 

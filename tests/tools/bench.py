@@ -34,15 +34,15 @@ from typing import Any
 import msgspec
 import psutil
 
-from rayscope.head import answers
-from rayscope.head.routes import Request, Response, Routes
-from rayscope.head.state import HeadState
-from rayscope.logs import LogThrottle
+from rayscope.head.serve import answers
+from rayscope.head.serve.routes import Request, Response, Routes
+from rayscope.head.store.state import HeadState
 from rayscope.net import wire
 from rayscope.render.metrics import metrics_text
 from rayscope.render.status import status_json_bytes, status_lines
 from rayscope.schema.report import GpuDevice, HostInfo, NodeReport, RayletInfo, SourceStatus
 from rayscope.schema.status import RayNode
+from rayscope.sinks.logs import LogThrottle
 from tests import fake_nvml
 from tests.conftest import (
     REPO,

@@ -2,7 +2,7 @@
 ``python -m tests.tools.fuzz_wire [N] [SEED] [--target all|report|http] [--json FILE]``.
 
 Report port: each input is a byte stream fed, in random chunks, to a real
-:class:`rayscope.head.ingest.ReportProtocol` (over a fake transport) as a peer would send it:
+:class:`rayscope.head.serve.ingest.ReportProtocol` (over a fake transport) as a peer would send it:
 authentic version-2 and version-1 frames, then mutated (bit flips, cut, spliced, repeated,
 reordered, wrong token, forged lengths), and authentic frames around mutated or generated
 report payloads. Invariants, checked per input:
@@ -17,7 +17,7 @@ report payloads. Invariants, checked per input:
   (tests/hostile.py), or mutated ones, to a head that knows two of their nodes.
 
 HTTP port: each input is a request fed, in random chunks, to a real
-:class:`rayscope.head.http.HttpConnection` of a port with the head's own routes (answered in
+:class:`rayscope.head.serve.http.HttpConnection` of a port with the head's own routes (answered in
 the loop, not in the worker threads: the reading is under test): requests the head's
 clients send, then mutated, and requests with hostile request lines and headers (non-ASCII
 and 5,000-digit ``Content-Length``, two lengths, transfer codings, NULs, folded and
@@ -49,12 +49,12 @@ from typing import Any, Callable, Optional
 import msgspec
 
 from rayscope.core.validate import ReportError
-from rayscope.head import http, ingest
-from rayscope.head.admission import ConnectionGuard
-from rayscope.head.routes import Request, Routes
-from rayscope.head.state import HeadState
-from rayscope.logs import LogThrottle
+from rayscope.head.access.admission import ConnectionGuard
+from rayscope.head.serve import http, ingest
+from rayscope.head.serve.routes import Request, Routes
+from rayscope.head.store.state import HeadState
 from rayscope.net import wire
+from rayscope.sinks.logs import LogThrottle
 from tests import hostile
 from tests.scenarios import SEED_REPORTS, SEED_VIEWS, view
 
@@ -245,7 +245,7 @@ def fuzz_views(rng: random.Random, counts: "Counter[str]") -> Optional[str]:
     view. A view that is not 200, or a node counted unreadable, is an unhandled input."""
     from email.message import Message
 
-    from rayscope.head.routes import Request, Routes
+    from rayscope.head.serve.routes import Request, Routes
     from rayscope.schema.report import SourceStatus
     from rayscope.schema.status import ActorBooking
 

@@ -253,7 +253,7 @@ def head_agent(
     Listening beyond loopback requires --token-file. Stops cleanly on SIGTERM.
     """
     from rayscope.head import daemon
-    from rayscope.logs import daemon_logging
+    from rayscope.sinks.logs import daemon_logging
 
     with one_line_errors(_verbose):
         daemon_logging(_verbose)
@@ -321,8 +321,8 @@ def push(
     persistent connection. It reconnects with backoff, never queues old reports, and stops
     cleanly on SIGTERM.
     """
-    from rayscope.logs import daemon_logging
     from rayscope.node import push as pushing
+    from rayscope.sinks.logs import daemon_logging
 
     with one_line_errors(_verbose):
         daemon_logging(_verbose)

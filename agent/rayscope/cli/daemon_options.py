@@ -33,14 +33,14 @@ HttpOption = Annotated[
 
 
 def _host_names(values: Optional[list[str]]) -> list[str]:
-    """``--http-host NAME``: each a host name or an IP address (agent/head/origin.py).
+    """``--http-host NAME``: each a host name or an IP address (agent/head/access/origin.py).
 
     Unset, typer 0.18 hands the callback None and then takes ``len()`` of what it returns:
     an empty list, never None, is what every typer in the declared range accepts.
     """
     if not values:
         return []
-    from rayscope.head.origin import check_name
+    from rayscope.head.access.origin import check_name
 
     try:
         return [check_name(v) for v in values]

@@ -1,5 +1,5 @@
 """Where ``status`` goes: ``--json``, ``--format`` and ``--output``'s suffix settled as one
-format, the document written to its file (:mod:`rayscope.sources.files`) or printed, and the
+format, the document written to its file (:mod:`rayscope.sinks.files`) or printed, and the
 exit code its completeness gives."""
 
 import os
@@ -7,7 +7,7 @@ import sys
 from typing import TYPE_CHECKING, Optional, Union
 
 from rayscope.errors import EXIT_NO_DATA, EXIT_USAGE, AgentError, say
-from rayscope.sources.files import append_line, write_atomic
+from rayscope.sinks.files import append_line, write_atomic
 
 if TYPE_CHECKING:
     from rayscope.schema.status import ClusterStatus

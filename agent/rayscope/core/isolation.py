@@ -51,7 +51,7 @@ def reason_of(err: BaseException) -> str:
 
 
 class Recorder(Protocol):
-    """Who counts node failures (the head's :class:`rayscope.head.failures.NodeFailures`)."""
+    """Who counts node failures (the head's :class:`rayscope.head.store.failures.NodeFailures`)."""
 
     def note(self, stage: str, node_id: str, reason: str) -> None: ...
 

@@ -25,7 +25,7 @@ broken. The connection counts a rejection in ``frames_rejected`` and logs why.
 
 Staleness is the head's business too: a report's own ``interval_s`` is informational.
 
-How many nodes the head holds, and who may report each: :mod:`rayscope.head.reports`.
+How many nodes the head holds, and who may report each: :mod:`rayscope.head.store.reports`.
 """
 
 import functools

@@ -14,19 +14,20 @@ from typing import Callable, Optional
 
 from rayscope.defaults import DEFAULT_TIMEOUT_S
 from rayscope.errors import EXIT_FAILED, EXIT_USAGE, AgentError
-from rayscope.head import admission, ingest
-from rayscope.head.dashboard import DashboardSetting
-from rayscope.head.http import HTTP_WORKERS, REQUEST_DEADLINE_S, HttpPort
-from rayscope.head.origin import Hosts
-from rayscope.head.poller import PollerGuard
-from rayscope.head.routes import Routes
-from rayscope.head.state import HeadState
-from rayscope.head.usage_store import DEFAULT_WINDOW_S, UsageStore, open_store
-from rayscope.logs import THROTTLE_S, LogThrottle, filtered_stderr
+from rayscope.head.access import admission
+from rayscope.head.access.origin import Hosts
+from rayscope.head.poll.dashboard import DashboardSetting
+from rayscope.head.poll.poller import PollerGuard
+from rayscope.head.serve import ingest
+from rayscope.head.serve.http import HTTP_WORKERS, REQUEST_DEADLINE_S, HttpPort
+from rayscope.head.serve.routes import Routes
+from rayscope.head.store.state import HeadState
+from rayscope.head.store.usage_store import DEFAULT_WINDOW_S, UsageStore, open_store
 from rayscope.net import tokens
 from rayscope.net.addresses import is_loopback, split_address
 from rayscope.net.tls import NO_TLS, TlsFiles, server_context
 from rayscope.node.placed_agents import RayAgents
+from rayscope.sinks.logs import THROTTLE_S, LogThrottle, filtered_stderr
 from rayscope.sources.gcs import reader as gcs
 
 log = logging.getLogger("rayscope.head")

@@ -16,7 +16,7 @@ MAX_TOKEN_FILE_BYTES = 64 * 1024
 MAKE_ONE = "e.g. `openssl rand -hex 32 > FILE && chmod 600 FILE`"
 MIN_TOKEN_BYTES = 16
 """The shortest token taken: 16 printable bytes (128 bits from ``openssl rand -hex 16``).
-The head answers wrong tokens slowly (:mod:`rayscope.head.guesses`), but a token of a few
+The head answers wrong tokens slowly (:mod:`rayscope.head.access.guesses`), but a token of a few
 bytes is guessed anyway; every reader refuses it, so the head does not start with one."""
 
 

@@ -255,7 +255,7 @@ def login_html(message: str = "", refresh_s: float = 5.0) -> str:
     """The form ``GET /`` answers (401) when the head has a token and the request none: the
     page's frame with the form in its ``<main>``. Where this tab holds a session (a login
     kept it, :func:`session_html`), the page's script hides the form and reads the page
-    with it (agent/rayscope/head/session.py)."""
+    with it (agent/rayscope/head/access/session.py)."""
     note = f'<p class="banner">{esc(message)}</p>' if message else ""
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
@@ -274,7 +274,7 @@ def login_html(message: str = "", refresh_s: float = 5.0) -> str:
 
 
 def session_html(value: str) -> str:
-    """A login's answer: the session ``value`` (agent/rayscope/head/session.py) for the page's script
+    """A login's answer: the session ``value`` (agent/rayscope/head/access/session.py) for the page's script
     to keep in this tab's ``sessionStorage``, before it opens ``/`` with it."""
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>rayscope · logged in</title>'

@@ -5,7 +5,7 @@ import logging
 from collections import OrderedDict
 from typing import Any, Callable, Protocol
 
-from rayscope.logs import LogThrottle
+from rayscope.sinks.logs import LogThrottle
 
 log = logging.getLogger("rayscope.head")
 
@@ -14,7 +14,7 @@ MAX_UNAUTH_PER_HOST = 256
 
 
 class Connection(Protocol):
-    """What admission needs of a connection (:class:`rayscope.head.ingest.Connection`)."""
+    """What admission needs of a connection (:class:`rayscope.head.serve.ingest.Connection`)."""
 
     peer: str
     """``HOST:PORT`` of the peer, for the log."""

@@ -32,7 +32,7 @@ from rayscope.errors import EXIT_USAGE, AgentError
 from rayscope.schema.report import GpuDevice, NodeReport
 from rayscope.schema.status import ActorBooking
 from rayscope.schema.usage import SavedActor, SavedDevice, SavedUsage, UsageDocument
-from rayscope.sources.files import write_atomic
+from rayscope.sinks.files import write_atomic
 from rayscope.units import MIB
 
 log = logging.getLogger("rayscope.head")
@@ -154,7 +154,7 @@ class UsageStore:
         now: float,
     ) -> None:
         """Attribute the reports of the last interval (``hosts``: node key → the nodes
-        sharing its host, :func:`rayscope.head.state.co_hosted`) and record them at ``now``;
+        sharing its host, :func:`rayscope.head.store.state.co_hosted`) and record them at ``now``;
         without an actor table nothing can be attributed (``actors_read`` says so)."""
         by_node: dict[str, list[ActorBooking]] = {}
         for actor in actors or []:

@@ -1,5 +1,5 @@
 """The head's HTTP port: requests read in the event loop under a deadline, answered by a
-bounded pool of workers (:mod:`rayscope.head.routes` says what each path answers).
+bounded pool of workers (:mod:`rayscope.head.serve.routes` says what each path answers).
 
 A slow client can hold only what it costs to read its request, never a worker:
 
@@ -38,8 +38,8 @@ from typing import Any, Optional, Union
 from urllib.parse import urlsplit
 
 from rayscope.defaults import SERVER_NAME
-from rayscope.head.routes import Request, Response, Routes, text
-from rayscope.logs import LogThrottle
+from rayscope.head.serve.routes import Request, Response, Routes, text
+from rayscope.sinks.logs import LogThrottle
 from rayscope.units import parse_count
 
 log = logging.getLogger("rayscope.head")

@@ -1,16 +1,16 @@
 """What the head's HTTP port answers, path by path: a complete request in, a response out.
 
-No sockets here (:mod:`rayscope.head.http` reads requests under a deadline and writes the
+No sockets here (:mod:`rayscope.head.serve.http` reads requests under a deadline and writes the
 answers): each answer runs in one of the port's worker threads. First, a request whose
-``Host`` does not name the head is refused (421, :mod:`rayscope.head.origin`: DNS rebinding).
+``Host`` does not name the head is refused (421, :mod:`rayscope.head.access.origin`: DNS rebinding).
 ``/v1/status``, ``/v1/usage`` and ``/metrics`` need a bearer token when the head has one (the
 agents' token or the read-only one); ``/`` (the page, :mod:`rayscope.render.page.document`) takes the
-bearer token or the session header of a ``POST /login`` (:mod:`rayscope.head.session`), and
+bearer token or the session header of a ``POST /login`` (:mod:`rayscope.head.access.session`), and
 answers a login form without either; ``/healthz`` answers everyone, with counters only. A
-client that keeps offering wrong tokens is answered 429, unchecked (:mod:`rayscope.head.guesses`).
+client that keeps offering wrong tokens is answered 429, unchecked (:mod:`rayscope.head.access.guesses`).
 ``/v1/status?format=lines`` is the text ``status`` prints, ``?indent=1`` the JSON ``status
 --json`` prints; every status answer carries the exit code and notes ``status`` would give as
-``X-Rayscope-*`` headers, and comes from :mod:`rayscope.head.answers` (rendered once per
+``X-Rayscope-*`` headers, and comes from :mod:`rayscope.head.serve.answers` (rendered once per
 change; gzip on request). A bug in one answer is a 500 with a reason, logged once per kind,
 and the head keeps serving.
 """
@@ -29,18 +29,18 @@ import msgspec
 from rayscope.core.isolation import per_node, recording
 from rayscope.core.usage.summary import DEFAULT_HEADROOM_PCT, checked_headroom, parse_window
 from rayscope.defaults import HEADER_INDENT
-from rayscope.head import session
-from rayscope.head.answers import Answers, Render, Rendered, Spare, accepts_gzip, status_headers
-from rayscope.head.guesses import Guesses
-from rayscope.head.origin import REFUSAL, Hosts
-from rayscope.head.state import HeadState
-from rayscope.logs import LogThrottle
+from rayscope.head.access import session
+from rayscope.head.access.guesses import Guesses
+from rayscope.head.access.origin import REFUSAL, Hosts
+from rayscope.head.serve.answers import Answers, Render, Rendered, Spare, accepts_gzip, status_headers
+from rayscope.head.store.state import HeadState
 from rayscope.render.metrics import metrics_text
 from rayscope.render.page.assets import PAGE_HEADERS
 from rayscope.render.page.document import login_html, page_html, page_query, session_html
 from rayscope.render.status import status_json_bytes, status_json_into, status_text_lines
 from rayscope.render.usage import usage_metrics
 from rayscope.schema.status import ClusterStatus
+from rayscope.sinks.logs import LogThrottle
 from rayscope.units import parse_amount
 
 log = logging.getLogger("rayscope.head")
@@ -86,7 +86,7 @@ class Credential(enum.Enum):
 
 class Routes:
     """The head's answers; ``read_tokens``: the tokens that may read (none: everyone may);
-    ``hosts``: the names it answers to (:class:`rayscope.head.origin.Hosts`)."""
+    ``hosts``: the names it answers to (:class:`rayscope.head.access.origin.Hosts`)."""
 
     def __init__(
         self,
@@ -202,7 +202,7 @@ class Routes:
 
     def login(self, request: Request) -> Response:
         """``POST /login`` from the head's own form: for a good token, a page whose script
-        keeps the session in its tab and opens ``/`` with it (:mod:`rayscope.head.session`).
+        keeps the session in its tab and opens ``/`` with it (:mod:`rayscope.head.access.session`).
         Never on ``GET``, never for another site's form (session.same_origin)."""
         if request.method != "POST":
             return text(405, "method not allowed: log in with the form on / (POST)")
@@ -226,7 +226,8 @@ class Routes:
     def credential(self, request: Request, page: bool) -> Union[Credential, float]:
         """What ``request`` offers: a bearer token, or for the page (``page``) its session
         header too. A wrong one is charged to its address; once that address has been wrong
-        too often, nothing it offers is checked: the seconds until it is (:mod:`rayscope.head.guesses`)."""
+        too often, nothing it offers is checked: the seconds until it is
+        (:mod:`rayscope.head.access.guesses`)."""
         if not self.read_tokens:
             return Credential.OPEN
         headers = request.headers

@@ -6,7 +6,7 @@ import time
 from typing import Any, Optional
 
 from rayscope.labels import printable
-from rayscope.logs import LogThrottle
+from rayscope.sinks.logs import LogThrottle
 
 
 class NodeFailures:

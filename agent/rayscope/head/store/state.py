@@ -22,15 +22,15 @@ from rayscope.core.isolation import recording
 from rayscope.core.rollup import STALE_INTERVALS, merge, scheduler_nodes, scheduler_sums
 from rayscope.core.validate import ReportError
 from rayscope.defaults import DEFAULT_TIMEOUT_S
-from rayscope.head.admission import IngestCounters
-from rayscope.head.failures import NodeFailures
-from rayscope.head.reports import ReportTable, SharedGpuWatch
-from rayscope.head.usage_store import DEFAULT_WINDOW_S, UsageStore
-from rayscope.logs import LogThrottle
+from rayscope.head.access.admission import IngestCounters
+from rayscope.head.store.failures import NodeFailures
+from rayscope.head.store.reports import ReportTable, SharedGpuWatch
+from rayscope.head.store.usage_store import DEFAULT_WINDOW_S, UsageStore
 from rayscope.schema.dashboard import DashboardRead
 from rayscope.schema.pending import PendingRead
 from rayscope.schema.report import REPORT_SCHEMA, NodeReport, SourceStatus
 from rayscope.schema.status import ActorBooking, ClusterStatus, NodeStatus, RayNode, ReceivedReport
+from rayscope.sinks.logs import LogThrottle
 
 log = logging.getLogger("rayscope.head")
 
@@ -122,10 +122,10 @@ class HeadState:
         self.more_sources: list[Callable[[], SourceStatus]] = []
         """Statuses of parts beside the GCS (agents placed through Ray), in every status."""
         self._dashboard: Optional[DashboardRead] = None
-        """Ray's dashboard's latest read (``rayscope.head.dashboard``); ``None``: not read."""
+        """Ray's dashboard's latest read (``rayscope.head.poll.dashboard``); ``None``: not read."""
         self.version = 0
         """Counts the changes of what :meth:`status` merges (reports, views, actors, demand):
-        :mod:`rayscope.head.answers` renders again only when it moved (or time did)."""
+        :mod:`rayscope.head.serve.answers` renders again only when it moved (or time did)."""
 
     def ingest(
         self,

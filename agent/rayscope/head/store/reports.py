@@ -1,6 +1,6 @@
 """The head's table of reports: the latest one per node, which connection owns each node, and
 which to forget or evict. Every age here is on the head's monotonic clock. Not thread-safe:
-:class:`rayscope.head.state.HeadState` holds its lock around every call.
+:class:`rayscope.head.store.state.HeadState` holds its lock around every call.
 
 The rules (SECURITY.md, issue 19), each a property of every path into the table:
 

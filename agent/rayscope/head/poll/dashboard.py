@@ -10,7 +10,7 @@ import time
 from collections.abc import Mapping
 from typing import Optional
 
-from rayscope.head.state import HeadState
+from rayscope.head.store.state import HeadState
 from rayscope.net.addresses import split_address
 from rayscope.schema.dashboard import DASHBOARD_STATUS, DashboardRead
 from rayscope.schema.report import SourceStatus

@@ -4,7 +4,7 @@ At 10,000 nodes one merge and JSON render of ``/v1/status`` costs ~0.1 s and the
 Prometheus text ~0.4 s of the head's CPU; a dashboard, a cron job and a few operators asking
 every few seconds would keep it busy for nothing. So each representation (the JSON document,
 the status lines, the metrics; each with its options) is kept as bytes with the
-:attr:`HeadState.version <rayscope.head.state.HeadState.version>` it was rendered at, and is
+:attr:`HeadState.version <rayscope.head.store.state.HeadState.version>` it was rendered at, and is
 served again:
 
 * while it is younger than :func:`refresh_s` (at most :data:`REFRESH_S`), whatever changed:
@@ -20,7 +20,7 @@ weights read, ``gzip;q=0`` is a refusal), and every answer says ``Vary: Accept-E
 
 The usage history (``/v1/usage``, and the per-app figures of ``/metrics`` and the page) costs
 more (0.6-0.9 s at 1,000 actors over a full window) and changes only when the poller folds an
-interval's reports into it (:attr:`UsageStore.version <rayscope.head.usage_store.UsageStore.version>`):
+interval's reports into it (:attr:`UsageStore.version <rayscope.head.store.usage_store.UsageStore.version>`):
 its document is computed once per fold, and at least once per interval (ages move), per
 window and headroom asked; its JSON once per document.
 """
@@ -38,7 +38,7 @@ from rayscope.core.completeness import assess
 from rayscope.core.isolation import recording
 from rayscope.core.usage.summary import DEFAULT_HEADROOM_PCT
 from rayscope.defaults import HEADER_EXIT, HEADER_NOTE, HEADER_NOTES, HEADER_SCHEMA
-from rayscope.head.state import HeadState
+from rayscope.head.store.state import HeadState
 from rayscope.render.status import source_details
 from rayscope.render.usage import usage_json
 from rayscope.schema.status import DOCUMENT_SCHEMA, ClusterStatus

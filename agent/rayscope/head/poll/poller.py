@@ -5,8 +5,8 @@ import threading
 import time
 from typing import Callable, Optional
 
-from rayscope.head.dashboard import DashboardSetting, poll_dashboard
-from rayscope.head.state import FORGET_INTERVALS, HeadState
+from rayscope.head.poll.dashboard import DashboardSetting, poll_dashboard
+from rayscope.head.store.state import FORGET_INTERVALS, HeadState
 from rayscope.node.placed_agents import RayAgents
 from rayscope.schema.report import SourceStatus
 from rayscope.schema.status import RayNode

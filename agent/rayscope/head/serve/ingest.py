@@ -27,9 +27,9 @@ import time
 from collections.abc import Hashable
 from typing import Any, Callable, Optional, Protocol
 
-from rayscope.head.admission import ConnectionGuard
-from rayscope.logs import LogThrottle
+from rayscope.head.access.admission import ConnectionGuard
 from rayscope.net import wire
+from rayscope.sinks.logs import LogThrottle
 
 log = logging.getLogger("rayscope.head")
 
@@ -57,7 +57,7 @@ def widen_listen_queue(fd: int) -> None:
 
 
 class ReportSink(Protocol):
-    """Where a connection's reports go (:class:`rayscope.head.state.HeadState`)."""
+    """Where a connection's reports go (:class:`rayscope.head.store.state.HeadState`)."""
 
     def take(self, payload: bytes, received_at: float, conn: Hashable, peer: str) -> Optional[str]:
         """Keep one report; its node id. An exception with a ``reason`` for one refused."""

@@ -1,0 +1,1 @@
+"""Who may ask the head: its origin, the page's session, wrong-token buckets, caps on strangers."""

@@ -16,7 +16,7 @@ file, an environment variable) become numbers here and nowhere else: :func:`pars
 counts and indices, :func:`parse_amount` for amounts and durations. Both take ASCII digits
 only (``str.isdigit``, ``int()`` and ``float()`` take ``'²'``, ``'٢'``, ``'５'``, and
 ``float()`` takes ``nan``, ``inf`` and ``1_0``), refuse the rest by name, and bound the text
-before converting it (SECURITY.md, rule 1 of issue 30).
+before converting it (SECURITY.md, "Hostile input, as a property").
 """
 
 import math

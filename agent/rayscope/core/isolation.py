@@ -1,4 +1,4 @@
-"""One node's bad data is that node's problem (SECURITY.md, issue 30 rule 2).
+"""One node's bad data is that node's problem: its failure is counted and named, the rest shown.
 
 A report the head took can still hold something no merge or renderer foresaw (the last one:
 ``int('²')`` on a node's address took every view of the head down with HTTP 500). So the

@@ -3,8 +3,8 @@
 Placed the way Ray Serve places its per-node proxies: one detached, named actor per node
 (``rayscope-agent:<node_id>`` in the ``rayscope`` namespace), pinned with
 ``NodeAffinitySchedulingStrategy(node_id, soft=False)``, ``num_cpus=0``, no GPU and no
-custom resource — a custom-resource pin once kept Serve's idle nodes from scaling down (Ray
-issues #22734, #25414), and a zero booking leaves every scheduler sum as it was.
+custom resource — a custom-resource pin keeps Serve's idle nodes from scaling down in Ray,
+and a zero booking leaves every scheduler sum as it was.
 
 The head agent reconciles once per interval from the scheduler view it already read: a node
 without an agent gets one, an agent whose node left is forgotten (one log line), an agent

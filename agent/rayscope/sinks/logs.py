@@ -104,13 +104,11 @@ class StderrFilter:
 
 @contextmanager
 def filtered_stderr(interval_s: float = THROTTLE_S) -> Iterator[None]:
-    """While in the block, this process's fd 2 goes through :class:`StderrFilter` (SECURITY.md,
-    issue 30 rule 11): the head's in-process GCS client (Ray's C++) writes the GCS's error
-    text, escape sequences and all, to fd 2 on every failed read, where no Python code sees it.
-    A thread copies the pipe to the real stderr; should it fail, fd 2 is the real stderr again
-    (a writer never blocks on a pipe nobody reads). On the way out fd 2 is the real stderr again
-    and what the pipe holds is written first, so a last error line is never lost. Unfiltered
-    when fd 2 cannot be redirected."""
+    """This process's fd 2 through :class:`StderrFilter` while in the block: the head's
+    in-process GCS client (Ray's C++) writes raw error text there, where no Python code sees it.
+
+    A thread copies the pipe to the real stderr (fd 2 is restored should it fail); on the way
+    out what the pipe holds is written first. Unfiltered when fd 2 cannot be redirected."""
     sys.stderr.flush()
     try:
         real = os.dup(2)

@@ -1,12 +1,11 @@
 """Wrong tokens, per client: a token bucket per peer address on the head's HTTP port.
 
-Every token the port checks (a login form's, a ``Bearer`` header's, the page's session value)
-is a guess when it is wrong; without a bound, issue 30's probe had 1,199 wrong tokens a second
-checked from one client. Each peer may be wrong :data:`BURST` times in a row, then once per
-:data:`REFILL_S`; past that, what it offers is not checked at all and the answer is ``429``
-with ``Retry-After`` until its bucket refills. A right token costs nothing, and a request that
-offers none is no guess. A peer is an IPv4 address, or an IPv6 /64 (one host's share of a
-network: an attacker's host has millions of addresses in it).
+Every token the port checks (a login form's, a ``Bearer`` header's, the page's session value) is
+a guess when it is wrong, and guesses are bounded per client: each peer may be wrong
+:data:`BURST` times in a row, then once per :data:`REFILL_S`; past that, what it offers is not
+checked at all and the answer is ``429`` with ``Retry-After`` until its bucket refills. A right
+token costs nothing, and a request that offers none is no guess. A peer is an IPv4 address, or
+an IPv6 /64 (one host's share of a network: an attacker's host has millions of addresses in it).
 
 The table holds at most :data:`MAX_PEERS` peers, the least recently wrong forgotten first (a
 forgotten peer starts full again); one lock around it, since the port's workers share it. A

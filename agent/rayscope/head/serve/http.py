@@ -22,9 +22,8 @@ A slow client can hold only what it costs to read its request, never a worker:
 
 The request line and headers are parsed by the standard library's own HTTP parser
 (``BaseHTTPRequestHandler.parse_request``), never by hand; the one number a request carries
-that the head reads, ``Content-Length``, by the one ASCII parser (:func:`rayscope.units.parse_count`:
-``str.isdigit`` is true for ``'²'`` and ``int('²')`` raises, and a traceback in ``data_received`` wrote
-10 log lines per request and answered nothing).
+that the head reads, ``Content-Length``, by the one ASCII parser
+(:func:`rayscope.units.parse_count`).
 """
 
 import asyncio
@@ -216,7 +215,7 @@ class HttpPort:
         future.add_done_callback(done)
 
     def _serve_health(self, conn: "HttpConnection", request: Request) -> None:
-        """``/healthz`` in its own worker (issue 30: 40 parallel ``/v1/usage`` held it 19.8 s)."""
+        """``/healthz`` in its own worker: never behind a render in the shared pool."""
         if self._health_in_flight >= HEALTH_WORKERS + HEALTH_WAITING:
             self.counters.busy += 1
             conn.send(text(503, "the head is busy: try again"), request.method == "HEAD")

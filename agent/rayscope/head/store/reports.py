@@ -2,7 +2,7 @@
 which to forget or evict. Every age here is on the head's monotonic clock. Not thread-safe:
 :class:`rayscope.head.store.state.HeadState` holds its lock around every call.
 
-The rules (SECURITY.md, issue 19), each a property of every path into the table:
+The rules (SECURITY.md, "Report bounds"), each a property of every path into the table:
 
 * **A node belongs to one connection.** The first connection to report a node owns it; a
   report for that node from another connection is refused (``claimed``) while the owner is

@@ -206,6 +206,26 @@ def test_gpus_names_the_actor_behind_the_dashboards_pid(dashboard_cluster: LiveC
     assert "federated-unet" not in block and "denbi-app" not in head, done.stdout
 
 
+def test_node_gpus_lists_only_the_raylets_measured_on_its_devices(
+    dashboard_cluster: LiveCluster, fake_nvml_lib: fake_nvml.FakeNvml
+) -> None:
+    """``node --gpus`` on the host of both raylets, reading the head's devices: the head's
+    four replicas on its GPU0, deNBI's app (measured by the dashboard on a T4 of its own)
+    on none of them, as ``status --gpus`` groups them. Before: every local raylet's actors
+    on this host's GPU0, ``booked 20480 MB + 0.33 GPU by 5 actors``."""
+    scenario = str(dashboard_cluster.root / "nvml" / "head")
+    env = env_for(
+        dashboard_cluster, LD_LIBRARY_PATH=str(fake_nvml_lib.lib_dir), RAYSCOPE_FAKE_NVML_SCENARIO=scenario
+    )
+    done = run_rayscope("node", "--gpus", "--gcs", dashboard_cluster.gcs_address, env=env)
+    assert done.returncode == 0, done.stderr
+    gpu0 = next(line for line in done.stdout.splitlines() if line.strip().startswith("GPU0 "))
+    assert "booked 20480 MB by 4 actors" in gpu0, done.stdout
+    assert "denbi-app" not in done.stdout and done.stdout.count("federated-unet-") == 4, done.stdout
+    denbi = dashboard_cluster.node_id("denbi")[:12]
+    assert f"not on these GPUs: Ray node 127.0.0.1 [worker] {denbi} (measured on other devices" in done.stdout
+
+
 def test_fit_checks_the_dashboards_free_memory(dashboard_cluster: LiveCluster) -> None:
     env = env_for(dashboard_cluster)
     done = run_rayscope(

@@ -279,7 +279,7 @@ def _settled(
     return settle_gpus(reports[node_id].gpus)
 
 
-def _sharing(
+def sharing_devices(
     nodes: Mapping[str, NodeStatus], co_hosted: Mapping[str, Collection[str]]
 ) -> dict[str, set[str]]:
     """Node id → the node ids whose actors may hold memory on its GPUs: itself, and the nodes
@@ -326,7 +326,7 @@ def attribute_cluster(
     the actors' worker pids."""
     nodes = dict(status.nodes)
     id_maps: dict[str, Mapping[int, Optional[int]]] = {}
-    groups = _sharing(nodes, co_hosted or {})
+    groups = sharing_devices(nodes, co_hosted or {})
     reports = {**reports, **dashboard_reports(status, actors)}
     by_node: dict[str, list[ActorBooking]] = {}  # once: per node over all actors was quadratic
     for booking in actors or ():

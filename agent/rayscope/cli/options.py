@@ -21,7 +21,6 @@ from rayscope.core import limits
 from rayscope.core.limits import Limit, Number
 from rayscope.defaults import (
     DASHBOARD_ENV,
-    DEFAULT_GCS_PORT,
     DEFAULT_HTTP_PORT,
     GCS_ADDRESS_ENV,
     HEAD_ENV,
@@ -30,7 +29,7 @@ from rayscope.defaults import (
     TLS_KEY_ENV,
     TOKEN_FILE_ENV,
 )
-from rayscope.net.addresses import parse_address, with_port
+from rayscope.net.addresses import parse_address, parse_gcs_address, with_port
 
 WATCH_DEFAULT_S = 2.0
 
@@ -106,7 +105,10 @@ def _token_file(ctx: typer.Context, value: Optional[str]) -> Optional[str]:
 
 
 def _gcs_option(ctx: typer.Context, value: Optional[str]) -> Optional[str]:
-    address = endpoint(DEFAULT_GCS_PORT)(value)
+    try:
+        address = None if value is None else parse_gcs_address(value)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
     if address is not None:
         _one_source(ctx, "gcs")
     return address
@@ -132,8 +134,8 @@ GcsOption = Annotated[
         metavar="HOST:PORT",
         callback=_gcs_option,
         help=(
-            f"GCS address of the cluster. Default: ${GCS_ADDRESS_ENV}, else the local raylet's,"
-            " else <ray temp dir>/ray_current_cluster."
+            f"GCS address of the cluster. Default: ${GCS_ADDRESS_ENV}, else $RAY_ADDRESS (as"
+            " ray.init() reads it), else the local raylet's, else <ray temp dir>/ray_current_cluster."
         ),
     ),
 ]

@@ -72,14 +72,11 @@ def app_labels(keys: Iterable[AppKey]) -> dict[AppKey, str]:
     keys = sorted(set(keys))
     plain = {key: _label(key) for key in keys}
     clashes = Counter(plain.values())
-    labels = {}
-    for key, label in plain.items():
-        if clashes[label] > 1 and key[0] == "named":
-            label = f"{label} ({short_class_name(key[1]) or 'no class'})"
-        elif clashes[label] > 1 and key[0] == "class":
-            label = f"{label} (unnamed)"
-        labels[key] = label
-    return labels
+    suffixes = {"named": lambda key: short_class_name(key[1]) or "no class", "class": lambda key: "unnamed"}
+    return {
+        key: f"{label} ({suffixes[key[0]](key)})" if clashes[label] > 1 and key[0] in suffixes else label
+        for key, label in plain.items()
+    }
 
 
 def app_name(class_name: str, name: str) -> str:

@@ -72,11 +72,14 @@ def app_labels(keys: Iterable[AppKey]) -> dict[AppKey, str]:
     keys = sorted(set(keys))
     plain = {key: _label(key) for key in keys}
     clashes = Counter(plain.values())
-    suffixes = {"named": lambda key: short_class_name(key[1]) or "no class", "class": lambda key: "unnamed"}
-    return {
-        key: f"{label} ({suffixes[key[0]](key)})" if clashes[label] > 1 and key[0] in suffixes else label
-        for key, label in plain.items()
-    }
+    return {key: _told_apart(key, label) if clashes[label] > 1 else label for key, label in plain.items()}
+
+
+def _told_apart(key: AppKey, label: str) -> str:
+    """``label`` with what tells its app from another of the same label."""
+    if key[0] == "named":
+        return f"{label} ({short_class_name(key[1]) or 'no class'})"
+    return f"{label} (unnamed)" if key[0] == "class" else label
 
 
 def app_name(class_name: str, name: str) -> str:

@@ -259,7 +259,9 @@ def to_actors(raw: object, address: str) -> tuple[Optional[list[ActorBooking]], 
     except msgspec.ValidationError as err:
         reason = f"unexpected actor table from {address}: {err}"
         return None, SourceStatus(name="gcs_actors", ok=False, reason=reason)
-    return actors, SourceStatus(name="gcs_actors", ok=True, detail=f"{len(actors)} live actor(s)")
+    dead = sum(1 for a in actors if a.state == "DEAD")
+    detail = f"{len(actors) - dead} live actor(s), {dead} recently dead"
+    return actors, SourceStatus(name="gcs_actors", ok=True, detail=detail)
 
 
 def to_pending(raw: object, address: str) -> tuple[Optional[PendingRead], SourceStatus]:

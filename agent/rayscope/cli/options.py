@@ -58,18 +58,17 @@ def as_given(text: str) -> str:
     return text
 
 
+def _parsed(value: Optional[str], parse: Callable[[str], str]) -> Optional[str]:
+    """``parse(value)``, its ``ValueError`` a usage error (``None`` stays ``None``)."""
+    try:
+        return None if value is None else parse(value)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+
+
 def endpoint(default_port: int) -> Callable[[Optional[str]], Optional[str]]:
     """A callback for ``HOST[:PORT]``: the port defaults to ``default_port``."""
-
-    def check(value: Optional[str]) -> Optional[str]:
-        if value is None:
-            return None
-        try:
-            return parse_address(with_port(value, default_port))
-        except ValueError as err:
-            raise typer.BadParameter(str(err)) from None
-
-    return check
+    return lambda value: _parsed(value, lambda text: parse_address(with_port(text, default_port)))
 
 
 def _one_source(ctx: typer.Context, given: str) -> None:
@@ -105,10 +104,7 @@ def _token_file(ctx: typer.Context, value: Optional[str]) -> Optional[str]:
 
 
 def _gcs_option(ctx: typer.Context, value: Optional[str]) -> Optional[str]:
-    try:
-        address = None if value is None else parse_gcs_address(value)
-    except ValueError as err:
-        raise typer.BadParameter(str(err)) from None
+    address = _parsed(value, parse_gcs_address)
     if address is not None:
         _one_source(ctx, "gcs")
     return address

@@ -5,9 +5,10 @@ collects a fresh report, so after an outage the head gets the latest state, neve
 The head greets each connection with a challenge and acknowledges each frame
 (:mod:`rayscope.net.wire`). When the head is away, rejects a report (a wrong token) or stops
 acknowledging (stalled, or the network cut: TCP keepalive plus an acknowledgement deadline of
-two intervals), the agent drops the connection and retries with capped exponential backoff.
-It logs one line per state change (connected, rejected, lost, raylet found or gone), not one
-per cycle, and stops cleanly on SIGTERM.
+two intervals), the agent drops the connection and retries with capped exponential backoff;
+a failure retrying cannot fix (a wrong token, the wrong port) ends it after a few tries
+(:mod:`rayscope.node.give_up`). It logs one line per state change (connected, rejected,
+lost, raylet found or gone), not one per cycle, and stops cleanly on SIGTERM.
 """
 
 import errno
@@ -31,6 +32,7 @@ from rayscope.net.addresses import split_address
 from rayscope.net.tls import TlsFiles, client_context
 from rayscope.node import collect
 from rayscope.node.cuda_samples import CudaSamples
+from rayscope.node.give_up import Hopeless
 from rayscope.schema.report import GpuDevice, NodeReport, RayletInfo
 from rayscope.sources import raylet
 from rayscope.sources.nvml import devices as nvml
@@ -84,6 +86,7 @@ class Pusher:
         self._trimmed = False
         self._stop = threading.Event()
         self._backoff_s = BACKOFF_START_S
+        self.hopeless = Hopeless()
         self._head_state = ""
         self._raylet_state = ""
         self._known: Optional[RayletInfo] = None
@@ -201,12 +204,13 @@ class Pusher:
         return False
 
     def _refused(self, rejected: str) -> bool:
-        """The head rejected a frame: drop the connection, say why once, back off. ``False``."""
+        """The head rejected a frame: drop the connection, say why once, back off. ``False``;
+        :class:`~rayscope.errors.AgentError` on the last try of a wrong token (``give_up``)."""
         self._close()
-        why = wire.rejection_text(rejected, has_token=bool(self.token))
-        self._note_head(
-            f"head {self._where} rejected the report: {why} (retrying with backoff)", warning=True
-        )
+        what = f"head {self._where} rejected the report: {wire.rejection_text(rejected, bool(self.token))}"
+        self._note_head(f"{what} (retrying with backoff)", warning=True)
+        if rejected == wire.BAD_TOKEN:  # a wrong token or none: the same on every try
+            self.hopeless.again(what)
         return False
 
     def send(self, report: NodeReport) -> bool:
@@ -227,6 +231,7 @@ class Pusher:
         except peer.WrongPort as err:
             self._close()
             self._note_head(f"head {self._where} {err} (retrying with backoff)", warning=True)
+            self.hopeless.again(f"head {self._where} {err}")
             return False
         except (OSError, wire.FrameError) as err:
             return self._lost(err)
@@ -234,6 +239,7 @@ class Pusher:
             return self._refused(rejected)
         self._note_head(f"connected to head {self._where}")
         self._backoff_s = BACKOFF_START_S
+        self.hopeless.reset()
         return True
 
     def _stalled(self) -> bool:

@@ -90,7 +90,7 @@ class Pusher:
         self._head_state = ""
         self._raylet_state = ""
         self._known: Optional[RayletInfo] = None
-        self._ambiguous = ""
+        self._ambiguous = self._gone = ""  # _gone: the node whose raylet ran here last
         self._cycles_since_scan = RESCAN_CYCLES  # scan on the first cycle
         self.started_by = started_by()
         self.cuda = CudaSamples.from_env(os.environ)
@@ -112,14 +112,18 @@ class Pusher:
         return self._known
 
     def collect(self) -> NodeReport:
-        """This node's report: the pinned raylet (or the local one), NVML, host."""
+        """This node's report: the pinned raylet (or the local one; once it is gone, still its
+        node), NVML, host."""
         mine = self._raylet()
         if mine is not None:
+            self._gone = mine.node_id
             self._note_raylet(f"reporting for Ray node {mine.node_id} (raylet pid {mine.pid})")
         elif self.node_id:
             self._note_raylet(f"no local raylet has node id {self.node_id}: reporting it without one")
         elif self._ambiguous:
             self._note_raylet(f"{self._ambiguous}: pass --node-id; reporting the host only")
+        elif self._gone:  # one node, shown dead once Ray says so; never a second, host-only one
+            self._note_raylet(f"the raylet of Ray node {self._gone} is gone: reporting that node without it")
         else:
             self._note_raylet("no raylet on this host: reporting the host only")
         # A hung driver call must not cost the loop its interval: half of it at most.
@@ -127,8 +131,8 @@ class Pusher:
         report = collect.local_report(mine, self.clock(), timeout, self.cuda)
         report.interval_s = self.interval_s
         report.started_by = self.started_by
-        if mine is None and self.node_id:
-            report.node_id = self.node_id
+        if mine is None and (self.node_id or self._gone) and not self._ambiguous:
+            report.node_id = self.node_id or self._gone
         return report
 
     def _note_raylet(self, state: str) -> None:

@@ -703,10 +703,19 @@ def demo(keep: bool = False) -> int:
     return 0
 
 
+def _own_gpus(root: str, name: str) -> str:
+    """``RAYSCOPE_FAKE_NVML_SCENARIO=... `` for node ``name``'s commands, where the demo has
+    a scenario for it (each node's agent reads its own GPUs); ``""`` otherwise."""
+    scenario = Path(root) / "nvml" / name
+    return f"{SCENARIO_ENV}={scenario} " if scenario.exists() else ""
+
+
 def commands_to_try(state: dict[str, Any], root: str, own_env: Optional[dict[str, str]] = None) -> str:
     """What ``make demo KEEP=1`` prints: commands to paste into another terminal, as they are.
     The agents get a token file of their own; both raylets run on this host, so each
-    ``push`` names its node (``--node-id``)."""
+    ``push`` names its node (``--node-id``) and reads that node's own fake GPUs (its
+    scenario before the command: the ``export`` line's is the head's, which ``status``,
+    ``fit`` and ``node`` read as this host's)."""
     token = os.path.join(root, "token")
     fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -731,9 +740,9 @@ def commands_to_try(state: dict[str, Any], root: str, own_env: Optional[dict[str
         "",
         f"  rayscope head --gcs {gcs} --token-file {token} --interval 2",
         *(
-            f"  rayscope push --head 127.0.0.1:7531 --token-file {token} --interval 2"
+            f"  {_own_gpus(root, name)}rayscope push --head 127.0.0.1:7531 --token-file {token} --interval 2"
             f" --node-id {n['node_id']}"
-            for n in nodes.values()
+            for name, n in nodes.items()
         ),
         f"  rayscope status --head http://127.0.0.1:7532 --token-file {token}",
         "",

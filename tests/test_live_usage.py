@@ -170,7 +170,7 @@ def test_usage_names_each_replica_s_highest_figure_and_the_booking_to_ask_for(
     app = apps["cellpose/CellposeModel"]
     assert (app["replicas"], app["booked_mb"], app["peak_used_bytes"]) == (2, 2048, figure(2.3))
     assert (app["suggested_vram_mb"], app["frees_mb"], app["oom_risk"]) == (2816, -2 * 768, True)
-    denbi_app = apps["Replica"]  # a named actor without a number: its class
+    denbi_app = apps["denbi-app"]  # a named actor without a number: its name (its class before)
     assert (denbi_app["suggested_vram_mb"], denbi_app["frees_mb"]) == (
         3584,
         pytest.approx(5406.7 - 3584, abs=0.1),

@@ -81,7 +81,7 @@ APPLIED = frozenset(
 ``ProtectHostname``, ``ProtectKernelLogs``: through the system-call filter's
 ``~@privileged``, the read-only ``/proc`` and ``/sys``, and no capability)."""
 NOT_SANDBOX = frozenset(
-    {"Description", "After", "Wants", "WantedBy", "Type", "Restart", "RestartSec"}
+    {"Description", "After", "Wants", "WantedBy", "Type", "Restart", "RestartSec", "RestartPreventExitStatus"}
     | {"OnCalendar", "AccuracySec", "CacheDirectoryMode", "StateDirectoryMode"}
 )
 """Lines that say what runs when, not what it may do (the directories' modes: the test

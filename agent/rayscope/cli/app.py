@@ -214,8 +214,9 @@ def node(
 
     Shows the raylet's identity and what the scheduler booked on it, the GPUs as NVML sees
     them, the host, the rayscope node agents running here (push or placed by Ray, by pid),
-    and which sources answered. Runs on any node, with or without Ray importable. Exit code
-    0 unless rayscope itself fails.
+    and which sources answered. Runs on any node, with or without Ray importable. Exit 0:
+    answered (what could not be read is said in its line). Exit 2: bad usage (an option's
+    value, e.g. --gcs ray://HOST). Exit 70: rayscope itself failed.
     """
     with one_line_errors(_verbose):
         from rayscope.node import collect

@@ -17,9 +17,9 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Union
 
 from rayscope.core import limits
-from rayscope.defaults import DEFAULT_GCS_PORT, DEFAULT_TIMEOUT_S
+from rayscope.defaults import DEFAULT_TIMEOUT_S
 from rayscope.errors import EXIT_INTERNAL, EXIT_USAGE, AgentError, RayscopeError
-from rayscope.net.addresses import parse_address, with_port
+from rayscope.net.addresses import parse_gcs_address
 
 if TYPE_CHECKING:
     from rayscope.schema.fit import FitRequest, FitResult
@@ -89,7 +89,7 @@ def _source(gcs: Optional[str], head: Optional[str], dashboard: Optional[str]) -
     try:
         return Source(
             head=None if head is None else parse_head_url(head),
-            gcs=None if gcs is None else parse_address(with_port(gcs, DEFAULT_GCS_PORT)),
+            gcs=None if gcs is None else parse_gcs_address(gcs),
             dashboard=dashboard,
         )
     except ValueError as err:

@@ -122,6 +122,8 @@ def fit_lines(result: FitResult) -> list[str]:
     lines = [fit_sizing_line(result), fit_answer_line(result)]
     if result.hazard:
         lines.append(f"Hazard: {result.hazard}")
+    if result.hint:
+        lines.append(f"Hint: {result.hint}")
     if result.nodes:
         lines += ["", "Nodes:"]
     unmeasured: dict[str, int] = {}

@@ -104,3 +104,6 @@ class FitResult(msgspec.Struct, kw_only=True):
     """What the booking does that the request did not ask for (``num_gpus=0``: no GPU)."""
     per_device_note: str = ""
     """Why some nodes' ``GPU`` was judged on node sums, not per device."""
+    hint: str = ""
+    """What would place the replicas that were not: ``--sizing fraction`` where ``VRAM_MB``
+    was booked and GPU nodes without it have room; ``""`` when nothing would."""

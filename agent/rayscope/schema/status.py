@@ -140,7 +140,11 @@ class NodeAttribution(msgspec.Struct, kw_only=True, gc=False):
     actors_used_bytes: int = 0
     """NVML: memory the actors' processes hold, summed over this node's GPUs."""
     unbooked_bytes: int = 0
-    """NVML: memory held by processes that booked nothing, summed over this node's GPUs."""
+    """NVML: memory held by processes that booked nothing (a dead actor's worker included),
+    summed over this node's GPUs."""
+    unmapped_bytes: int = 0
+    """NVML: memory held by pids this host could not map to a process (``not_mapped``),
+    summed over this node's GPUs."""
 
 
 class ReceivedReport(msgspec.Struct, kw_only=True, gc=False):

@@ -10,7 +10,8 @@ between Ray releases live in ``raycompat`` only.
 
 Output, per node: ``node_id`` (hex), ``node_ip``, ``hostname``, ``is_head``, ``alive``,
 ``total``, ``available`` (``null`` when the GCS holds none, e.g. for a dead node), ``labels``.
-Per live actor: ``actor_id``, ``node_id``, ``pid``, ``name``, ``class_name``, ``state``,
+Per live actor (and per recently dead one, ``state`` ``DEAD``): ``actor_id``, ``node_id``,
+``pid``, ``name``, ``class_name``, ``state``,
 ``job_id`` (hex), ``required`` (resources it booked), ``gpu_ids`` (the GPU ids Ray gave it),
 ``gpu_shares`` (``[[gpu_id, quantity], ...]``: how much of each of those GPUs it holds, from
 the actor table's ``resource_mapping``; Ray gives a fraction on one device, whole GPUs as 1.0
@@ -104,15 +105,33 @@ def read_nodes(client: Any, timeout_s: float, state: Any = None) -> list[dict[st
     return nodes
 
 
+MAX_DEAD_ACTORS = 1000
+"""The dead actors kept from the GCS's table (the most recently dead first): enough to name
+the worker of an actor that died and left GPU memory held; Ray keeps up to 100,000."""
+
+
+def _dead_actors(client: Any, address: str, timeout_s: float) -> list[Any]:
+    """The :data:`MAX_DEAD_ACTORS` most recently dead actors that ran in a worker; none when
+    the table does not answer (their leaked memory is then not named, never misread)."""
+    try:
+        infos = raycompat.actor_table(client, address, timeout_s, "DEAD")
+    except Exception:
+        return []
+    ran = [info for info in infos if int(info.pid)]
+    ran.sort(key=lambda info: -int(getattr(info, "end_time", 0) or 0))
+    return ran[:MAX_DEAD_ACTORS]
+
+
 def read_actors(
     client: Any, address: str, timeout_s: float, alive: Optional[list[Any]] = None
 ) -> list[dict[str, Any]]:
-    """Every live actor: what it booked and where it runs, as plain JSON-ready dicts.
+    """Every live actor: what it booked and where it runs, as plain JSON-ready dicts; then
+    the most recently dead ones (``state`` ``DEAD``: whose worker may still hold GPU memory).
     ``alive``: the live actor table already read (else it is read here)."""
     states = _ray("ray.core.generated.gcs_pb2").ActorTableData.ActorState
     actors = []
     infos = alive if alive is not None else raycompat.actor_table(client, address, timeout_s)
-    for info in infos:
+    for info in [*infos, *_dead_actors(client, address, timeout_s)]:
         node_id = info.node_id or info.address.node_id
         shares: dict[int, float] = {}
         for entry in info.resource_mapping:

@@ -20,7 +20,7 @@ from rayscope.schema.pending import (
     PendingRequest,
 )
 from tests.golden import check_golden
-from tests.scenarios import pending_status, seed_status
+from tests.scenarios import labels_pending_status, pending_status, seed_status
 
 GIB = 1024**3
 
@@ -309,6 +309,14 @@ def test_metric_labels_are_bounded() -> None:
     text = metrics_text(pending.attach(seed_status(), read))
     samples = [line for line in text.splitlines() if line.startswith("rayscope_pending_demands{")]
     assert samples == ['rayscope_pending_demands{kind="request",shape="GPU=0.5",reason="waits"} 50']
+
+
+def test_golden_label_selector_lines() -> None:
+    """The Pending lines of demands that select nodes, from a recorded Ray 2.60 read."""
+    status = labels_pending_status()
+    lines = status_lines(status)
+    assert "  1 × GPU=0.01 VRAM_MB=20000  selects zone=b  actors: zone-b-big" in lines
+    check_golden("status_labels.txt", "\n".join(lines) + "\n")
 
 
 def test_golden_pending_outputs() -> None:

@@ -1,0 +1,173 @@
+"""Label selectors on a real Ray cluster of its own: why a demand that selects nodes waits.
+
+The cluster (``livecluster.py --topology labels``, nodes started with Ray's ``labels``, the
+raylet's ``--labels``): a head with ``VRAM_MB`` 24576 labelled ``zone=a`` and a node with
+``VRAM_MB`` 16384 labelled ``zone=b``. Left waiting: an actor selecting
+``ray.io/accelerator-type=A100`` (no node has it: fake GPUs carry no accelerator label), one
+selecting ``zone=b`` that books 20000 MB (more than that node has), one selecting
+``zone=in(c,d)`` and one ``zone=!in(a,b)`` (no node), one selecting ``zone=c`` with the
+fallback ``zone=b`` for 18000 MB, a placement group whose bundle selects ``zone=b`` for
+20000 MB, and a ``STRICT_PACK`` group whose bundles select ``zone=a`` and ``zone=b``.
+
+Positive controls: judging tasks and actors on every node, selectors ignored (``_judge`` in
+``core/capacity/pending.py`` returning ``judge(shape, nodes, ...)``) fails the five actor tests
+(tried: 5 failed, the placement-group test passed, it has its own path,
+``judge_gang_selected``); matching ``!in`` as ``in`` fails the ``!in`` case.
+"""
+
+import json
+from collections.abc import Iterator
+from typing import Any, Optional
+
+import pytest
+
+from tests.conftest import LiveCluster, base_env, run_rayscope, running_cluster
+from tests.schemas import parsed
+from tests.waiting import eventually
+
+pytestmark = pytest.mark.live
+
+NAMES = ("a100", "zone-b-big", "zone-in", "zone-not-in", "fallback")
+PG_ZONE_B = [{"GPU": 0.01, "VRAM_MB": 20000}]
+PG_SPLIT = [{"CPU": 0.1}, {"CPU": 0.1}]
+
+
+class Selected:
+    """The label cluster, the environment to reach it, and its settled status document."""
+
+    def __init__(self, cluster: LiveCluster) -> None:
+        self.cluster = cluster
+        self.env = base_env(RAY_AUTH_MODE="disabled", RAY_TMPDIR=str(cluster.root))
+        self.doc: dict[str, Any] = {}
+        self.lines: list[str] = []
+
+    def status(self, *args: str) -> Any:
+        gcs = ["--gcs", self.cluster.gcs_address, "--timeout", "60"]
+        return run_rayscope("status", *gcs, *args, env=self.env, timeout=120)
+
+    def settle(self, timeout_s: float = 90.0) -> None:
+        """Poll until every waiting actor and both placement groups show up with a selector."""
+
+        def settled() -> Optional[dict[str, Any]]:
+            done = self.status("--json")
+            assert done.returncode == 0, done.stderr
+            doc: dict[str, Any] = parsed(done.stdout, "status")
+            seen = doc["cluster"]["pending"] or []
+            names = {name for d in seen for name in d.get("names", [])}
+            groups = [d for d in seen if d["kind"] == "placement_group" and d.get("bundle_selectors")]
+            return doc if names >= set(NAMES) and len(groups) == 2 else None
+
+        self.doc = eventually(settled, timeout_s, "the selected demand settled", every_s=0.5)
+        text = self.status()
+        assert text.returncode == 0, text.stderr
+        self.lines = text.stdout.splitlines()
+
+    def named(self, name: str) -> dict[str, Any]:
+        found = [d for d in self.doc["cluster"]["pending"] if name in d.get("names", [])]
+        assert len(found) == 1, json.dumps(self.doc["cluster"]["pending"], indent=1)
+        return found[0]
+
+    def group(self, bundles: list[dict[str, float]]) -> dict[str, Any]:
+        found = [
+            d
+            for d in self.doc["cluster"]["pending"]
+            if d["kind"] == "placement_group" and d["bundles"] == bundles
+        ]
+        assert len(found) == 1, json.dumps(self.doc["cluster"]["pending"], indent=1)
+        return found[0]
+
+
+@pytest.fixture(scope="module")
+def selected() -> Iterator[Selected]:
+    with running_cluster("labels") as cluster:
+        none = {"num_cpus": 0, "num_gpus": 0.01}
+        wanted: dict[str, dict[str, Any]] = {
+            "a100": {**none, "label_selector": {"ray.io/accelerator-type": "A100"}},
+            "zone-b-big": {**none, "resources": {"VRAM_MB": 20000}, "label_selector": {"zone": "b"}},
+            "zone-in": {"num_cpus": 0.1, "label_selector": {"zone": "in(c,d)"}},
+            "zone-not-in": {"num_cpus": 0.2, "label_selector": {"zone": "!in(a,b)"}},
+            "fallback": {
+                **none,
+                "resources": {"VRAM_MB": 18000},
+                "label_selector": {"zone": "c"},
+                "fallback_strategy": [{"label_selector": {"zone": "b"}}],
+            },
+        }
+        for name, options in wanted.items():
+            cluster.request(op="submit", name=name, options=options)
+        cluster.request(
+            op="placement_group", name="pg-b", bundles=PG_ZONE_B, strategy="PACK", selectors=[{"zone": "b"}]
+        )
+        cluster.request(
+            op="placement_group",
+            name="pg-split",
+            bundles=PG_SPLIT,
+            strategy="STRICT_PACK",
+            selectors=[{"zone": "a"}, {"zone": "b"}],
+        )
+        state = Selected(cluster)
+        state.settle()
+        yield state
+
+
+def test_a_selector_no_node_matches_names_it_and_what_the_nodes_hold(selected: Selected) -> None:
+    demand = selected.named("a100")
+    assert (demand["reason"], demand["admitted_nodes"]) == ("no_label_match", 0)
+    assert demand["label_selector"] == {"ray.io/accelerator-type": "A100"}
+    assert demand["reason_text"] == (
+        "no alive node has ray.io/accelerator-type=A100 (no node has ray.io/accelerator-type)"
+    )
+    at = selected.lines.index("  1 × GPU=0.01  selects ray.io/accelerator-type=A100  actors: a100")
+    assert selected.lines[at + 1] == f"    {demand['reason_text']}"
+
+
+def test_a_selected_node_too_small_gives_that_nodes_numbers(selected: Selected) -> None:
+    demand = selected.named("zone-b-big")
+    assert (demand["reason"], demand["admitted_nodes"]) == ("infeasible", 1)
+    # The head (zone=a) has 24576 MB: judged on every node this would "have room now".
+    assert demand["reason_text"] == (
+        "zone=b admits 1 of 2 alive node(s): no node has 20000 MB (at most 16384 MB on one node)"
+    )
+    assert "  1 × GPU=0.01 VRAM_MB=20000  selects zone=b  actors: zone-b-big" in selected.lines
+
+
+@pytest.mark.parametrize(("name", "value"), [("zone-in", "in(c,d)"), ("zone-not-in", "!in(a,b)")])
+def test_in_and_not_in_operators(selected: Selected, name: str, value: str) -> None:
+    demand = selected.named(name)
+    assert (demand["reason"], demand["admitted_nodes"]) == ("no_label_match", 0)
+    assert demand["label_selector"] == {"zone": value}
+    assert demand["reason_text"] == f"no alive node has zone={value} (zone: a on 1 node, b on 1)"
+
+
+def test_a_fallback_strategy_is_judged_after_its_selector(selected: Selected) -> None:
+    demand = selected.named("fallback")
+    assert demand["label_selector"] == {"zone": "c"}
+    assert demand["fallback_selectors"] == [{"zone": "b"}]
+    assert (demand["reason"], demand["admitted_nodes"]) == ("infeasible", 1)
+    assert demand["reason_text"] == (
+        "no alive node has zone=c (zone: a on 1 node, b on 1); its fallback zone=b admits 1 of 2"
+        " alive node(s): no node has 18000 MB (at most 16384 MB on one node)"
+    )
+    assert "  1 × GPU=0.01 VRAM_MB=18000  selects zone=c, else zone=b  actors: fallback" in selected.lines
+
+
+def test_placement_group_bundle_selectors(selected: Selected) -> None:
+    small = selected.group(PG_ZONE_B)
+    assert (small["strategy"], small["bundle_selectors"], small["reason"]) == (
+        "PACK",
+        [{"zone": "b"}],
+        "infeasible",
+    )
+    assert small["reason_text"] == (
+        "1 of 2 alive node(s) admit every bundle: no node has 20000 MB (at most 16384 MB on one node)"
+    )
+    split = selected.group(PG_SPLIT)
+    assert (split["bundle_selectors"], split["reason"]) == ([{"zone": "a"}, {"zone": "b"}], "no_label_match")
+    assert split["reason_text"] == (
+        "STRICT_PACK: no alive node is admitted by every bundle's selector"
+        " (bundle 0: zone=a admits 1; bundle 1: zone=b admits 1)"
+    )
+    assert (
+        "  1 × placement group STRICT_PACK [{CPU=0.1}, {CPU=0.1}]  selects [{zone=a}, {zone=b}]"
+        in selected.lines
+    )

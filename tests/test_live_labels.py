@@ -16,12 +16,14 @@ Positive controls: judging tasks and actors on every node, selectors ignored (``
 """
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any, Optional
 
 import pytest
 
-from tests.conftest import LiveCluster, base_env, run_rayscope, running_cluster
+from tests.conftest import REPO, LiveCluster, base_env, run_rayscope, running_cluster
 from tests.schemas import parsed
 from tests.waiting import eventually
 
@@ -63,12 +65,14 @@ class Selected:
         self.lines = text.stdout.splitlines()
 
     def named(self, name: str) -> dict[str, Any]:
-        found = [d for d in self.doc["cluster"]["pending"] if name in d.get("names", [])]
+        found: list[dict[str, Any]] = [
+            d for d in self.doc["cluster"]["pending"] if name in d.get("names", [])
+        ]
         assert len(found) == 1, json.dumps(self.doc["cluster"]["pending"], indent=1)
         return found[0]
 
     def group(self, bundles: list[dict[str, float]]) -> dict[str, Any]:
-        found = [
+        found: list[dict[str, Any]] = [
             d
             for d in self.doc["cluster"]["pending"]
             if d["kind"] == "placement_group" and d["bundles"] == bundles
@@ -171,3 +175,119 @@ def test_placement_group_bundle_selectors(selected: Selected) -> None:
         "  1 × placement group STRICT_PACK [{CPU=0.1}, {CPU=0.1}]  selects [{zone=a}, {zone=b}]"
         in selected.lines
     )
+
+
+def fit(selected: Selected, *args: str) -> Any:
+    gcs = ["--gcs", selected.cluster.gcs_address, "--timeout", "60"]
+    return run_rayscope("fit", *gcs, *args, env=selected.env, timeout=120)
+
+
+def selecting(*selectors: str) -> list[str]:
+    return [arg for selector in selectors for arg in ("--label-selector", selector)]
+
+
+SHAPE_LINE = 'Shape: {"GPU": 0.01, "VRAM_MB": 20000} per replica (VRAM_MB booking: a node advertises VRAM_MB)'
+
+
+def test_fit_on_the_nodes_a_selector_admits(selected: Selected) -> None:
+    """20000 MB fits the zone=a head (24576), not the zone=b node (16384): without the
+    selector it would fit there."""
+    b = selected.cluster.node_id("zone_b")[:8]
+    done = fit(selected, "--gpu-memory-mb", "20000", *selecting("zone=b"))
+    assert done.returncode == 1, done.stderr
+    assert done.stdout.splitlines() == [
+        SHAPE_LINE,
+        "Label selector: zone=b admits 1 of 2 alive node(s)",
+        "Fits: no, 0/1 replica(s) placed by booking",
+        "",
+        "Nodes:",
+        f"  127.0.0.1 [worker] {b}: fits 0, gets 0 (VRAM_MB: 16384 MB free, needs 20000 MB)",
+    ]
+    done = fit(selected, "--gpu-memory-mb", "20000", *selecting("zone=a"))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[1:3] == [
+        "Label selector: zone=a admits 1 of 2 alive node(s)",
+        "Fits: yes, 1/1 replica(s) placed by booking",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("selector", "admitted", "code"), [("zone=in(a,b)", 2, 0), ("zone=!a", 1, 1), ("zone=!in(a,b)", 0, 1)]
+)
+def test_fit_with_in_and_not_operators(selected: Selected, selector: str, admitted: int, code: int) -> None:
+    done = fit(selected, "--gpu-memory-mb", "20000", *selecting(selector), "--json")
+    assert done.returncode == code, done.stderr
+    doc = parsed(done.stdout, "fit")
+    assert (doc["admitted_nodes"], doc["alive_nodes"], len(doc["nodes"])) == (admitted, 2, admitted)
+    assert doc["request"]["label_selector"] == dict([selector.split("=", 1)])
+
+
+def test_fit_a_selector_no_node_matches_is_one_line(selected: Selected) -> None:
+    done = fit(selected, "--gpu-memory-mb", "1024", *selecting("zone=c"))
+    assert done.returncode == 1, done.stderr
+    assert "Fits: no, no alive node has zone=c (zone: a on 1 node, b on 1)" in done.stdout.splitlines()
+    assert "Nodes:" not in done.stdout
+    doc = parsed(fit(selected, "--gpu-memory-mb", "1024", *selecting("zone=c"), "--json").stdout, "fit")
+    assert (doc["fits"], doc["admitted_nodes"]) == (False, 0)
+    assert doc["label_miss"] == "no alive node has zone=c (zone: a on 1 node, b on 1)"
+
+
+def test_fit_selects_a_node_by_its_id(selected: Selected) -> None:
+    node_id = selected.cluster.node_id("zone_b")
+    doc = parsed(
+        fit(selected, "--gpu-memory-mb", "1024", *selecting(f"ray.io/node-id={node_id}"), "--json").stdout,
+        "fit",
+    )
+    assert [n["node_id"] for n in doc["nodes"]] == [node_id] and doc["fits"] is True
+
+
+@pytest.mark.parametrize(
+    ("selectors", "line"),
+    [
+        (
+            ["zone=exists()"],
+            "rayscope: could not tell: --label-selector zone=exists(): an operator rayscope does not know"
+            " (Ray's are v, !v, in(a,b), !in(a,b))",
+        ),
+        (["zone"], "rayscope: --label-selector zone: give KEY=VALUE (e.g. zone=b, zone=!in(a,b))"),
+        (["zone=a", "zone=b"], "rayscope: --label-selector: zone given twice (one value per key, as in Ray)"),
+    ],
+)
+def test_fit_selectors_it_cannot_judge_exit_2(selected: Selected, selectors: list[str], line: str) -> None:
+    done = fit(selected, "--gpu-memory-mb", "1024", *selecting(*selectors))
+    assert (done.returncode, done.stdout, done.stderr.strip()) == (2, "", line)
+
+
+API_PROGRAM = """
+import json, sys
+import rayscope
+doc = rayscope.fit(gpu_memory_mb=20000, gcs=sys.argv[1], timeout=60, label_selector={"zone": "!in(b)"})
+try:
+    rayscope.fit(gpu_memory_mb=1024, gcs=sys.argv[1], timeout=60, label_selector={"zone": 3})
+    bad = None
+except rayscope.RayscopeError as err:
+    bad = [str(err), err.exit_code]
+print(json.dumps({"doc": doc, "bad": bad}))
+"""
+
+
+def test_the_api_takes_a_label_selector(selected: Selected) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", API_PROGRAM, selected.cluster.gcs_address],
+        cwd="/",
+        env={**selected.env, "PYTHONPATH": str(REPO / "agent")},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert (done.returncode, done.stderr) == (0, "")
+    answer = json.loads(done.stdout)
+    doc = answer["doc"]
+    assert (doc["fits"], doc["admitted_nodes"]) == (True, 1)
+    assert doc["request"]["label_selector"] == {"zone": "!in(b)"}
+    assert [n["node_id"] for n in doc["nodes"]] == [selected.cluster.node_id("head")]
+    assert answer["bad"] == [
+        "label_selector={'zone': 3}: give a dict of str to str, e.g. {'zone': '!in(a,b)'}",
+        2,
+    ]

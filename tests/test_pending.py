@@ -317,6 +317,7 @@ def test_golden_label_selector_lines() -> None:
     lines = status_lines(status)
     assert "  1 × GPU=0.01 VRAM_MB=20000  selects zone=b  actors: zone-b-big" in lines
     check_golden("status_labels.txt", "\n".join(lines) + "\n")
+    check_golden("status_labels.json", status_json(status) + "\n")
 
 
 def test_golden_pending_outputs() -> None:

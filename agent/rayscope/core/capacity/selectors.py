@@ -39,6 +39,28 @@ MAX_SHOWN_CHARS = 63
 """A label value or key name is at most 63 characters in Ray; anything longer is cut."""
 
 
+MAX_NODE_LABELS = 64
+"""Labels a node's entry in the status document carries (by key; Ray bounds each key and
+value, not their number)."""
+
+
+def shown_labels(labels: Mapping[str, str]) -> Optional[dict[str, str]]:
+    """A node's labels as the status document carries them: ``None`` where the GCS gave the
+    node none of Ray's own (a Ray before 2.49, whose scheduler ignores selectors); else every
+    label but ``ray.io/node-id`` (the node id is the entry's key), printable, each key and
+    value cut to Ray's bounds, at most :data:`MAX_NODE_LABELS`."""
+    if NODE_ID_LABEL not in labels:
+        return None
+    kept = sorted((k, v) for k, v in labels.items() if k != NODE_ID_LABEL)[:MAX_NODE_LABELS]
+    return {printable(k)[: 253 + 1 + MAX_SHOWN_CHARS]: printable(v)[:MAX_SHOWN_CHARS] for k, v in kept}
+
+
+def with_node_id(labels: Optional[Mapping[str, str]], node_id: str) -> dict[str, str]:
+    """The labels a selector is matched against: :func:`shown_labels`' with ``ray.io/node-id``
+    again (a selector may name a node by its id)."""
+    return {**(labels or {}), NODE_ID_LABEL: node_id}
+
+
 def key_error(key: str) -> Optional[str]:
     """Why Ray refuses ``key`` as a label key (its ``validate_label_key``), or ``None``."""
     prefix, slash, name = key.rpartition("/")

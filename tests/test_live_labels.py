@@ -19,11 +19,13 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Optional
 
 import pytest
 
-from tests.conftest import REPO, LiveCluster, base_env, run_rayscope, running_cluster
+from tests.conftest import REPO, LiveCluster, base_env, free_port, run_rayscope, running_cluster
+from tests.raynode import RayHead
 from tests.schemas import parsed
 from tests.waiting import eventually
 
@@ -291,3 +293,47 @@ def test_the_api_takes_a_label_selector(selected: Selected) -> None:
         "label_selector={'zone': 3}: give a dict of str to str, e.g. {'zone': '!in(a,b)'}",
         2,
     ]
+
+
+def test_status_json_and_node_carry_each_nodes_labels(selected: Selected) -> None:
+    nodes = selected.doc["nodes"]
+    head, b = selected.cluster.node_id("head"), selected.cluster.node_id("zone_b")
+    assert (nodes[head]["labels"], nodes[b]["labels"]) == ({"zone": "a"}, {"zone": "b"})
+    done = run_rayscope(
+        "node", "--gcs", selected.cluster.gcs_address, "--timeout", "60", env=selected.env, timeout=120
+    )
+    assert done.returncode in (0, 1), done.stderr
+    lines = done.stdout.splitlines()
+    for node_id, zone in ((head, "a"), (b, "b")):
+        at = next(i for i, line in enumerate(lines) if line.startswith("Ray node ") and node_id in line)
+        assert lines[at + 2] == f"  labels: zone={zone}", lines[at : at + 4]
+
+
+def test_ray_start_labels_reach_status_and_fit(tmp_path: Path) -> None:
+    """``ray start --head --labels``, the operator's way: the labels in ``status --json``
+    and a ``fit`` selector that admits the node."""
+    port = free_port()
+    env = base_env(RAY_AUTH_MODE="disabled")
+    head = RayHead(port, env, tmp_path / "ray.log", ["--labels=zone=x,rack=r1"])
+    try:
+        gcs = ["--gcs", head.address, "--timeout", "60"]
+        env = {**env, "RAY_TMPDIR": head.root}
+
+        def labelled() -> Optional[dict[str, Any]]:
+            done = run_rayscope("status", "--json", *gcs, env=env, timeout=120)
+            if done.returncode != 0:
+                return None
+            nodes = list(parsed(done.stdout, "status")["nodes"].values())
+            return nodes[0] if len(nodes) == 1 and "labels" in nodes[0] else None
+
+        node = eventually(labelled, 120, "the head's node in status --json", every_s=1)
+        assert node["labels"] == {"rack": "r1", "zone": "x"}
+        shape = ["--shape", '{"CPU": 1}']
+        done = run_rayscope("fit", *shape, *gcs, *selecting("zone=x", "rack=!r2"), env=env, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert "Label selector: zone=x rack=!r2 admits 1 of 1 alive node(s)" in done.stdout.splitlines()
+        done = run_rayscope("fit", *shape, *gcs, *selecting("zone=y"), env=env, timeout=120)
+        assert done.returncode == 1
+        assert "Fits: no, no alive node has zone=y (zone: x on 1 node)" in done.stdout.splitlines()
+    finally:
+        head.stop()

@@ -47,3 +47,6 @@ HEADER_SESSION = "X-Rayscope-Session"
 """The page's session value, sent by its own script (never a cookie)."""
 SERVER_NAME = "rayscope-head"
 """The head's ``Server`` header: how a client tells a head from another HTTP server."""
+CLUSTER_RAY = "cluster Ray "
+"""How the ``ray`` source's detail names the cluster's Ray release (``cluster Ray 2.60.0,
+reader Ray 2.60.0``), written by the GCS read and read back by ``fit``."""

@@ -3,7 +3,7 @@
 from typing import Optional
 
 from rayscope.labels import printable_lines
-from rayscope.render.fmt import booking, cpus, encode, gib, source_notes
+from rayscope.render.fmt import booking, cpus, encode, gib, labels_text, source_notes
 from rayscope.render.gpus import gpu_block_lines, mode_text, used_text
 from rayscope.schema.node import AgentProcess, NodeDiagnostics
 from rayscope.schema.report import GpuDevice, HostInfo, RayletInfo, known
@@ -39,6 +39,8 @@ def raylet_lines(raylet: RayletInfo, node: Optional[NodeStatus]) -> list[str]:
     if node is not None:
         gpu = f"{booking(node)}  " if node.total_gpu > 0 else ""
         lines.append(f"  scheduler: {gpu}CPU: {cpus(node.used_cpu)}/{cpus(node.total_cpu)}")
+        if labels_text(node):
+            lines.append(f"  labels: {labels_text(node)}")
     else:
         lines.append("  scheduler: unknown (GCS not read)")
     lines.append(f"  advertises: {resources_text(raylet.static_resources)}")

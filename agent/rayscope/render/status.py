@@ -15,7 +15,7 @@ import msgspec
 from rayscope.core.capacity.pending import shape_text
 from rayscope.core.isolation import UNREADABLE, per_node
 from rayscope.core.rollup import SchedulerView, scheduler_view
-from rayscope.labels import SHORT_ID_CHARS, node_label, printable_lines
+from rayscope.labels import SHORT_ID_CHARS, label_pairs, node_label, printable_lines
 from rayscope.render.fmt import (
     booking,
     cpus,
@@ -203,13 +203,27 @@ def vram_na_note(status: ClusterStatus, unmeasured: int) -> str:
     )
 
 
+def selects_text(demand: PendingDemand) -> str:
+    """``  selects zone=b, else zone=c``: a demand's label selector and fallbacks (Ray's
+    syntax); a placement group's per bundle; ``""`` where it names none."""
+    if isinstance(demand.bundle_selectors, list):
+        per_bundle = ", ".join(f"{{{label_pairs(b)}}}" for b in demand.bundle_selectors)
+        return f"  selects [{per_bundle}]"
+    if not isinstance(demand.label_selector, dict):
+        return ""
+    fallbacks = demand.fallback_selectors if isinstance(demand.fallback_selectors, list) else []
+    return "  selects " + ", else ".join(label_pairs(s) for s in [demand.label_selector, *fallbacks])
+
+
 def demand_line(demand: PendingDemand) -> str:
-    """``2 × GPU=0.5 accelerator_type:A10G=0.001  actors: half-0, half-1``."""
+    """``2 × GPU=0.5 accelerator_type:A10G=0.001  actors: half-0, half-1``; with a label
+    selector ``1 × GPU=0.01 VRAM_MB=20000  selects zone=b  actors: big``."""
     if demand.kind == "placement_group":
         bundles = ", ".join("{" + shape_text(b) + "}" for b in demand.bundles)
         text = f"{demand.count} × placement group {demand.strategy} [{bundles}]"
     else:
-        text = f"{demand.count} × {shape_text(demand.shape)}"
+        text = f"{demand.count} × {shape_text(demand.shape) or 'no resources'}"
+    text += selects_text(demand)
     if demand.names:
         text += "  actors: " + ", ".join(demand.names)
     return text

@@ -24,6 +24,7 @@ from typing import Optional
 
 import msgspec
 
+from rayscope.core.capacity.fit_labels import admitted
 from rayscope.core.capacity.sizing import EXIT_COULD_NOT_TELL, request_sizing, sizing_hazard
 from rayscope.core.gpu.memory import settled_used
 from rayscope.core.gpu.placement import device_free, placement_known, replicas_on_devices
@@ -278,6 +279,9 @@ def fit(status: ClusterStatus, request: FitRequest) -> FitResult:
     )
     if sizing.refused is not None:
         return result
+    nodes = _candidates(result, nodes, status)
+    if isinstance(result.label_miss, str):
+        return result
     result.nodes = [node_capacity(n, shape) for n in nodes]
     result.placed = spread(result.nodes, request.replicas)
     result.per_device_note = per_device_note(result.nodes, nodes)
@@ -323,6 +327,16 @@ def fraction_hint(
         f" {other.shape['GPU']:g} per replica ({request.gpu_memory_mb}/{other.smallest_mb:.0f} MB of the"
         f" smallest GPU, {other.smallest_from}); room on nodes without VRAM_MB: {', '.join(where)}"
     )
+
+
+def _candidates(result: FitResult, nodes: list[NodeStatus], status: ClusterStatus) -> list[NodeStatus]:
+    """The nodes the request's label selector admits (all without one), counted on ``result``."""
+    chosen = admitted(result.request, nodes, status.sources)
+    if isinstance(result.request.label_selector, dict):
+        result.admitted_nodes, result.alive_nodes = len(chosen.nodes), len(nodes)
+    if chosen.miss:
+        result.label_miss = chosen.miss
+    return chosen.nodes
 
 
 def exit_code(result: FitResult) -> int:

@@ -173,8 +173,30 @@ def _device_use(infos: list[Any]) -> dict[str, dict[str, dict[str, float]]]:
     return use
 
 
+def _waiting_actor(info: Any, states: Any) -> dict[str, Any]:
+    """One actor not placed yet (an ``ActorTableData``), as ``PendingActor`` reads it."""
+    actor = {
+        "actor_id": info.actor_id.hex(),
+        "name": info.name,
+        "class_name": info.class_name,
+        "state": states.Name(info.state),
+        "job_id": info.job_id.hex(),
+        "required_resources": _resources(info.required_resources),
+        "placement_group_id": info.placement_group_id.hex(),
+    }
+    selector = raycompat.actor_selector(info)
+    if selector:
+        actor["label_selector"] = selector
+    return actor
+
+
 def read_pending(
-    client: Any, address: str, timeout_s: float, state: Any = None, alive: Optional[list[Any]] = None
+    client: Any,
+    address: str,
+    timeout_s: float,
+    state: Any = None,
+    alive: Optional[list[Any]] = None,
+    labels: Optional[dict[str, dict[str, str]]] = None,
 ) -> dict[str, Any]:
     """What waits to be placed, and what the scheduler has free, from one autoscaler-state
     read (the same call ``ray status`` makes; ``state`` when already read) plus the actor
@@ -186,8 +208,12 @@ def read_pending(
     ``count``; ``gangs``: the pending placement groups, each ``bundles`` and ``details``
     (``<pg id>:<strategy>|<state>``); ``nodes``: per alive node ``node_id``, ``node_ip``,
     ``total``, ``available``; ``actors``: the actors not placed yet (``name``, ``job_id``,
-    ``state``, ``required_resources``, ``placement_group_id``); ``device_use``: per node, resource and
-    device index, what the live actors hold.
+    ``state``, ``required_resources``, ``placement_group_id``, ``label_selector``); ``device_use``:
+    per node, resource and device index, what the live actors hold. Label selectors where
+    this Ray has them (``raycompat``): each request's ``label_selectors``, each group's
+    ``bundle_selectors``, each waiting actor's fallbacks (``actor_fallbacks``); each node's
+    ``labels`` (``labels``: node id → labels, as :func:`read_nodes` read them; else from
+    ``state``).
     """
     state = state if state is not None else resource_state(client, timeout_s)
     dead = _ray("ray.core.generated.autoscaler_pb2").NodeStatus.Value("DEAD")
@@ -197,33 +223,36 @@ def read_pending(
             "node_ip": s.node_ip_address,
             "total": _resources(s.total_resources),
             "available": _resources(s.available_resources),
+            "labels": (labels or {}).get(s.node_id.hex()) or raycompat.node_labels(None, s),
         }
         for s in state.node_states
         if s.status != dead
     ]
     requests = [
-        {"shape": _resources(r.request.resources_bundle), "count": int(r.count)}
+        {
+            "shape": _resources(r.request.resources_bundle),
+            "count": int(r.count),
+            "label_selectors": raycompat.request_selectors(r.request),
+        }
         for r in state.pending_resource_requests
     ]
     # Older releases have no gang requests in this reply: then none are reported, not an error.
     gangs = [
-        {"bundles": [_resources(b.resources_bundle) for b in g.requests], "details": str(g.details)}
+        {
+            "bundles": [_resources(b.resources_bundle) for b in g.requests],
+            "details": str(g.details),
+            "bundle_selectors": raycompat.gang_selectors(g),
+        }
         for g in getattr(state, "pending_gang_resource_requests", [])
     ]
     states = _ray("ray.core.generated.gcs_pb2").ActorTableData.ActorState
-    actors = [
-        {
-            "actor_id": info.actor_id.hex(),
-            "name": info.name,
-            "class_name": info.class_name,
-            "state": states.Name(info.state),
-            "job_id": info.job_id.hex(),
-            "required_resources": _resources(info.required_resources),
-            "placement_group_id": info.placement_group_id.hex(),
-        }
+    waiting = [
+        info
         for table in raycompat.actor_tables(client, address, timeout_s, PENDING_ACTOR_STATES)
         for info in table
     ]
+    actors = [_waiting_actor(info, states) for info in waiting]
+    fallbacks = {info.actor_id.hex(): raycompat.actor_fallbacks(info) for info in waiting}
     waits = requests or gangs or actors
     if waits and alive is None:
         alive = raycompat.actor_table(client, address, timeout_s)
@@ -233,6 +262,7 @@ def read_pending(
         "gangs": gangs,
         "actors": actors,
         "device_use": _device_use(alive) if waits and alive is not None else {},
+        "actor_fallbacks": {actor: chosen for actor, chosen in fallbacks.items() if chosen},
     }
 
 
@@ -286,7 +316,8 @@ def _read(words: list[str], light: bool) -> dict[str, Any]:
             out["actors_error"] = failed(err)
     if "pending" in flags:
         try:  # the nodes stand even when the pending demand does not answer
-            out["pending"] = read_pending(client, address, timeout_s, state, alive)
+            labels = {n["node_id"]: n["labels"] for n in out["nodes"]}
+            out["pending"] = read_pending(client, address, timeout_s, state, alive, labels)
         except Exception as err:
             out["pending_error"] = failed(err)
     return out

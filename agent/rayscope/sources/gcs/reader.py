@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
 import msgspec
 
-from rayscope.defaults import DEFAULT_GCS_PORT, DEFAULT_TIMEOUT_S
+from rayscope.defaults import CLUSTER_RAY, DEFAULT_GCS_PORT, DEFAULT_TIMEOUT_S
 from rayscope.labels import printable
 from rayscope.net.addresses import split_address
 from rayscope.net.deadline import Deadline
@@ -280,7 +280,7 @@ def ray_versions_status(reader: Optional[str], cluster: Optional[str], why_unkno
     """``ray``: the cluster's Ray release and the reader's (the Python that read the GCS).
     Different releases still read (the GCS protocol held across 2.33-2.60), but the
     operator should know; an unknown cluster release is said, never guessed."""
-    detail = f"cluster Ray {cluster or 'unknown'}, reader Ray {reader or 'unknown'}"
+    detail = f"{CLUSTER_RAY}{cluster or 'unknown'}, reader Ray {reader or 'unknown'}"
     if cluster is None:
         reason = f"the cluster's Ray version is unknown: {why_unknown or 'not reported'}"
     elif reader and reader != cluster:

@@ -42,6 +42,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tests import debian_deps
+
 APPLIED = frozenset(
     {
         "User",
@@ -494,8 +496,9 @@ def missing() -> str:
     if os.geteuid() != 0:
         return "needs root (bwrap's mounts without a user namespace, setpriv's uid change)"
     for tool in ("bwrap", "setpriv", "prlimit", "systemd-analyze"):
-        if shutil.which(tool) is None:
-            return f"needs {tool} (`make debian-deps` installs bubblewrap and systemd)"
+        why = debian_deps.why_missing(tool)
+        if why:
+            return why
     try:
         ctypes.CDLL("libseccomp.so.2")
     except OSError:

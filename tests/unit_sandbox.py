@@ -42,8 +42,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tests import debian_deps
-
 APPLIED = frozenset(
     {
         "User",
@@ -495,6 +493,8 @@ def missing() -> str:
     """What this host lacks to build the sandbox (``""``: nothing)."""
     if os.geteuid() != 0:
         return "needs root (bwrap's mounts without a user namespace, setpriv's uid change)"
+    from tests import debian_deps  # here, not at the top: this file also runs alone, copied into the sandbox
+
     for tool in ("bwrap", "setpriv", "prlimit", "systemd-analyze"):
         why = debian_deps.why_missing(tool)
         if why:

@@ -29,6 +29,7 @@ from rayscope.sources import dashboard, dashboard_http
 from rayscope.sources.gcs import raycompat
 from rayscope.units import MIB
 from tests import fake_nvml
+from tests.support import fake_server
 
 DATA = Path(__file__).resolve().parent / "data" / "dashboard"
 RECORDED = sorted(DATA.glob("ray-*.json"))
@@ -457,8 +458,7 @@ class FakeDashboard:
 
     def close(self) -> None:
         self.stop.set()
-        with contextlib.suppress(OSError):
-            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() at once
+        fake_server.wake(self.listener)
         self.thread.join(timeout=10)
         self.listener.close()
 

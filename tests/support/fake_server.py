@@ -22,6 +22,13 @@ JOIN_TIMEOUT_S = 5.0
 POLL_S = 0.02
 
 
+def wake(listener: socket.socket) -> None:
+    """Shut ``listener`` down: a thread blocked in its ``accept()`` gets an OSError at once
+    (closing it alone does not wake that thread on Linux)."""
+    with contextlib.suppress(OSError):
+        listener.shutdown(socket.SHUT_RDWR)
+
+
 class FakeServer:
     """``handle(conn)`` for every connection to ``port``; ``connections`` counts them. The
     handler's socket has a ``CONNECTION_TIMEOUT_S`` timeout and is closed after it returns."""
@@ -62,8 +69,7 @@ class FakeServer:
         """Stop accepting, wake the acceptor, and wait for every handler (``stop`` is set for
         handlers that wait on it)."""
         self.stop.set()
-        with contextlib.suppress(OSError):
-            self.listener.shutdown(socket.SHUT_RDWR)
+        wake(self.listener)
         self._acceptor.join(JOIN_TIMEOUT_S)
         self.listener.close()
         for handler in self._handlers:

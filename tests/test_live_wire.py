@@ -30,6 +30,7 @@ from rayscope.net import wire
 from tests.conftest import REPO, Daemon, base_env, free_port, push_agent, run_rayscope
 from tests.reliability_plugin import FaultRecord
 from tests.schemas import parsed
+from tests.support import fake_server
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.live
@@ -122,6 +123,7 @@ class Proxy:
         self.cut = threading.Event()
         self._stop = threading.Event()
         self._sockets: list[socket.socket] = [self.listener]
+        self._pipes: list[threading.Thread] = []
         self._acceptor = threading.Thread(target=self._accept, daemon=True)
         self._acceptor.start()
 
@@ -140,8 +142,9 @@ class Proxy:
             self._sockets += [client, upstream]
             recording = bytearray()
             self.recordings.append(recording)
-            threading.Thread(target=self._pipe, args=(client, upstream, recording), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(upstream, client, None), daemon=True).start()
+            for args in ((client, upstream, recording), (upstream, client, None)):
+                self._pipes.append(threading.Thread(target=self._pipe, args=args, daemon=True))
+                self._pipes[-1].start()
 
     def _pipe(self, src: socket.socket, dst: socket.socket, recording: Optional[bytearray]) -> None:
         src.settimeout(0.2)
@@ -166,8 +169,10 @@ class Proxy:
 
     def close(self) -> None:
         self._stop.set()
+        fake_server.wake(self.listener)
         self._acceptor.join(timeout=10)  # no socket added after the loop below closed them
-        time.sleep(0.3)
+        for pipe in self._pipes:  # each sees the stop within its 0.2 s recv timeout
+            pipe.join(timeout=10)
         for s in self._sockets:
             s.close()
 

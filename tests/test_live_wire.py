@@ -516,7 +516,13 @@ def test_http_worker_threads_are_bounded(tmp_path: Path, token: Path) -> None:
         base = eventually(settled, 20, "the head's thread count settles")
         for _ in range(60):  # each kept as it is made: closed below if a later one fails
             idle.append(socket.create_connection(("127.0.0.1", head.http_port), timeout=5))
-        time.sleep(1.0)
+
+        def held() -> bool:  # accepted by the head: its own sockets, not the kernel's backlog
+            port = head.http_port
+            mine = [c for c in process.net_connections("tcp") if c.laddr and c.laddr.port == port]
+            return len([c for c in mine if c.status == psutil.CONN_ESTABLISHED]) >= len(idle)
+
+        eventually(held, 20, f"the head holds the {len(idle)} idle connections")
         threads = psutil.Process(head.process.pid).num_threads()
         assert threads - base <= HTTP_WORKERS + 2, (base, threads)  # main: 53 more
         for s in idle:

@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO, base_env, free_port, run_rayscope
+from tests.support import fake_server
 
 DAY = "give more than 0 and at most 86400 seconds"
 GPU_MB = "give more than 0 and at most 1048576 MB, or -1 for a whole GPU"
@@ -352,6 +353,7 @@ def speaks_http2_first() -> Iterator[int]:
         yield int(server.getsockname()[1])
     finally:
         stop.set()
+        fake_server.wake(server)
         thread.join(timeout=5)
         server.close()
 

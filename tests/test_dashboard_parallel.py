@@ -23,7 +23,7 @@ from rayscope.sources.dashboard_read import ParallelRead
 from rayscope.sources.gcs import child as gcs_child
 from rayscope.sources.gcs import prestart as gcs_prestart
 from rayscope.sources.gcs import read as gcs_read
-from tests.test_dashboard_source import NODE_ID, FakeDashboard, answer, http, node
+from tests.test_dashboard_source import NODE_ID, FakeDashboard, answer, hangs, http, node
 
 Serving = Callable[[Callable[[socket.socket, bytes], None]], FakeDashboard]
 
@@ -110,7 +110,7 @@ def test_the_environment_names_it_too(serving: Serving) -> None:
 
 
 def test_a_hanging_dashboard_costs_nothing_past_the_deadline(serving: Serving) -> None:
-    server = serving(lambda conn, _r: time.sleep(4))
+    server = serving(hangs)
     started = time.monotonic()
     early = ParallelRead(server.url, Deadline(1.0), None, {})
     read = early.result("2.60.0", None, "")

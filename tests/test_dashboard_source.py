@@ -29,6 +29,7 @@ from rayscope.sources import dashboard, dashboard_http
 from rayscope.sources.gcs import raycompat
 from rayscope.units import MIB
 from tests import fake_nvml
+from tests.support import fake_server
 
 DATA = Path(__file__).resolve().parent / "data" / "dashboard"
 RECORDED = sorted(DATA.glob("ray-*.json"))
@@ -436,6 +437,8 @@ class FakeDashboard:
                 conn, _ = self.listener.accept()
             except socket.timeout:
                 continue
+            except OSError:  # shut down by close()
+                return
             conn.settimeout(5)
             if self.context is not None:
                 try:
@@ -455,6 +458,7 @@ class FakeDashboard:
 
     def close(self) -> None:
         self.stop.set()
+        fake_server.wake(self.listener)
         self.thread.join(timeout=10)
         self.listener.close()
 
@@ -520,8 +524,14 @@ def test_an_https_dashboard_is_read_and_its_tls_socket_closed(tmp_path: Path, mo
     assert [str(w.message) for w in seen if issubclass(w.category, ResourceWarning)] == []
 
 
+def hangs(conn: socket.socket, _request: bytes) -> None:
+    """A dashboard that never answers: it holds the connection until the client hangs up
+    (a fixed sleep here was the close's wait on a healthy run)."""
+    conn.recv(1)
+
+
 def test_a_dashboard_that_hangs_is_cut_at_the_deadline(serving: Any) -> None:
-    server = serving(lambda conn, _r: time.sleep(3))
+    server = serving(hangs)
     started = time.monotonic()
     _, status = dashboard.read_nodes(dashboard.Address(server.url, "GCS"), 0.5, "2.60.0", {})
     assert time.monotonic() - started < 1.5

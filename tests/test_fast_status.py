@@ -20,7 +20,6 @@ import json
 import socket
 import ssl
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -40,6 +39,7 @@ from rayscope.schema.report import SourceStatus
 from rayscope.schema.status import ClusterStatus
 from tests import scenarios
 from tests.conftest import free_port
+from tests.support import fake_server
 
 Run = tuple[int, str, str]
 Headers = list[tuple[str, str]]
@@ -117,8 +117,7 @@ class FakeHead:
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         if tls is not None:  # handshakes in accept(): a failed one is the server's OSError, and it serves on
             self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+        self.thread = fake_server.serve_forever(self.server)
         self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.server.server_address[1]}"
 
     def answer(
@@ -151,9 +150,7 @@ class FakeHead:
         return 200, "application/json", document, headers
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=10)
+        fake_server.stop(self.server, self.thread)
 
 
 @contextlib.contextmanager

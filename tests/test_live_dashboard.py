@@ -30,7 +30,7 @@ from tests.conftest import (
     running_dashboard_cluster,
 )
 from tests.test_bioengine_contract import assert_keeps_the_contract
-from tests.test_dashboard_source import FakeDashboard, http
+from tests.test_dashboard_source import FakeDashboard, hangs, http
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.live
@@ -252,7 +252,7 @@ def test_none_reads_no_dashboard(dashboard_cluster: LiveCluster) -> None:
 
 
 HOSTILE = {
-    "hangs": (lambda conn, _r: time.sleep(8), "did not answer in time (timeout"),
+    "hangs": (hangs, "did not answer in time (timeout"),
     "500": (lambda conn, _r: conn.sendall(http(500, b"Internal Server Error")), "answered HTTP 500"),
     "garbage": (lambda conn, _r: conn.sendall(http(200, b"<html>proxy</html>")), "answered no node summary"),
     "wants a token": (

@@ -29,6 +29,7 @@ from rayscope.schema.usage import SavedActor, SavedDevice, SavedUsage
 from rayscope.sinks.logs import LogThrottle
 from tests.conftest import HeadDaemon, base_env, free_port
 from tests.reliability_plugin import FaultRecord
+from tests.waiting import eventually
 
 ACTORS = 1000
 PARALLEL = 40
@@ -185,7 +186,7 @@ def test_the_answers_kept_are_bounded() -> None:
 
 
 @pytest.fixture
-def blocked_port(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[int, threading.Event]]:
+def blocked_port(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[int, threading.Event, HttpPort]]:
     """An HTTP port whose every answer but ``/healthz``'s blocks until the event is set."""
     release = threading.Event()
     throttle = LogThrottle(logging.getLogger("test"))
@@ -205,7 +206,7 @@ def blocked_port(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[int, threadi
     runner = threading.Thread(target=loop.run_forever, daemon=True)
     runner.start()
     try:
-        yield server.sockets[0].getsockname()[1], release
+        yield server.sockets[0].getsockname()[1], release, port
     finally:
         release.set()
         loop.call_soon_threadsafe(server.close)
@@ -216,17 +217,20 @@ def blocked_port(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[int, threadi
         port.close()
 
 
-def test_healthz_never_waits_in_the_workers_queue(blocked_port: tuple[int, threading.Event]) -> None:
+def test_healthz_never_waits_in_the_workers_queue(
+    blocked_port: tuple[int, threading.Event, HttpPort],
+) -> None:
     """Every worker busy and the queue full (renders that take long): ``/healthz`` still
     answers at once, from its own worker. Positive control: drop the ``/healthz`` branch of
     ``HttpPort.serve`` and it waits (here: times out) behind the blocked answers."""
-    port, release = blocked_port
+    port, release, http_port = blocked_port
     busy: list[http.client.HTTPConnection] = []
     try:  # every connection closed, a failed assert's too (not left to the collector)
         for _ in range(HTTP_WORKERS + MAX_WAITING // 2):
             busy.append(http.client.HTTPConnection("127.0.0.1", port, timeout=30))
             busy[-1].request("GET", "/v1/usage")
-        time.sleep(0.5)  # every request read and handed to the pool
+        sent = len(busy)
+        eventually(lambda: http_port._in_flight == sent, 10, "every request read and handed to the pool")
         probe = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
         busy.append(probe)
         started = time.monotonic()

@@ -11,7 +11,6 @@ exactly its complaint about ``rayscope_cpus_total`` and ``rayscope_gpus_total``
 """
 
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from rayscope.core.isolation import unreadable
 from rayscope.render.metrics import RENAMED, family_names, metrics_text
 from rayscope.schema.report import GpuDevice, GpuHealth
 from rayscope.schema.status import ClusterStatus, DeviceFree, NodePlacement
+from tests import debian_deps
 from tests.golden import GOLDEN
 from tests.scenarios import a100_worker, pending_status
 
@@ -36,11 +36,7 @@ GIB = 1024**3
 
 def promtool(*args: str, stdin: str = "", cwd: Path = REPO) -> "subprocess.CompletedProcess[str]":
     """``promtool ARGS`` with ``stdin``; a failure (not a skip) when it is not installed."""
-    path = shutil.which("promtool")
-    if path is None:
-        pytest.fail(
-            "promtool not found: `apt-get install -y prometheus` (Debian) gives it; .ci/run installs it"
-        )
+    path = debian_deps.need("promtool")
     return subprocess.run(
         [path, *args], input=stdin, capture_output=True, text=True, timeout=60, cwd=cwd, check=False
     )

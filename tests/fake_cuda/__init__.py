@@ -15,6 +15,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from tests import debian_deps
+
 SOURCE = Path(__file__).resolve().with_name("fake_cuda.c")
 LIBRARY = "libcuda.so.1"
 SCENARIO_ENV = "RAYSCOPE_FAKE_CUDA_SCENARIO"
@@ -44,7 +46,7 @@ def build(lib_dir: Path) -> FakeCuda:
     """Compile ``fake_cuda.c`` into ``lib_dir/libcuda.so.1`` (warnings are errors)."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
-        raise RuntimeError("no C compiler (cc) on PATH: the fake CUDA library cannot be built")
+        raise RuntimeError(f"the fake CUDA library cannot be built: {debian_deps.why_missing('cc')}")
     lib_dir.mkdir(parents=True, exist_ok=True)
     subprocess.run(
         [

@@ -141,3 +141,28 @@ def test_status_json_carries_labels_without_the_node_id() -> None:
     assert all("ray.io/node-id" not in n["labels"] for n in doc["nodes"].values())
     seed = parsed(status_json(seed_status()), "status")
     assert all("labels" not in n for n in seed["nodes"].values())
+
+
+@pytest.mark.parametrize("token", ["RTX4090", "GeForce-RTX-4090"])
+def test_a_node_with_two_accelerator_tokens_takes_a_shape_asking_either(token: str) -> None:
+    """Declared ``RTX4090`` beside Ray 2.58's detected ``GeForce-RTX-4090`` (its label): the
+    line shows the declared one, and a shape asking either fits, as Ray places it."""
+    from rayscope.core.capacity.sizing import fit_request
+    from rayscope.core.rollup import merge, scheduler_nodes
+    from rayscope.schema.status import RayNode
+
+    node_id = "cd" * 28
+    total = {"GPU": 1.0, "accelerator_type:RTX4090": 1.0, "accelerator_type:GeForce-RTX-4090": 1.0}
+    labels = {"ray.io/node-id": node_id, "ray.io/accelerator-type": "GeForce-RTX-4090"}
+    view = RayNode(node_id=node_id, node_ip="10.0.0.9", total=total, available=total, labels=labels)
+    status = merge(
+        scheduler_nodes([view]),
+        {},
+        now=1.0,
+        stale_after_s=15,
+        view="gcs",
+        sources=[SourceStatus(name="gcs", ok=True)],
+    )
+    request = fit_request(None, f'{{"GPU": 0.5, "accelerator_type:{token}": 0.001}}', 1, 0.0, 0.0)
+    result = fit.fit(status, request)
+    assert result.fits_booking and result.nodes[0].accelerator_type == "RTX4090"

@@ -7,6 +7,9 @@ still passes; summing dead nodes fails ``test_dead_nodes_are_not_summed``.
 """
 
 import math
+from typing import Optional
+
+import pytest
 
 from rayscope.core.gpu.memory import MeasuredMemory, bioengine_memory, measured_memory
 from rayscope.core.rollup import (
@@ -181,3 +184,32 @@ def test_of_two_accelerator_tokens_the_first_by_name_whatever_the_gcs_order() ->
     fake NVML): the GCS lists the two in no fixed order, the line named either (seen live)."""
     names = ["accelerator_type:G", "accelerator_type:GeForce-RTX-3090"]
     assert accelerator_type(names) == accelerator_type(names[::-1]) == "G"
+
+
+@pytest.mark.parametrize(
+    ("detected", "tokens", "shown"),
+    [
+        ("GeForce-RTX-4090", ["accelerator_type:GeForce-RTX-4090", "accelerator_type:RTX4090"], "RTX4090"),
+        ("GeForce-RTX-3090", ["accelerator_type:G", "accelerator_type:GeForce-RTX-3090"], "G"),
+        ("A100", ["accelerator_type:A100"], "A100"),
+        (None, ["accelerator_type:RTX4090", "accelerator_type:GeForce-RTX-4090"], "GeForce-RTX-4090"),
+    ],
+)
+def test_a_declared_token_is_shown_over_the_one_ray_detected(
+    detected: Optional[str], tokens: list[str], shown: str
+) -> None:
+    """Ray 2.58+ names an RTX 4090 ``GeForce-RTX-4090`` (2.55: ``G``) and labels the node with
+    it (``ray.io/accelerator-type``); a token the operator declared beside it is what the apps
+    ask for, and what every line shows, in either GCS order. Without the label (before 2.49)
+    nothing tells them apart: the first by name."""
+    labels = {"ray.io/node-id": "ab" * 28, **({"ray.io/accelerator-type": detected} if detected else {})}
+    for names in (tokens, tokens[::-1]):
+        view = RayNode(
+            node_id="ab" * 28,
+            node_ip="10.0.0.9",
+            total={"GPU": 1.0, **dict.fromkeys(names, 1.0)},
+            labels=labels,
+        )
+        status = merge(scheduler_nodes([view]), {}, now=NOW, stale_after_s=15, view="gcs")
+        assert status.nodes["ab" * 28].accelerator_type == shown
+        assert accelerator_type(names, labels) == shown

@@ -30,6 +30,9 @@ RAY_UNITS_PER_ONE = 10_000
 
 ACCELERATOR_PREFIX = "accelerator_type:"
 """Ray's accelerator resource, ``accelerator_type:<token>`` (its token is what users schedule on)."""
+ACCELERATOR_LABEL = "ray.io/accelerator-type"
+"""Ray's label of the token it detected on the node (2.49+), beside any ``accelerator_type:``
+the operator declared: a node's line shows the declared one (``core.rollup.resource_tokens``)."""
 
 
 def ray_round(amount: float) -> float:

@@ -29,7 +29,7 @@ from rayscope.schema.status import (
     RayNode,
     ReceivedReport,
 )
-from rayscope.units import is_count, ray_round
+from rayscope.units import ACCELERATOR_LABEL, is_count, ray_round
 
 STALE_INTERVALS = 3
 """A report older than this many reporting intervals is stale (docs/architecture.md, agents)."""
@@ -89,20 +89,23 @@ def used_amount(total: float, available: float) -> float:
     return ray_round(max(0.0, total - available))
 
 
-def resource_tokens(resources: Iterable[str]) -> tuple[Optional[str], Optional[str], Optional[str], bool]:
+def resource_tokens(
+    resources: Iterable[str], detected: Optional[str] = None
+) -> tuple[Optional[str], Optional[str], Optional[str], bool]:
     """(node IP, accelerator type, SLURM job id, is head) from a node's resource names, in one
     pass: ``node:<ip>``, ``accelerator_type:<token>``, ``slurm_job_id:<id>``,
     ``node:__internal_head__``. Prefixes are split off (``lstrip`` would eat token letters).
-    Of several accelerator tokens (one declared beside the one Ray detected) the first by
-    name: the GCS lists a node's resources in no fixed order."""
-    ip = accelerator = slurm = None
+    Of several accelerator tokens the one the operator declared, not ``detected`` (Ray's own,
+    its ``ray.io/accelerator-type`` label, 2.49+), else the first by name (the GCS keeps no order)."""
+    ip = slurm = None
+    tokens: set[str] = set()
     head = False
     for name in resources:
         kind, colon, value = name.partition(":")
         if not colon:
             continue
         if kind == "accelerator_type":
-            accelerator = min(value, accelerator or value)
+            tokens.add(value)
         elif kind == "slurm_job_id":
             slurm = value
         elif kind == "node":
@@ -110,12 +113,14 @@ def resource_tokens(resources: Iterable[str]) -> tuple[Optional[str], Optional[s
                 head = True
             elif not value.startswith("__"):
                 ip = value
+    declared = tokens - {detected} if detected else tokens
+    accelerator = min(declared or tokens) if tokens else None
     return ip, accelerator, slurm, head
 
 
-def accelerator_type(resources: Iterable[str]) -> Optional[str]:
-    """Ray's accelerator token from an ``accelerator_type:X`` resource."""
-    return resource_tokens(resources)[1]
+def accelerator_type(resources: Iterable[str], labels: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """The accelerator token of a node's ``resources`` and ``labels`` (:func:`resource_tokens`)."""
+    return resource_tokens(resources, (labels or {}).get(ACCELERATOR_LABEL))[1]
 
 
 def slurm_job_id(resources: Iterable[str]) -> Optional[str]:
@@ -180,7 +185,7 @@ def _node_from_view(view: RayNode) -> NodeStatus:
     total = view.total
     # A dead node's availability is gone with it: nothing runs there, so nothing is used.
     available = view.available if view.alive and view.available is not None else total
-    ip, accelerator, slurm, head = resource_tokens(total)
+    ip, accelerator, slurm, head = resource_tokens(total, view.labels.get(ACCELERATOR_LABEL))
     node = _node(
         total,
         available,
@@ -209,7 +214,7 @@ def _node_from_report(report: NodeReport, key: str) -> NodeStatus:
         node_id=report.node_id or key,
         node_ip=raylet.node_ip if raylet else None,
         head=raylet.is_head if raylet else False,
-        accelerator=accelerator_type(raylet.static_resources) if raylet else None,
+        accelerator=accelerator_type(raylet.static_resources, raylet.labels) if raylet else None,
     )
     node.in_scheduler = False
     return node

@@ -42,7 +42,7 @@ from rayscope.labels import node_label
 from rayscope.schema.dashboard import DASHBOARD_SOURCE
 from rayscope.schema.fit import FitRequest, FitResult, GpuFit, NodeFit
 from rayscope.schema.status import ClusterStatus, NodeStatus
-from rayscope.units import ACCELERATOR_PREFIX, MIB, ray_round, ray_units
+from rayscope.units import ACCELERATOR_LABEL, ACCELERATOR_PREFIX, MIB, ray_round, ray_units
 
 EXIT_FITS = 0
 EXIT_DOES_NOT_FIT = 1
@@ -61,7 +61,10 @@ def available(node: NodeStatus, resource: str) -> Optional[float]:
         return max(0.0, total - used) if total > 0 else None
     if resource.startswith(ACCELERATOR_PREFIX):
         # The GCS view in ClusterStatus names the token but not its availability; nobody books it whole.
-        return 1.0 if ray_accelerator(node) == resource[len(ACCELERATOR_PREFIX) :] else None
+        # A node has the token its line shows and, from 2.49, the one Ray detected (its label).
+        token = resource[len(ACCELERATOR_PREFIX) :]
+        detected = node.labels.get(ACCELERATOR_LABEL) if isinstance(node.labels, dict) else None
+        return 1.0 if token in (ray_accelerator(node), detected) else None
     return None
 
 

@@ -501,7 +501,7 @@ def test_an_https_dashboard_is_read_and_its_tls_socket_closed(tmp_path: Path, mo
     the TLS socket closed by the read, not left to the collector: a daemon reads the
     dashboard every interval. Positive control: close only the plain socket in
     ``dashboard_http.get`` (as before) and its ResourceWarning is seen."""
-    from tests.test_live_wire import make_pki
+    from tests.support.pki import make_pki
 
     pki = make_pki(tmp_path)
     monkeypatch.setenv("SSL_CERT_FILE", str(pki["ca.pem"]))

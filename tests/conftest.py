@@ -27,7 +27,10 @@ import pytest
 from tests import fake_nvml
 from tests.waiting import eventually
 
-pytest_plugins = ["tests.reliability_plugin"]  # the `fault` fixture: RELIABILITY.md's rows
+pytest_plugins = [
+    "tests.reliability_plugin",  # the `fault` fixture: RELIABILITY.md's rows
+    "tests.support.fixtures",  # the fixtures more than one test module uses
+]
 
 REPO = Path(__file__).resolve().parent.parent
 LIVECLUSTER = REPO / "tests" / "livecluster.py"

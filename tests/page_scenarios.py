@@ -108,7 +108,7 @@ def first_hour_status() -> ClusterStatus:
     placement: a segment per actor still); the deNBI T4 and its 0.33 app without an agent;
     the CPU node. As a head serves it with ``?gpus=1``."""
     from tests.scenarios import CPU, EUROPA, SEED_REPORTS, SEED_VIEWS, T4, report, view
-    from tests.test_attribution import EUROPA_ACTORS, EUROPA_PROCESSES, actor, outsider, seed_with_gpus
+    from tests.support.seeds import EUROPA_ACTORS, EUROPA_PROCESSES, actor, outsider, seed_with_gpus
 
     seeded, _ = seed_with_gpus()
     europa = seeded.nodes[EUROPA]

@@ -10,7 +10,6 @@ under the lock; ages followed the wall clock; a clean stop looked like a crash.
 import logging
 import time
 import tracemalloc
-from collections.abc import Iterator
 from email.message import Message
 from typing import Any
 
@@ -38,15 +37,6 @@ from tests.support.report_port import Agent, Port, closed_by_head
 
 NODE = "ab" * 28
 GIB = 1024**3
-
-
-@pytest.fixture
-def port() -> Iterator[Port]:
-    p = Port()
-    try:
-        yield p
-    finally:
-        p.close()
 
 
 def a_report(node_id: str = NODE, used_gib: int = 1, hostname: str = "gpu-1") -> NodeReport:

@@ -4,7 +4,6 @@ throttled logs; and the push agent's trimming of a report too big for a frame.""
 import logging
 import struct
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import msgspec
@@ -22,15 +21,6 @@ from tests.support.report_port import TOKEN, Port, closed_by_head, connect, rece
 def a_payload(node_id: str = "ab" * 28) -> bytes:
     report = SEED_REPORTS[next(iter(SEED_REPORTS))].report
     return msgspec.msgpack.encode(msgspec.structs.replace(report, node_id=node_id))
-
-
-@pytest.fixture
-def port() -> Iterator[Port]:
-    p = Port()
-    try:
-        yield p
-    finally:
-        p.close()
 
 
 def test_a_good_frame_is_acked_and_taken(port: Port) -> None:

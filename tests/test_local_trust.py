@@ -46,15 +46,6 @@ def shared_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.fixture
-def fake_gcs() -> Iterator[str]:
-    """A listening port that never answers: enough for the port check to pass."""
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen(8)
-        yield f"127.0.0.1:{server.getsockname()[1]}"
-
-
 def _marker_script(path: Path, marker: Path, owner: int) -> None:
     path.write_text(f'#!/bin/sh\necho ran > {marker}\necho \'{{"ok": false, "error": "planted"}}\'\n')
     path.chmod(0o755)

@@ -29,8 +29,8 @@ from rayscope.schema.status import ClusterStatus
 from tests.golden import check_golden
 from tests.page_scenarios import VM, big_status, first_hour_status, first_hour_usage
 from tests.scenarios import EUROPA, T4, mixed_status, seed_status
-from tests.test_attribution import seed_with_gpus
-from tests.test_placement import fragmented_status
+from tests.support.placement import fragmented_status
+from tests.support.seeds import seed_with_gpus
 
 
 def head_seed() -> ClusterStatus:
@@ -187,7 +187,7 @@ def test_an_unhealthy_gpu_and_an_unreliable_measurement_are_marked() -> None:
 def test_a_device_fuller_than_the_node_sum_is_marked() -> None:
     """Two 0.6 replicas on a 2-GPU node: 1.2/2 by the sum, 0.6 on each device: not fuller.
     One whole-GPU actor on a 4-GPU node booked 1.5: GPU1 is full, the node reads 0.38."""
-    from tests.test_placement import FOUR, booking, node, raylet
+    from tests.support.placement import FOUR, booking, node, raylet
 
     status = node(4, 1.5, total_vram=4 * 40960, used_vram=20480)
     actors = [booking("b" * 32, [(1, 1.0)]), booking("a" * 32, [(0, 0.5)], vram_mb=20480)]

@@ -11,8 +11,6 @@ exactly its complaint about ``rayscope_cpus_total`` and ``rayscope_gpus_total``
 """
 
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import msgspec
@@ -24,30 +22,13 @@ from rayscope.schema.report import GpuDevice, GpuHealth
 from rayscope.schema.status import ClusterStatus, DeviceFree, NodePlacement
 from tests.golden import GOLDEN
 from tests.scenarios import a100_worker, pending_status
+from tests.support.promtool import RULES_DIR, lint, promtool
 
-REPO = Path(__file__).resolve().parent.parent
-RULES_DIR = REPO / "deploy" / "prometheus"
 NODE = "4a" * 28
 BROKEN = "b0" * 28
 """A node whose report could not be merged or rendered (rayscope.core.isolation)."""
 UUID = "GPU-00000000-5f1c-4d3e-9a7b-000000000000"
 GIB = 1024**3
-
-
-def promtool(*args: str, stdin: str = "", cwd: Path = REPO) -> "subprocess.CompletedProcess[str]":
-    """``promtool ARGS`` with ``stdin``; a failure (not a skip) when it is not installed."""
-    path = shutil.which("promtool")
-    if path is None:
-        pytest.fail(
-            "promtool not found: `apt-get install -y prometheus` (Debian) gives it; .ci/run installs it"
-        )
-    return subprocess.run(
-        [path, *args], input=stdin, capture_output=True, text=True, timeout=60, cwd=cwd, check=False
-    )
-
-
-def lint(text: str) -> "subprocess.CompletedProcess[str]":
-    return promtool("check", "metrics", stdin=text)
 
 
 def every_family_status() -> ClusterStatus:

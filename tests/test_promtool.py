@@ -22,7 +22,8 @@ from rayscope.schema.report import GpuDevice, GpuHealth
 from rayscope.schema.status import ClusterStatus, DeviceFree, NodePlacement
 from tests.golden import GOLDEN
 from tests.scenarios import a100_worker, pending_status
-from tests.support.promtool import RULES_DIR, lint, promtool
+from tests.support.deploy import RULES_DIR
+from tests.support.promtool import lint, promtool
 
 NODE = "4a" * 28
 BROKEN = "b0" * 28

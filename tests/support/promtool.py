@@ -8,8 +8,6 @@ import pytest
 
 from tests.conftest import REPO
 
-RULES_DIR = REPO / "deploy" / "prometheus"
-
 
 def promtool(*args: str, stdin: str = "", cwd: Path = REPO) -> "subprocess.CompletedProcess[str]":
     """``promtool ARGS`` with ``stdin``; a failure (not a skip) when it is not installed."""

@@ -8,10 +8,11 @@ scenario file (format: the comment at the top of ``fake_nvml.c``).
 
 import os
 import shutil
-import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Optional
+
+from tests.support import cbuild
 
 SOURCE = Path(__file__).resolve().with_name("fake_nvml.c")
 LIBRARY = "libnvidia-ml.so.1"
@@ -61,24 +62,7 @@ def build(lib_dir: Path, era: str = "current") -> FakeNvml:
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         raise RuntimeError("no C compiler (cc) on PATH: the fake NVML library cannot be built")
-    subprocess.run(
-        [
-            cc,
-            "-shared",
-            "-fPIC",
-            "-O1",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            *ERAS[era],
-            "-o",
-            str(lib_dir / LIBRARY),
-            str(SOURCE),
-        ],
-        check=True,
-        timeout=120,
-        capture_output=True,
-    )
+    cbuild.shared_library(cc, SOURCE, lib_dir / LIBRARY, ERAS[era])
     return FakeNvml(lib_dir)
 
 

@@ -63,12 +63,17 @@ def base_env(**extra: str) -> dict[str, str]:
 
 
 def run_rayscope(
-    *args: str, env: Optional[Mapping[str, str]] = None, timeout: float = 60.0
+    *args: str,
+    env: Optional[Mapping[str, str]] = None,
+    timeout: float = 60.0,
+    cwd: Path = REPO,
+    prefix: Sequence[str] = (),
 ) -> "subprocess.CompletedProcess[str]":
-    """``python -m rayscope ARGS`` as an operator runs it: its own process, real exit code."""
+    """``python -m rayscope ARGS`` as an operator runs it: its own process, real exit code
+    (in ``cwd``; under another command, ``prefix``, such as ``unshare``)."""
     return subprocess.run(
-        [sys.executable, "-m", "rayscope", *args],
-        cwd=REPO,
+        [*prefix, sys.executable, "-m", "rayscope", *args],
+        cwd=cwd,
         env=dict(env) if env is not None else base_env(RAY_AUTH_MODE="disabled"),
         capture_output=True,
         text=True,

@@ -14,7 +14,6 @@ import socket
 import stat
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -30,6 +29,7 @@ from rayscope.sources.gcs import address as gcs_address
 from rayscope.sources.gcs import child as gcs_child
 from rayscope.sources.gcs import reader as gcs
 from tests.conftest import REPO, base_env
+from tests.support import dirs
 from tests.waiting import eventually
 
 NOBODY = 65534
@@ -40,10 +40,8 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="setpriv to another ui
 @pytest.fixture
 def shared_dir() -> Iterator[Path]:
     """A directory every user can enter (as /tmp/x would be), owned by the test's user."""
-    path = Path(tempfile.mkdtemp(prefix="rayscope-trust-"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    with dirs.open_dir("rayscope-trust-", 0o755) as path:
+        yield path
 
 
 def _marker_script(path: Path, marker: Path, owner: int) -> None:

@@ -53,8 +53,7 @@ from tests.support.bioengine import (
     bioengine_problems,
     node_problems,
 )
-from tests.support.fleet import Fleet
-from tests.waiting import eventually
+from tests.support.fleet import Fleet, running_fleet
 
 # --- recorded documents ---------------------------------------------------------------------
 
@@ -197,12 +196,8 @@ def reporting_fleet(
     live_cluster: LiveCluster, tmp_path_factory: pytest.TempPathFactory, wire_token: Path
 ) -> Iterator[Fleet]:
     """A head agent and a push agent per node of the session's cluster (as test_live_head)."""
-    fleet = Fleet(live_cluster, tmp_path_factory.mktemp("contract-fleet"), wire_token)
-    try:
-        eventually(fleet.all_reporting, what="all agents reporting")
-        yield fleet
-    finally:
-        fleet.stop()
+    with running_fleet(live_cluster, tmp_path_factory.mktemp("contract-fleet"), wire_token) as running:
+        yield running
 
 
 @pytest.mark.live

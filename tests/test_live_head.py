@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import HeadDaemon, LiveCluster, base_env, free_port, push_agent, run_rayscope
 from tests.schemas import parsed
-from tests.support.fleet import INTERVAL, NODES, Fleet
+from tests.support.fleet import INTERVAL, NODES, Fleet, running_fleet
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.live
@@ -22,12 +22,8 @@ pytestmark = pytest.mark.live
 def shared_fleet(
     live_cluster: LiveCluster, tmp_path_factory: pytest.TempPathFactory, wire_token: Path
 ) -> Iterator[Fleet]:
-    fleet = Fleet(live_cluster, tmp_path_factory.mktemp("fleet"), wire_token)
-    try:
-        eventually(fleet.all_reporting, what="all agents reporting")
-        yield fleet
-    finally:
-        fleet.stop()
+    with running_fleet(live_cluster, tmp_path_factory.mktemp("fleet"), wire_token) as running:
+        yield running
 
 
 @pytest.fixture

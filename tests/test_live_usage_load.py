@@ -7,7 +7,6 @@ workers, so 40 parallel requests queued every other request, ``/healthz`` includ
 them: the probe measured ``/healthz`` held for 19.8 s.
 """
 
-import asyncio
 import http.client
 import logging
 import threading
@@ -28,6 +27,7 @@ from rayscope.head.store.usage_store import open_store
 from rayscope.sinks.logs import LogThrottle
 from tests.conftest import HeadDaemon, base_env, free_port
 from tests.reliability_plugin import FaultRecord
+from tests.support import http_port
 from tests.support.usage_state import ACTORS, INTERVAL_S, full_window
 
 PARALLEL = 40
@@ -164,21 +164,11 @@ def blocked_port(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[int, threadi
         return answer(request)
 
     monkeypatch.setattr(routes, "answer", blocking)
-    port = HttpPort(routes, throttle)
-    loop = asyncio.new_event_loop()
-    server = loop.run_until_complete(loop.create_server(port.connection, "127.0.0.1", 0))
-    runner = threading.Thread(target=loop.run_forever, daemon=True)
-    runner.start()
-    try:
-        yield server.sockets[0].getsockname()[1], release
-    finally:
-        release.set()
-        loop.call_soon_threadsafe(server.close)
-        loop.call_soon_threadsafe(loop.stop)
-        runner.join(5)
-        loop.run_until_complete(server.wait_closed())
-        loop.close()
-        port.close()
+    with http_port.serving(HttpPort(routes, throttle)) as port:
+        try:
+            yield port, release
+        finally:
+            release.set()
 
 
 def test_healthz_never_waits_in_the_workers_queue(blocked_port: tuple[int, threading.Event]) -> None:

@@ -1,11 +1,14 @@
 """A live fleet on the test cluster: ``rayscope head`` and one ``rayscope push`` per Ray node."""
 
+import contextlib
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
 from tests.conftest import Daemon, HeadDaemon, LiveCluster, base_env, push_agent, run_rayscope
 from tests.schemas import parsed
+from tests.waiting import eventually
 
 INTERVAL = 1.0
 
@@ -72,3 +75,14 @@ class Fleet:
         for agent in self.agents.values():
             agent.stop()
         self.head.stop()
+
+
+@contextlib.contextmanager
+def running_fleet(cluster: LiveCluster, logs: Path, token_file: Path) -> Iterator[Fleet]:
+    """A fleet on ``cluster`` once every agent reports; stopped afterwards."""
+    fleet = Fleet(cluster, logs, token_file)
+    try:
+        eventually(fleet.all_reporting, what="all agents reporting")
+        yield fleet
+    finally:
+        fleet.stop()

@@ -208,7 +208,7 @@ def test_over_tls_the_fast_path_reads_and_fails_as_the_cli_does(
     """A head with mutual TLS (its certificate, clients' signed by the CA): read with the
     right files, refused without the CA (the system's CAs do not know it), without a client
     certificate, or as plain HTTP; each the CLI's answer, said once."""
-    from tests.support.pki import make_pki
+    from tests.support.pki import make_pki, tls_options
 
     pki = make_pki(tmp_path)
     server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -216,14 +216,7 @@ def test_over_tls_the_fast_path_reads_and_fails_as_the_cli_does(
     server.load_verify_locations(str(pki["ca.pem"]))
     server.verify_mode = ssl.CERT_REQUIRED
     files = {
-        "verified": [
-            "--tls-ca",
-            str(pki["ca.pem"]),
-            "--tls-cert",
-            str(pki["client.pem"]),
-            "--tls-key",
-            str(pki["client.key"]),
-        ],
+        "verified": tls_options(pki, "client"),
         "no CA": ["--tls-cert", str(pki["client.pem"]), "--tls-key", str(pki["client.key"])],
         "no client certificate": ["--tls-ca", str(pki["ca.pem"])],
         "plain http": [],

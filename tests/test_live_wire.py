@@ -29,7 +29,7 @@ from tests.conftest import Daemon, push_agent, run_rayscope
 from tests.reliability_plugin import FaultRecord
 from tests.schemas import parsed
 from tests.support.head import ENV, NODE, Head
-from tests.support.pki import make_pki
+from tests.support.pki import make_pki, tls_options
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.live
@@ -354,22 +354,8 @@ def test_agents_and_status_work_over_tls_and_plain_clients_are_refused(tmp_path:
     pki = make_pki(tmp_path)
     context = ssl.create_default_context(cafile=str(pki["ca.pem"]))
     context.load_cert_chain(str(pki["client.pem"]), str(pki["client.key"]))
-    server_tls = [
-        "--tls-cert",
-        str(pki["head.pem"]),
-        "--tls-key",
-        str(pki["head.key"]),
-        "--tls-ca",
-        str(pki["ca.pem"]),
-    ]
-    client_tls = [
-        "--tls-cert",
-        str(pki["client.pem"]),
-        "--tls-key",
-        str(pki["client.key"]),
-        "--tls-ca",
-        str(pki["ca.pem"]),
-    ]
+    server_tls = tls_options(pki, "head")
+    client_tls = tls_options(pki, "client")
     head = Head(tmp_path / "head.log", token, extra=tuple(server_tls), ssl_context=context)
     plain_node = "cd" * 28
     args = ["push", "--head", f"127.0.0.1:{head.listen_port}", "--interval", "1", "--token-file", str(token)]

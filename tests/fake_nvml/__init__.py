@@ -326,3 +326,12 @@ def modes_failing() -> str:
         + gpu(0, RTX_3090, pci="00000000:01:00.0", total_gib=24, used_gib=1.0)
         + "gpu0.error.virtualization 999\ngpu0.error.compute_mode 999\ngpu0.error.mps 999\n"
     )
+
+
+def rtx_3090_scenario(used_gib: float, processes: Mapping[int, float]) -> str:
+    """One RTX 3090 of 24 GiB, ``used_gib`` of it used, holding ``processes`` (pid: GiB) in order."""
+    lines = HEADER + "count 1\n"
+    lines += gpu(0, RTX_3090, pci="00000000:01:00.0", total_gib=24, used_gib=used_gib)
+    for pid, gib in processes.items():
+        lines += process("gpu0", pid, gib)
+    return lines

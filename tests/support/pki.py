@@ -18,3 +18,16 @@ def make_pki(root: Path) -> dict[str, Path]:
         sign = ["x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial"]
         openssl(*sign, "-out", f"{name}.pem", "-days", "2", "-extfile", "san.ext")
     return {n: root / n for n in ("ca.pem", "head.pem", "head.key", "client.pem", "client.key")}
+
+
+def tls_options(pki: dict[str, Path], side: str) -> list[str]:
+    """``--tls-cert``, ``--tls-key`` and ``--tls-ca`` for ``side`` (``head`` or ``client``) from
+    :func:`make_pki`'s files."""
+    return [
+        "--tls-cert",
+        str(pki[f"{side}.pem"]),
+        "--tls-key",
+        str(pki[f"{side}.key"]),
+        "--tls-ca",
+        str(pki["ca.pem"]),
+    ]

@@ -310,20 +310,13 @@ def mps(server_pid: int, client_pids: tuple[int, int]) -> str:
 def modes_not_supported() -> str:
     """A driver that answers Not Supported for virtualization mode, compute mode and the MPS
     list (the entry points exist): each field absent, none guessed."""
-    return (
-        HEADER
-        + "count 1\n"
-        + gpu(0, RTX_3090, pci="00000000:01:00.0", total_gib=24, used_gib=1.0)
-        + "gpu0.error.mps 3\n"
-    )
+    return rtx_3090_scenario(1.0, {}) + "gpu0.error.mps 3\n"
 
 
 def modes_failing() -> str:
     """Each of the three reads fails with Unknown Error (999): absent, with the reason kept."""
     return (
-        HEADER
-        + "count 1\n"
-        + gpu(0, RTX_3090, pci="00000000:01:00.0", total_gib=24, used_gib=1.0)
+        rtx_3090_scenario(1.0, {})
         + "gpu0.error.virtualization 999\ngpu0.error.compute_mode 999\ngpu0.error.mps 999\n"
     )
 

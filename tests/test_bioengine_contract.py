@@ -53,7 +53,7 @@ from tests.support.bioengine import (
     bioengine_problems,
     node_problems,
 )
-from tests.support.fleet import Fleet, running_fleet
+from tests.support.fleet import Fleet
 
 # --- recorded documents ---------------------------------------------------------------------
 
@@ -191,16 +191,6 @@ def test_embedded_document_keeps_bioengines_contract(
     assert_keeps_the_contract(parsed(log.read_text().splitlines()[-1], "status"))
 
 
-@pytest.fixture(scope="module")
-def reporting_fleet(
-    live_cluster: LiveCluster, tmp_path_factory: pytest.TempPathFactory, wire_token: Path
-) -> Iterator[Fleet]:
-    """A head agent and a push agent per node of the session's cluster (as test_live_head)."""
-    with running_fleet(live_cluster, tmp_path_factory.mktemp("contract-fleet"), wire_token) as running:
-        yield running
-
-
-@pytest.mark.live
 def test_head_documents_keep_bioengines_contract(reporting_fleet: Fleet) -> None:
     """``/v1/status`` as served, and as ``status --head`` decodes it back and prints it."""
     code, body = reporting_fleet.head.get("/v1/status?all=1")

@@ -4,7 +4,6 @@ One ``rayscope push`` per Ray node (pinned with ``--node-id``: the test cluster 
 raylets on this one host) and one ``rayscope head``, all with a shared token, interval 1 s.
 """
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
@@ -12,27 +11,19 @@ import pytest
 
 from tests.conftest import HeadDaemon, LiveCluster, base_env, free_port, push_agent, run_rayscope
 from tests.schemas import parsed
-from tests.support.fleet import INTERVAL, NODES, Fleet, running_fleet
+from tests.support.fleet import INTERVAL, NODES, Fleet
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.live
 
 
-@pytest.fixture(scope="module")
-def shared_fleet(
-    live_cluster: LiveCluster, tmp_path_factory: pytest.TempPathFactory, wire_token: Path
-) -> Iterator[Fleet]:
-    with running_fleet(live_cluster, tmp_path_factory.mktemp("fleet"), wire_token) as running:
-        yield running
-
-
 @pytest.fixture
-def fleet(shared_fleet: Fleet) -> Fleet:
+def fleet(reporting_fleet: Fleet) -> Fleet:
     """The module's fleet as every test may expect it, whatever ran before: each node's agent
     reporting and no stale report at the head. A test that kills or restarts a part puts it
     back; one that adds a node (the ghost) does it on a head of its own."""
-    eventually(shared_fleet.settled, timeout_s=6 * INTERVAL + 10, what="the fleet settled")
-    return shared_fleet
+    eventually(reporting_fleet.settled, timeout_s=6 * INTERVAL + 10, what="the fleet settled")
+    return reporting_fleet
 
 
 def test_every_node_reports_fresh_through_the_head(fleet: Fleet) -> None:

@@ -2,13 +2,18 @@
 
 import socket
 from collections.abc import Iterator
-from typing import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 import pytest
 
 from rayscope.sources.gcs import prestart as gcs_prestart
 from tests.support.dashboard import FakeDashboard, Serving
 from tests.support.report_port import Port
+
+if TYPE_CHECKING:
+    from tests.conftest import LiveCluster
+    from tests.support.fleet import Fleet
 
 
 @pytest.fixture
@@ -49,3 +54,15 @@ def serving() -> Iterator[Serving]:
     yield start
     for server in started:
         server.close()
+
+
+@pytest.fixture(scope="module")
+def reporting_fleet(
+    live_cluster: "LiveCluster", tmp_path_factory: pytest.TempPathFactory, wire_token: Path
+) -> Iterator["Fleet"]:
+    """A head agent and a push agent per node of the session's cluster, every agent reporting
+    (one fleet per test module)."""
+    from tests.support.fleet import running_fleet  # the live modules' own: not at every session's start
+
+    with running_fleet(live_cluster, tmp_path_factory.mktemp("fleet"), wire_token) as running:
+        yield running

@@ -72,20 +72,16 @@ def run_rayscope(
     """``python -m rayscope ARGS`` as an operator runs it: its own process, real exit code
     (in ``cwd``; under another command, ``prefix``, such as ``unshare``)."""
     environment = dict(env) if env is not None else base_env(RAY_AUTH_MODE="disabled")
-    return run_python("-m", "rayscope", *args, env=environment, timeout=timeout, cwd=cwd, prefix=prefix)
+    return run_captured([*prefix, sys.executable, "-m", "rayscope", *args], environment, timeout, cwd)
 
 
-def run_python(
-    *args: str,
-    env: Optional[Mapping[str, str]] = None,
-    timeout: float = 60.0,
-    cwd: Path = REPO,
-    prefix: Sequence[str] = (),
+def run_captured(
+    argv: Sequence[str], env: Optional[Mapping[str, str]] = None, timeout: float = 60.0, cwd: Path = REPO
 ) -> "subprocess.CompletedProcess[str]":
-    """``python ARGS`` (this interpreter) in its own process, its output captured and its exit
-    code kept; ``env`` the child's whole environment (none: this process's)."""
+    """``argv`` in its own process, its output captured as text and its exit code kept (never
+    raised); ``env`` the child's whole environment (none: this process's)."""
     return subprocess.run(
-        [*prefix, sys.executable, *args],
+        list(argv),
         cwd=cwd,
         env=env,
         capture_output=True,

@@ -8,6 +8,7 @@ not on the sampler's word. Its figures differ from the fake NVML's for the same 
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from rayscope.sources.cuda.sample import (
 )
 from tests import fake_cuda
 from tests import fake_nvml as nvml
-from tests.conftest import base_env, run_python
+from tests.conftest import base_env, run_captured
 
 GIB = 1024**3
 MIB = 1024**2
@@ -349,11 +350,8 @@ def test_nvml_modes_decide_and_cuda_measures(
     nvml_path.write_text(nvml.vgpu_guest() if scenario == "vgpu_guest" else nvml.mps(1, (2, 3)))
     cuda_path, log = tmp_path / "cuda.txt", tmp_path / "cuda.log"
     cuda_path.write_text(fake_cuda.vgpu_guest(UUID0))
-    done = run_python(
-        "-c",
-        WIRED,
-        str(cuda_lib.lib_dir),
-        json.dumps(cuda_lib.env(cuda_path, log)),
+    done = run_captured(
+        [sys.executable, "-c", WIRED, str(cuda_lib.lib_dir), json.dumps(cuda_lib.env(cuda_path, log))],
         env=fake_nvml_lib.env(base_env(), nvml_path),
     )
     assert done.returncode == 0, done.stderr

@@ -28,7 +28,7 @@ from rayscope.sources import raylet, trust
 from rayscope.sources.gcs import address as gcs_address
 from rayscope.sources.gcs import child as gcs_child
 from rayscope.sources.gcs import reader as gcs
-from tests.conftest import REPO, base_env
+from tests.conftest import base_env, run_captured
 from tests.support import dirs
 from tests.waiting import eventually
 
@@ -300,15 +300,8 @@ def _in_own_pid_namespace(
     """``sh -c script sh args...`` as root in a pid namespace of its own (``/proc`` mounted
     for it): its processes are the only ones rayscope sees, so the raylets of clusters
     running on this machine for other tests do not count; all of them die with it."""
-    return subprocess.run(
-        ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "sh", "-c", script, "sh", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        check=False,
-    )
+    unshare = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"]
+    return run_captured([*unshare, "sh", "-c", script, "sh", *args], env, timeout_s)
 
 
 def _status_env(shared_dir: Path, **extra: str) -> dict[str, str]:

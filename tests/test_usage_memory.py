@@ -8,8 +8,9 @@ two arrays (``values = [EMPTY] * n``) and the RSS bound fails; drop the clearing
 
 import json
 import re
+import sys
 
-from tests.conftest import REPO, run_python
+from tests.conftest import REPO, run_captured
 
 MIB = 1024**2
 RSS_BOUND_MIB = 16
@@ -22,7 +23,7 @@ def test_docs_state_the_bound_this_test_holds() -> None:
 
 
 def test_a_thousand_actors_over_a_full_window_stay_within_the_bound() -> None:
-    done = run_python(str(REPO / "tests" / "usage_memory.py"), "1000", timeout=300)
+    done = run_captured([sys.executable, str(REPO / "tests" / "usage_memory.py"), "1000"], timeout=300)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     print(result)  # the figures docs/usage.md quotes (pytest -s shows them)

@@ -22,7 +22,8 @@ $(STAMP): pyproject.toml constraints.txt requirements-dev.txt
 		-e '.[ray]'
 	touch $@
 
-test: setup  ## the whole suite, live Ray cluster included
+test: setup  ## the whole suite, live Ray cluster included, after installing the Debian packages it needs (make debian-deps)
+	$(PYTHON) -m tests.debian_deps --keep-going
 	$(BIN)/python -m pytest
 
 test-fast: setup  ## the inner loop: no live cluster, not the slowest files (make test runs everything)
@@ -40,24 +41,15 @@ lint: setup  ## ruff + mypy (strict)
 demo: setup  ## a Ray cluster on 127.0.0.1, the seed's bookings, `rayscope status`, then stop (KEEP=1: up until Ctrl-C, with commands to try)
 	$(BIN)/python tests/livecluster.py demo $(if $(KEEP),--keep)
 
-# Debian packages some tests run besides .venv (`make setup` installs none of them): prometheus
-# gives promtool and prometheus (tests/test_promtool.py, tests/test_live_prometheus.py fail
-# without them); chromium drives the head's page (tests/test_live_page.py); systemd gives
-# systemd-analyze and libseccomp, bubblewrap gives bwrap (tests/test_systemd_units.py scores,
-# verifies and runs the units' sandboxes; tests/test_kuberay_manifest.py runs the sidecar's
-# pod). Only the missing ones are installed: nothing to do, no apt, when all are.
-DEBIAN_PACKAGES := prometheus chromium systemd bubblewrap
-
+# Debian packages some tests run besides .venv (`make setup` installs none of them), listed
+# command by command in tests/debian_deps.py: prometheus (promtool, prometheus), chromium,
+# systemd (systemd-analyze), bubblewrap (bwrap), iproute2 (ip), gcc (cc, for the fake NVML).
+# Only the missing ones are installed, with apt-get as root or with sudo: nothing to do, no apt,
+# when all are on PATH. `make test` runs it first and goes on where a package cannot be had:
+# each test that needs it then fails naming the package and the command that installs it.
 .PHONY: debian-deps
-debian-deps:  ## Debian packages the tests need beyond .venv (prometheus: promtool; chromium; systemd: systemd-analyze; bubblewrap); as root or with sudo
-	@missing=$$(for p in $(DEBIAN_PACKAGES); do \
-		dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed$$' || echo $$p; done); \
-	[ -z "$$missing" ] && exit 0; \
-	sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
-	$$sudo apt-get update -qq || exit 1; \
-	$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing || exit 1; \
-	if echo " $$missing " | grep -q ' prometheus ' && [ -d /run/systemd/system ]; then \
-		$$sudo systemctl disable --now prometheus; fi  # the tests start their own, on loopback
+debian-deps:  ## Debian packages the tests need beyond .venv (prometheus, chromium, systemd, bubblewrap, iproute2, gcc), as root or with sudo; nothing when all are there
+	$(PYTHON) -m tests.debian_deps
 
 # Every test file that checks a golden (calls check_golden), found rather than listed: a list
 # by hand left tests/test_vgpu.py's nine goldens out of `make golden`.

@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from tests import debian_deps
+
 CHROMIUM = shutil.which("chromium")
 
 # No traffic of Chromium's own (updates, safe browsing, sync, metrics): what the network log
@@ -48,7 +50,7 @@ class Browser:
     """One Chromium with one page (a tab), its profile in ``root``."""
 
     def __init__(self, root: Path, width: int = 1100, height: int = 700, timeout_s: float = 30.0) -> None:
-        assert CHROMIUM, "chromium is not installed: `make debian-deps` (Debian's chromium package)"
+        chromium = debian_deps.need("chromium")
         self.timeout_s = timeout_s
         self.net_log = root / "netlog.json"
         self.log_path = root / "chromium.log"
@@ -65,7 +67,7 @@ class Browser:
         ]
         self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in close()
         self.process = subprocess.Popen(
-            ["bash", "-c", f'exec "$0" "$@" 3<&{commands_read} 4>&{answers_write}', CHROMIUM, *args],
+            ["bash", "-c", f'exec "$0" "$@" 3<&{commands_read} 4>&{answers_write}', chromium, *args],
             pass_fds=(commands_read, answers_write),
             stdin=subprocess.DEVNULL,
             stdout=self._log,

@@ -55,7 +55,8 @@ def base_env(**extra: str) -> dict[str, str]:
     """This environment minus anything that points rayscope or Ray at another cluster, on a
     host without an NVIDIA driver whatever this one has (tests that want a GPU put the fake
     NVML first on the loader's path)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAYSCOPE_", "RAY_AUTH"))}
+    pointers = ("RAYSCOPE_", "RAY_AUTH", "RAY_ADDRESS")  # RAY_ADDRESS: Ray's own, read as --gcs
+    env = {k: v for k, v in os.environ.items() if not k.startswith(pointers)}
     env.update(LOOPBACK_ENV)
     env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(no_driver_dir()), env.get("LD_LIBRARY_PATH")]))
     env.update(extra)

@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from urllib.parse import quote
 
+from tests.support import fake_server
+
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 SETTINGS, HEADERS, PING = 4, 1, 6
 ACK, END_STREAM_AND_HEADERS = 1, 5
@@ -84,5 +86,6 @@ def failing_gcs(message: str) -> Iterator[str]:
         yield f"127.0.0.1:{server.getsockname()[1]}"
     finally:
         stop.set()
+        fake_server.wake(server)
         thread.join(5)
         server.close()

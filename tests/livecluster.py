@@ -69,12 +69,16 @@ PAIR_BY_UUID = {
 # VRAM_MB node that two 8192 MB replicas fill.
 TWO_GPUS = {"num_cpus": 4, "num_gpus": 2, "resources": {"accelerator_type:A10G": 1}}
 VRAM_FULL = {"num_cpus": 4, "num_gpus": 1, "resources": {"VRAM_MB": 16384, "accelerator_type:T4": 1}}
+# The label cases (Ray 2.49+): a VRAM_MB head labelled zone=a and a smaller node labelled zone=b.
+ZONE_A = {"num_cpus": 2, "num_gpus": 1, "resources": {"VRAM_MB": 24576}, "labels": {"zone": "a"}}
+ZONE_B = {"num_cpus": 2, "num_gpus": 1, "resources": {"VRAM_MB": 16384}, "labels": {"zone": "b"}}
 TOPOLOGIES: dict[str, list[tuple[str, dict[str, Any]]]] = {
     "seed": [("head", HEAD), ("denbi", DENBI), ("cpu", CPU_ONLY)],
     "demo": [("head", HEAD), ("denbi", DENBI)],
     "single": [("head", HEAD)],
     "multigpu": [("head", HEAD), ("quad", QUAD), ("pair_index", PAIR_BY_INDEX), ("pair_uuid", PAIR_BY_UUID)],
     "pending": [("head", TWO_GPUS), ("vram", VRAM_FULL)],
+    "labels": [("head", ZONE_A), ("zone_b", ZONE_B)],
 }
 # name -> (node, ray options): four federated-unet replicas of 5120 MB on Europa, one
 # deNBI app holding a third of the T4.
@@ -92,7 +96,7 @@ PENDING_ACTORS: list[tuple[str, str, dict[str, Any]]] = [
         for i in range(2)
     ],
 ]
-ACTORS = {"pending": PENDING_ACTORS}
+ACTORS = {"pending": PENDING_ACTORS, "labels": []}
 """The actors each topology starts with (the seed's by default)."""
 
 
@@ -298,10 +302,14 @@ class LiveCluster:
         self.waiting[name] = actor
         return {"name": name, "actor_id": actor._actor_id.hex()}
 
-    def placement_group(self, name: str, bundles: list[dict[str, float]], strategy: str) -> dict[str, Any]:
-        """A placement group created and not waited for."""
+    def placement_group(
+        self, name: str, bundles: list[dict[str, float]], strategy: str, selectors: Optional[list[Any]] = None
+    ) -> dict[str, Any]:
+        """A placement group created and not waited for (``selectors``: its
+        ``bundle_label_selector``, one per bundle)."""
         util: Any = importlib.import_module("ray.util.placement_group")
-        group = util.placement_group(bundles, strategy=strategy, name=name)
+        labelled = {"bundle_label_selector": selectors} if selectors else {}
+        group = util.placement_group(bundles, strategy=strategy, name=name, **labelled)
         self.groups[name] = group
         return {"name": name, "placement_group_id": group.id.hex()}
 
@@ -575,7 +583,9 @@ def answer(cluster: LiveCluster, request: dict[str, Any]) -> dict[str, Any]:
             request["name"], request.get("options", {}), request.get("placement_group", "")
         )
     elif op == "placement_group":
-        reply = cluster.placement_group(request["name"], request["bundles"], request["strategy"])
+        reply = cluster.placement_group(
+            request["name"], request["bundles"], request["strategy"], request.get("selectors")
+        )
     elif op in LiveCluster.TOPOLOGY_OPS:  # the request's other keys are the arguments
         reply = getattr(cluster, op)(**request)
     else:
@@ -703,10 +713,19 @@ def demo(keep: bool = False) -> int:
     return 0
 
 
+def _own_gpus(root: str, name: str) -> str:
+    """``RAYSCOPE_FAKE_NVML_SCENARIO=... `` for node ``name``'s commands, where the demo has
+    a scenario for it (each node's agent reads its own GPUs); ``""`` otherwise."""
+    scenario = Path(root) / "nvml" / name
+    return f"{SCENARIO_ENV}={scenario} " if scenario.exists() else ""
+
+
 def commands_to_try(state: dict[str, Any], root: str, own_env: Optional[dict[str, str]] = None) -> str:
     """What ``make demo KEEP=1`` prints: commands to paste into another terminal, as they are.
     The agents get a token file of their own; both raylets run on this host, so each
-    ``push`` names its node (``--node-id``)."""
+    ``push`` names its node (``--node-id``) and reads that node's own fake GPUs (its
+    scenario before the command: the ``export`` line's is the head's, which ``status``,
+    ``fit`` and ``node`` read as this host's)."""
     token = os.path.join(root, "token")
     fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -731,9 +750,9 @@ def commands_to_try(state: dict[str, Any], root: str, own_env: Optional[dict[str
         "",
         f"  rayscope head --gcs {gcs} --token-file {token} --interval 2",
         *(
-            f"  rayscope push --head 127.0.0.1:7531 --token-file {token} --interval 2"
+            f"  {_own_gpus(root, name)}rayscope push --head 127.0.0.1:7531 --token-file {token} --interval 2"
             f" --node-id {n['node_id']}"
-            for n in nodes.values()
+            for name, n in nodes.items()
         ),
         f"  rayscope status --head http://127.0.0.1:7532 --token-file {token}",
         "",

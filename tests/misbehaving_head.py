@@ -29,6 +29,8 @@ import threading
 import time
 from typing import Optional
 
+from tests.support import fake_server
+
 DRIP_S = 2.0
 """Between two dripped bytes: under any ``--timeout`` a test gives, so that a deadline per
 ``recv`` never fires and only a deadline for the whole exchange does."""
@@ -132,6 +134,7 @@ class MisbehavingHead:
 
     def close(self) -> None:
         self.stop.set()
+        fake_server.wake(self.server)
         self._thread.join(timeout=5)
         for thread in self._threads:
             thread.join(timeout=5)

@@ -12,7 +12,6 @@ process of the namespace), then removes the namespaces and links by name.
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -20,6 +19,8 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Optional
+
+from tests import debian_deps
 
 SUBNET = "10.213.{}.{}"
 PREFIX = 24
@@ -34,8 +35,9 @@ def missing() -> str:
     if os.geteuid() != 0:
         return "needs root (network namespaces)"
     for tool in ("ip", "unshare", "nsenter"):
-        if shutil.which(tool) is None:
-            return f"needs {tool}"
+        why = debian_deps.why_missing(tool)
+        if why:
+            return why
     probe = subprocess.run(
         ["unshare", "--mount", "--pid", "--uts", "--fork", "--mount-proc", "true"],
         capture_output=True,

@@ -10,7 +10,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import psutil
@@ -28,9 +28,10 @@ SHORT_HEALTH_CHECKS = {
 
 
 class RayHead:
-    """``ray start --head --block`` on 127.0.0.1:``port`` with 1 CPU and no dashboard."""
+    """``ray start --head --block`` on 127.0.0.1:``port`` with 1 CPU and no dashboard
+    (``extra``: more of ``ray start``'s options, e.g. ``--labels``)."""
 
-    def __init__(self, port: int, env: Mapping[str, str], log_path: Path) -> None:
+    def __init__(self, port: int, env: Mapping[str, str], log_path: Path, extra: Sequence[str] = ()) -> None:
         self.port = port
         self.root = tempfile.mkdtemp(prefix="rs11-", dir="/tmp")  # short: Unix socket paths
         self._log = open(log_path, "a")  # noqa: SIM115 - closed in stop()
@@ -50,6 +51,7 @@ class RayHead:
             f"--dashboard-agent-grpc-port={free_port()}",
             f"--runtime-env-agent-port={free_port()}",
             f"--metrics-export-port={free_port()}",
+            *extra,
         ]
         self.process = subprocess.Popen(
             args,

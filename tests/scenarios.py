@@ -290,6 +290,23 @@ def pending_status() -> ClusterStatus:
     return pending.attach(status, read)
 
 
+def labels_pending_status() -> ClusterStatus:
+    """The embedded status of a recorded labelled cluster (Ray 2.60.0, tests/test_live_labels.py:
+    head ``zone=a`` with 24576 MB of ``VRAM_MB``, a node ``zone=b`` with 16384 MB) and the
+    demand that waits there on its label selectors."""
+    raw = json.loads((DATA / "gcs_labels_read.json").read_text())
+    nodes, read = msgspec.convert(raw["nodes"], list[RayNode]), msgspec.convert(raw["pending"], PendingRead)
+    status = merge(
+        scheduler_nodes(nodes),
+        {},
+        now=NOW,
+        stale_after_s=math.inf,
+        view="gcs",
+        sources=[SourceStatus(name="gcs", ok=True), SourceStatus(name="gcs_pending", ok=True)],
+    )
+    return pending.attach(status, read)
+
+
 def a100_worker(node_id: str, **fields: object) -> NodeStatus:
     """A bare worker node at 10.0.0.9 (A100s, nothing booked, NVML not reported), with
     ``fields`` replaced: the node the per-GPU unit tests start from."""

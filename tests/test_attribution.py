@@ -7,17 +7,19 @@ the procs source describes them, actors as the GCS actor table lists them.
 import msgspec
 
 from rayscope.core.gpu.attribution import attribute_cluster, attribute_node
+from rayscope.core.gpu.precedence import dashboard_processes
 from rayscope.core.rollup import merge, scheduler_nodes
 from rayscope.render.gpus import gpu_block_lines
 from rayscope.render.status import status_json
-from rayscope.schema.report import GpuDevice, NodeReport
-from rayscope.schema.status import ClusterStatus, ReceivedReport
+from rayscope.schema.report import GpuDevice, NodeReport, ProcessInfo
+from rayscope.schema.status import ActorBooking, ClusterStatus, ReceivedReport
 from tests.golden import check_golden
 from tests.scenarios import EUROPA, NOW, SEED_REPORTS, SEED_VIEWS, T4
 from tests.support.seeds import (
     EUROPA_ACTORS,
     EUROPA_GPU,
     EUROPA_PROCESSES,
+    RAYLET_PID,
     SEED_SOURCES,
     actor,
     device,
@@ -86,7 +88,8 @@ def test_a_ray_worker_the_actor_table_does_not_name_has_unknown_booking() -> Non
     gpu = device(0, 3.0, [gpu_process(300, 3.0)])
     gpus, _ = attribute_node([gpu], [worker(300, "ray::train_step")], EUROPA_ACTORS, {NODE})
     assert (
-        gpu_block_lines(gpus, None)[-1] == "  ray::train_step pid 300 booked NA used 3.0 GB  booking unknown"
+        gpu_block_lines(gpus, None)[-1]
+        == "  ray::train_step pid 300 booked unknown used 3.0 GB  booking unknown"
     )
 
 
@@ -117,10 +120,10 @@ def test_from_a_container_nothing_is_mapped_and_nothing_is_flagged() -> None:
     assert gpu_block_lines(gpus, node) == [
         "GPU0 NVIDIA GeForce RTX 3090  booked 5120 MB by 1 actor  used 21.3 GB  util 87%",
         "  federated-unet#a1b2 booked 5120 MB used NA GB",
-        "  pid 101 booked NA used 5.4 GB  not mapped",
-        "  pid 102 booked NA used 4.9 GB  not mapped",
-        "  pid 103 booked NA used 5.0 GB  not mapped",
-        "  pid 104 booked NA used 4.8 GB  not mapped",
+        "  pid 101 booked unknown used 5.4 GB  not mapped",
+        "  pid 102 booked unknown used 4.9 GB  not mapped",
+        "  pid 103 booked unknown used 5.0 GB  not mapped",
+        "  pid 104 booked unknown used 4.8 GB  not mapped",
     ]
     assert not node.processes_mapped
 
@@ -265,3 +268,57 @@ def test_raylets_on_one_host_share_only_the_devices_they_were_measured_on() -> N
     shared = _two_raylets_on_one_host("GPU-aaaa", "GPU-aaaa")  # one device seen by both
     seen = [(shared.nodes[n].gpus or [])[0].attribution for n in (NODE, T4)]
     assert [a.booked_actors if a else None for a in seen] == [5, 5]
+
+
+def _dead(actor_id: str, pid: int, name: str) -> ActorBooking:
+    """An actor the GCS lists as ``DEAD`` (its booking released), last run by ``pid``."""
+    return msgspec.structs.replace(actor(actor_id, pid, name, vram_mb=5120, gpu=0.01), state="DEAD")
+
+
+DEAD_UNET = _dead("dead" + "0" * 28, 555, "federated-unet-2")
+TWO_GPUS = [device(0, 7.5, [gpu_process(555, 7.0)]), device(1, 5.0, [gpu_process(101, 5.0)])]
+
+
+def test_memory_a_dead_actor_still_holds_is_named_and_counted_unbooked() -> None:
+    """A worker whose actor died (its core log names the actor, the GCS lists it DEAD) still
+    holds 7 GiB: leaked. Named as the actor it was, booked nothing (Ray released its
+    booking), counted in the node's unbooked memory. Before: ``ray::Replica pid 555 booked
+    NA used 7.0 GB  booking unknown`` (NA as if the actor table was not read) and
+    ``unbooked 0.0 GB`` in the node's sums."""
+    leftover = ProcessInfo(
+        pid=555,
+        title="ray::Replica",
+        worker_pid=555,
+        raylet_pid=RAYLET_PID,
+        node_id=NODE,
+        actor_id=DEAD_UNET.actor_id,
+    )
+    gpus, node = attribute_node(TWO_GPUS, [leftover, worker(101)], [*EUROPA_ACTORS, DEAD_UNET], {NODE})
+    lines = gpu_block_lines(gpus, node)
+    assert "  federated-unet-2#dead booked nothing used 7.0 GB  actor dead, unbooked" in lines, lines
+    assert lines[-1] == "all GPUs: booked 20480 MB by 4 actors  actors use 5.0 GB  unbooked 7.0 GB", lines
+    assert node.unbooked_bytes == 7 * GIB and node.booked_actors == 4
+
+
+def test_a_dead_actor_s_pid_on_the_dashboard_is_named_too() -> None:
+    """No agent: Ray's dashboard lists pid 555 on the GPU, the GCS lists a DEAD actor whose
+    last pid on this node was 555. Before: ``pid 555 booked NA used 7.0 GB  not mapped``."""
+    base = scheduler_nodes(SEED_VIEWS)[NODE]
+    node = msgspec.structs.replace(base, gpus=TWO_GPUS)
+    actors = [*EUROPA_ACTORS, DEAD_UNET]
+    gpus, attribution = attribute_node(TWO_GPUS, dashboard_processes(node, actors), actors, {NODE})
+    lines = gpu_block_lines(gpus, attribution)
+    assert "  federated-unet-2#dead booked nothing used 7.0 GB  actor dead, unbooked" in lines, lines
+    assert lines[-1].endswith("unbooked 7.0 GB"), lines
+
+
+def test_a_pid_nobody_can_map_says_its_booking_is_unknown_and_is_summed_apart() -> None:
+    """The actor table was read, yet no actor is known behind a pid this host cannot see:
+    its booking is unknown (``NA`` says the table was not read), and the node's line sums
+    what nobody could map. Before: ``booked NA`` and nothing in the node's sums."""
+    gpus, node = attribute_node(
+        TWO_GPUS, [ProcessInfo(pid=555, visible=False), worker(101)], EUROPA_ACTORS, {NODE}
+    )
+    lines = gpu_block_lines(gpus, node)
+    assert "  pid 555 booked unknown used 7.0 GB  not mapped" in lines, lines
+    assert lines[-1].endswith("unbooked 0.0 GB  not mapped 7.0 GB"), lines

@@ -32,7 +32,6 @@ failure as a positive control.
 import contextlib
 import http.server
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -45,6 +44,7 @@ from tests.conftest import LiveCluster, run_rayscope
 from tests.golden import GOLDEN
 from tests.scenarios import mixed_status
 from tests.schemas import parsed
+from tests.support import fake_server
 from tests.support.bioengine import (
     GPU_MEMORY,
     Document,
@@ -139,14 +139,8 @@ def serving(body: bytes) -> Iterator[str]:
             pass
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with fake_server.serving(server):
         yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
 
 
 @pytest.mark.parametrize("golden", ["status_mixed.json", "status_pending.json"])

@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO, base_env, free_port, run_rayscope
+from tests.support import fake_server
 
 DAY = "give more than 0 and at most 86400 seconds"
 GPU_MB = "give more than 0 and at most 1048576 MB, or -1 for a whole GPU"
@@ -189,6 +190,14 @@ USAGE = [
         2,
         "status --gcs: 'http://127.0.0.1:6379' is a URL: give HOST:PORT without http:// (127.0.0.1:6379)",
     ),
+    # before: "... give HOST:PORT without ray:// (127.0.0.1:10001)": Ray Client's port, no GCS
+    (
+        ["status", "--gcs", "ray://127.0.0.1:10001"],
+        2,
+        "status --gcs: 'ray://127.0.0.1:10001' is a Ray Client address (ray.init's ray://; its"
+        " server listens on 10001 by default), not the GCS: rayscope reads the GCS, usually"
+        " 127.0.0.1:6379",
+    ),
     # before: "push --head: 'http://10.0.0.1': port must be a number from 1 to 65535"
     (
         ["push", "--head", "http://10.0.0.1"],
@@ -229,6 +238,18 @@ def test_gcs_host_without_a_port_means_6379_as_in_rays_cli() -> None:
         "GCS unreachable at 127.0.0.1:6379 (connection refused)",
         "GCS unreachable at 127.0.0.1:6379 (timeout 2 s)",
     )
+
+
+def test_ray_address_is_the_gcs_as_ray_reads_it() -> None:
+    """``RAY_ADDRESS`` names the GCS (Ray's own variable, read by ``ray.init()``). Before:
+    ignored, the local raylet's cluster (or ``no GCS address``) read instead."""
+    port = free_port()
+    done = run_rayscope(
+        "status", "--timeout", "2", env=base_env(RAY_AUTH_MODE="disabled", RAY_ADDRESS=f"127.0.0.1:{port}")
+    )
+    assert done.returncode == 2 and f"127.0.0.1:{port}" in one_line(done), done.stderr
+    done = run_rayscope("node", "--json", env=base_env(RAY_ADDRESS="ray://127.0.0.1:10001"))
+    assert "is a Ray Client address" in done.stdout, done.stdout
 
 
 def test_the_verbose_flag_after_the_command_is_the_global_one() -> None:
@@ -332,6 +353,7 @@ def speaks_http2_first() -> Iterator[int]:
         yield int(server.getsockname()[1])
     finally:
         stop.set()
+        fake_server.wake(server)
         thread.join(timeout=5)
         server.close()
 

@@ -21,7 +21,7 @@ from rayscope.sources import dashboard
 from rayscope.sources.dashboard_read import ParallelRead
 from rayscope.sources.gcs import child as gcs_child
 from rayscope.sources.gcs import read as gcs_read
-from tests.support.dashboard import NODE_ID, Serving, answer, http, node
+from tests.support.dashboard import NODE_ID, Serving, answer, hangs, http, node
 
 pytestmark = pytest.mark.usefixtures("no_child_left")
 
@@ -80,7 +80,7 @@ def test_the_environment_names_it_too(serving: Serving) -> None:
 
 
 def test_a_hanging_dashboard_costs_nothing_past_the_deadline(serving: Serving) -> None:
-    server = serving(lambda conn, _r: time.sleep(4))
+    server = serving(hangs)
     started = time.monotonic()
     early = ParallelRead(server.url, Deadline(1.0), None, {})
     read = early.result("2.60.0", None, "")

@@ -309,4 +309,4 @@ def test_the_heads_usage_history_takes_the_dashboards_figures() -> None:
     )
     state.fold_usage(time.monotonic())
     [app] = state.usage.document(time.monotonic()).apps
-    assert app.app == "Replica" and app.peak_used_bytes == 4300 * 2**20  # named by its class
+    assert app.app == "denbi-app" and app.peak_used_bytes == 4300 * 2**20  # named by its name

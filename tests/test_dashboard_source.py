@@ -26,7 +26,7 @@ from rayscope.sources import dashboard, dashboard_http
 from rayscope.sources.gcs import raycompat
 from rayscope.units import MIB
 from tests import fake_nvml
-from tests.support.dashboard import NODE_ID, FakeDashboard, answer, http, node
+from tests.support.dashboard import NODE_ID, FakeDashboard, answer, hangs, http, node
 
 DATA = Path(__file__).resolve().parent / "data" / "dashboard"
 RECORDED = sorted(DATA.glob("ray-*.json"))
@@ -445,7 +445,7 @@ def test_an_https_dashboard_is_read_and_its_tls_socket_closed(tmp_path: Path, mo
 
 
 def test_a_dashboard_that_hangs_is_cut_at_the_deadline(serving: Any) -> None:
-    server = serving(lambda conn, _r: time.sleep(3))
+    server = serving(hangs)
     started = time.monotonic()
     _, status = dashboard.read_nodes(dashboard.Address(server.url, "GCS"), 0.5, "2.60.0", {})
     assert time.monotonic() - started < 1.5

@@ -123,6 +123,7 @@ FOREIGN = {
     "cluster.pending": "a path in status --json (schema/status.schema.json)",
     "cluster.shared_gpus": "a path in status --json (schema/status.schema.json)",
     "pending_resources.actors": "a path in status --json (schema/status.schema.json)",
+    "request.label_selector": "a path in fit --json (schema/fit.schema.json)",
     "raylet.nodeId": "a key of Ray's dashboard answer",
     "raylet.nodeManagerAddress": "a key of Ray's dashboard answer",
 }

@@ -395,7 +395,13 @@ def test_the_embedded_status_without_typer_prints_what_the_cli_prints(
 
 @pytest.mark.parametrize(
     "words",
-    [["--gcs", "foo"], ["--gcs", "127.0.0.1:99999"], ["--timeout", "0"], ["--token-file", "t"], ["--watch"]],
+    [
+        ["--gcs", "ray://foo:10001"],
+        ["--gcs", "127.0.0.1:99999"],
+        ["--timeout", "0"],
+        ["--token-file", "t"],
+        ["--watch"],
+    ],
 )
 def test_an_embedded_status_the_fast_path_does_not_take_still_starts_the_gcs_child(
     words: list[str], monkeypatch: pytest.MonkeyPatch

@@ -330,3 +330,48 @@ def test_an_agent_whose_nvml_failed_says_why() -> None:
     status = msgspec.structs.replace(status, nodes={**status.nodes, EUROPA: europa})
     node = by_node(answer(status, gpu_memory_mb=4096))[EUROPA]
     assert (node.measured, node.measured_reason) == ("unknown", "NVIDIA driver not loaded")
+
+
+# --- what would place it ------------------------------------------------------------------
+
+
+def v100_worker_status(free_gpu: float) -> Any:
+    """The seed's head (``VRAM_MB``, so ``auto`` books ``VRAM_MB``) and a 2-GPU worker that
+    advertises none, its GPUs measured by its agent, ``free_gpu`` of its GPU free."""
+    from rayscope.core.rollup import merge, scheduler_nodes
+    from tests.scenarios import NOW, SEED_VIEWS, gpu, report, view
+
+    worker = "0b" * 28
+    views = [
+        SEED_VIEWS[0],
+        view(
+            worker,
+            "10.0.0.6",
+            {"CPU": 16, "GPU": 2, "accelerator_type:V100": 1},
+            {"CPU": 16, "GPU": free_gpu},
+        ),
+    ]
+    reports = {worker: report(worker, [gpu(0, 1.0), gpu(1, 12.0)], "10.0.0.6")}
+    return merge(
+        scheduler_nodes(views), reports, now=NOW, stale_after_s=15.0, view="head", scheduler_read_at=NOW
+    )
+
+
+def test_fit_says_sizing_fraction_places_what_vram_mb_does_not() -> None:
+    """Before: ``Fits: no`` with the V100 node ``(no VRAM_MB)`` while 1.5 of its GPUs were
+    free, and not a word that ``--sizing fraction`` places it."""
+    result = answer(v100_worker_status(1.5), gpu_memory_mb=12000)
+    assert (result.fits, result.sizing) == (False, "vram_mb")
+    assert result.hint == (
+        "--sizing fraction places 1/1 replica(s) by booking: GPU 0.49 per replica (12000/24576 MB"
+        " of the smallest GPU, VRAM_MB on 172.17.0.3); room on nodes without VRAM_MB: 10.0.0.6"
+    )
+    assert f"Hint: {result.hint}" in fit_lines(result)
+    placed = answer(v100_worker_status(1.5), gpu_memory_mb=12000, sizing="fraction")
+    assert placed.fits and placed.shape == {"GPU": 0.49}  # the hint's claim, made good
+
+
+def test_no_hint_where_fraction_places_nothing_more_or_was_asked_for() -> None:
+    assert answer(v100_worker_status(0.2), gpu_memory_mb=12000).hint == ""  # no room there either
+    assert answer(v100_worker_status(1.5), gpu_memory_mb=12000, sizing="vram").hint == ""  # chosen
+    assert answer(v100_worker_status(1.5), gpu_memory_mb=4096).hint == ""  # VRAM_MB placed it

@@ -4,7 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from rayscope.net.addresses import parse_address
+from rayscope.errors import AgentError
+from rayscope.net.addresses import parse_address, parse_gcs_address
+from rayscope.node.collect import resolve_gcs
 from rayscope.schema.report import RayletInfo
 from rayscope.sources.gcs.address import ray_temp_dir, resolve_address
 from rayscope.sources.gcs.read import prepare_auth_env
@@ -40,6 +42,52 @@ def test_resolution_order(tmp_path: Path) -> None:
     env["RAYSCOPE_GCS"] = "10.0.0.2:6379"
     assert resolve_address(None, env, [raylet("10.0.0.3:6379")]) == ("10.0.0.2:6379", "RAYSCOPE_GCS")
     assert resolve_address("10.0.0.1:6379", env, []) == ("10.0.0.1:6379", "--gcs")
+
+
+def test_ray_address_is_read_as_ray_reads_it(tmp_path: Path) -> None:
+    """``$RAY_ADDRESS`` after ``--gcs`` and ``$RAYSCOPE_GCS``, before this host's raylets, as
+    ``ray.init()`` reads it: ``HOST[:PORT]`` is the GCS (6379 by default), ``auto`` (and
+    ``local``) means the cluster found here; a URL (``http://``: the Jobs CLI's dashboard
+    address) is no GCS and is passed over. Before: ignored, the local raylet's read."""
+    here = [raylet("10.0.0.3:6379")]
+    env = {"RAY_TMPDIR": str(tmp_path)}
+    assert resolve_address(None, {**env, "RAY_ADDRESS": "10.0.0.5:6380"}, here) == (
+        "10.0.0.5:6380",
+        "RAY_ADDRESS",
+    )
+    assert resolve_address(None, {**env, "RAY_ADDRESS": " 10.0.0.5 "}, here)[0] == "10.0.0.5:6379"
+    for word in ("auto", "local", ""):
+        assert resolve_address(None, {**env, "RAY_ADDRESS": word}, here)[0] == "10.0.0.3:6379"
+    assert resolve_address(None, {**env, "RAY_ADDRESS": "http://10.0.0.5:8265"}, here)[0] == "10.0.0.3:6379"
+    address, why = resolve_address(None, {**env, "RAY_ADDRESS": "http://10.0.0.5:8265"}, [])
+    assert address is None and "RAY_ADDRESS=http://10.0.0.5:8265 is a dashboard URL" in why
+    first = {**env, "RAY_ADDRESS": "10.0.0.5:6380", "RAYSCOPE_GCS": "10.0.0.2:6379"}
+    assert resolve_address(None, first, here) == ("10.0.0.2:6379", "RAYSCOPE_GCS")
+    assert resolve_address("10.0.0.1:6379", first, here) == ("10.0.0.1:6379", "--gcs")
+
+
+def test_a_ray_client_address_says_where_the_gcs_usually_is() -> None:
+    """``ray://HOST:10001`` is Ray Client's server, not the GCS. Before: ``give HOST:PORT
+    without ray://``, which led to ``RpcError: Method not found!`` at port 10001."""
+    with pytest.raises(ValueError) as err:
+        parse_gcs_address("ray://10.0.0.1:10001")
+    assert str(err.value) == (
+        "'ray://10.0.0.1:10001' is a Ray Client address (ray.init's ray://; its server listens on"
+        " 10001 by default), not the GCS: rayscope reads the GCS, usually 10.0.0.1:6379"
+    )
+    assert parse_gcs_address("10.0.0.1") == "10.0.0.1:6379"
+    with pytest.raises(ValueError, match="without http://"):
+        parse_gcs_address("http://10.0.0.1:6379")
+
+
+def test_ray_address_of_ray_client_is_one_line_naming_the_variable(tmp_path: Path) -> None:
+    env = {"RAY_TMPDIR": str(tmp_path), "RAY_ADDRESS": "ray://10.0.0.1:10001"}
+    with pytest.raises(AgentError) as err:
+        resolve_gcs(None, [raylet("10.0.0.3:6379")], env)
+    assert err.value.exit_code == 2
+    assert str(err.value).startswith(
+        "bad GCS address from RAY_ADDRESS: 'ray://10.0.0.1:10001' is a Ray Client"
+    )
 
 
 def test_resolution_refuses_to_guess_between_clusters(tmp_path: Path) -> None:
@@ -88,3 +136,19 @@ def test_token_on_disk_turns_token_auth_on_like_ray_start(
     assert prepare_auth_env(env) is not None and env["RAY_AUTH_MODE"] == "token"
     explicit = {"RAY_AUTH_MODE": "disabled", "RAY_AUTH_TOKEN": "x"}
     assert prepare_auth_env(explicit) == "RAY_AUTH_TOKEN" and explicit["RAY_AUTH_MODE"] == "disabled"
+
+
+def test_cluster_state_reads_ray_address(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``rayscope.cluster_state()``'s docstring says ``$RAY_ADDRESS`` is read: it is. Before:
+    ignored (this host's raylet, else ``no GCS address``)."""
+    import rayscope
+    from tests.conftest import free_port
+
+    port = free_port()
+    monkeypatch.delenv("RAYSCOPE_GCS", raising=False)
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
+    with pytest.raises(rayscope.RayscopeError, match=f"127.0.0.1:{port}"):
+        rayscope.cluster_state(timeout=2.0)
+    monkeypatch.setenv("RAY_ADDRESS", "ray://127.0.0.1:10001")
+    with pytest.raises(rayscope.RayscopeError, match="is a Ray Client address"):
+        rayscope.cluster_state(timeout=2.0)

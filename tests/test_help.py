@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rayscope.cli.app import app
+from tests.conftest import run_rayscope
 from tests.golden import check_golden
 
 COMMANDS = ["", *sorted(c.name or c.callback.__name__ for c in app.registered_commands if c.callback)]
@@ -48,3 +49,10 @@ def test_command_list_is_one_line_per_command(width: int) -> None:
     rows = [line for line in panel.splitlines() if line.startswith("│")]
     named = [row for row in rows if re.match(r"│ \w", row)]
     assert len(rows) == len(named) == len(COMMANDS) - 1, panel
+
+
+def test_node_help_names_the_exit_code_it_gives_for_bad_usage() -> None:
+    """Before: ``Exit code 0 unless rayscope itself fails`` while a bad option exits 2."""
+    done = run_rayscope("node", "--gcs", "ray://127.0.0.1:10001")
+    assert done.returncode == 2
+    assert "Exit 2: bad usage" in " ".join(run_rayscope("node", "--help").stdout.split())

@@ -44,6 +44,7 @@ from rayscope.sources.gcs import reader as gcs
 from tests.conftest import base_env
 from tests.misbehaving_head import MisbehavingHead
 from tests.reliability_plugin import FaultRecord
+from tests.support import fake_server
 
 TIMEOUT_S = 3.0
 SLACK_S = 0.5
@@ -203,14 +204,8 @@ def http_port() -> Iterator[int]:
             pass
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with fake_server.serving(server):
         yield int(server.server_address[1])
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
 
 
 @contextlib.contextmanager

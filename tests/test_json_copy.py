@@ -14,7 +14,6 @@ import hashlib
 import io
 import socket
 import sys
-import threading
 import tracemalloc
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -26,6 +25,7 @@ from rayscope.cli import terminal_copy
 from rayscope.net import http as net_http
 from rayscope.schema import DOCUMENT_SCHEMA
 from tests import scenarios
+from tests.support.fake_server import FakeServer
 from tests.test_fast_status import fake_head, run_cli, run_entry
 
 if TYPE_CHECKING:
@@ -43,32 +43,15 @@ PART = net_http._RECV_BYTES
 def raw_head(body: bytes, length: int = -1) -> Iterator[str]:
     """A head that answers every request with ``body`` under the indented document's headers
     (``length``: the ``Content-Length`` it claims, default the body's), then hangs up."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(8)
-    stop = threading.Event()
     claimed = len(body) if length < 0 else length
     answer = HEAD.format(length=claimed).encode() + body  # made here: the tests measure memory
 
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            with conn:
-                conn.recv(65536)
-                with contextlib.suppress(OSError):
-                    conn.sendall(answer)
+    def serve(conn: socket.socket) -> None:
+        conn.recv(65536)
+        conn.sendall(answer)
 
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.getsockname()[1]}"
-    finally:
-        stop.set()
-        server.close()
-        thread.join(5)
+    with FakeServer(serve, backlog=8) as server:
+        yield server.url
 
 
 def document(size: int) -> bytes:

@@ -30,7 +30,7 @@ from tests.conftest import (
     running_dashboard_cluster,
 )
 from tests.support.bioengine import assert_keeps_the_contract
-from tests.support.dashboard import FakeDashboard, http
+from tests.support.dashboard import FakeDashboard, hangs, http
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.live
@@ -199,11 +199,31 @@ def test_gpus_names_the_actor_behind_the_dashboards_pid(dashboard_cluster: LiveC
     assert "measured by Ray's dashboard agent" in block
     assert "GPU0 Tesla T4  booked 0.33 GPU by 1 actor  used 3.3 GB (Ray dashboard," in block
     assert "denbi-app#" in block and "booked 0.33 GPU used 1.5 GB" in block
-    assert f"pid {sleeper} booked NA used 0.5 GB  not mapped" in block
+    assert f"pid {sleeper} booked unknown used 0.5 GB  not mapped" in block
     # Both raylets run on this host, each measured on devices of its own: neither's actors
     # are listed on the other's GPUs (the demo listed all five on both).
     head = done.stdout.split(f"{dashboard_cluster.node_id('head')[:12]}:", 1)[1].split("GPUs of", 1)[0]
     assert "federated-unet" not in block and "denbi-app" not in head, done.stdout
+
+
+def test_node_gpus_lists_only_the_raylets_measured_on_its_devices(
+    dashboard_cluster: LiveCluster, fake_nvml_lib: fake_nvml.FakeNvml
+) -> None:
+    """``node --gpus`` on the host of both raylets, reading the head's devices: the head's
+    four replicas on its GPU0, deNBI's app (measured by the dashboard on a T4 of its own)
+    on none of them, as ``status --gpus`` groups them. Before: every local raylet's actors
+    on this host's GPU0, ``booked 20480 MB + 0.33 GPU by 5 actors``."""
+    scenario = str(dashboard_cluster.root / "nvml" / "head")
+    env = env_for(
+        dashboard_cluster, LD_LIBRARY_PATH=str(fake_nvml_lib.lib_dir), RAYSCOPE_FAKE_NVML_SCENARIO=scenario
+    )
+    done = run_rayscope("node", "--gpus", "--gcs", dashboard_cluster.gcs_address, env=env)
+    assert done.returncode == 0, done.stderr
+    gpu0 = next(line for line in done.stdout.splitlines() if line.strip().startswith("GPU0 "))
+    assert "booked 20480 MB by 4 actors" in gpu0, done.stdout
+    assert "denbi-app" not in done.stdout and done.stdout.count("federated-unet-") == 4, done.stdout
+    denbi = dashboard_cluster.node_id("denbi")[:12]
+    assert f"not on these GPUs: Ray node 127.0.0.1 [worker] {denbi} (measured on other devices" in done.stdout
 
 
 def test_fit_checks_the_dashboards_free_memory(dashboard_cluster: LiveCluster) -> None:
@@ -232,7 +252,7 @@ def test_none_reads_no_dashboard(dashboard_cluster: LiveCluster) -> None:
 
 
 HOSTILE = {
-    "hangs": (lambda conn, _r: time.sleep(8), "did not answer in time (timeout"),
+    "hangs": (hangs, "did not answer in time (timeout"),
     "500": (lambda conn, _r: conn.sendall(http(500, b"Internal Server Error")), "answered HTTP 500"),
     "garbage": (lambda conn, _r: conn.sendall(http(200, b"<html>proxy</html>")), "answered no node summary"),
     "wants a token": (
@@ -344,3 +364,40 @@ def test_an_agents_figure_wins_and_the_other_node_stays_the_dashboards(
         assert doc["nodes"][denbi_id]["used_gpu_memory_source"] == "ray-dashboard"
     finally:
         agent.stop()
+
+
+def test_a_dead_actor_s_leaked_memory_is_named_and_counted(
+    dashboard_cluster: LiveCluster, sleeper: int
+) -> None:
+    """An actor on deNBI dies while the dashboard still lists its pid on the T4 (a worker
+    stuck in the driver; here the fake NVML keeps listing it): ``status --gpus`` names it as
+    the actor it was, booked nothing, ``actor dead, unbooked``, from the GCS's table of dead
+    actors. Before: ``pid N booked NA used 2.0 GB  not mapped``. The T4's scenario is
+    restored (and listed again) afterwards, for the tests after this one."""
+    path = dashboard_cluster.root / "nvml" / "denbi"
+    restored = path.read_text()
+    placed = dashboard_cluster.request(
+        op="actor", name="leaky-0", node="denbi", options={"num_gpus": 0.1, "num_cpus": 0}
+    )
+    pid = int(placed["pid"])
+    fake_nvml.write_scenario(path, restored + fake_nvml.process("gpu0", pid, 2.0))
+    alive = True
+    try:
+        wait_listed(dashboard_cluster, pid)
+        dashboard_cluster.request(op="kill_actor", name="leaky-0")
+        alive = False
+
+        def named() -> Optional[str]:
+            done = run_rayscope(
+                "status", "--gpus", "--gcs", dashboard_cluster.gcs_address, env=env_for(dashboard_cluster)
+            )
+            return done.stdout if "leaky-0#" in done.stdout else None
+
+        text = eventually(named, 60, "the dead actor named")
+        line = next(x.strip() for x in text.splitlines() if "leaky-0#" in x)
+        assert line.endswith("booked nothing used 2.0 GB  actor dead, unbooked"), text
+        assert f"pid {pid} " not in text, text
+    finally:
+        fake_nvml.write_scenario(path, restored)
+        if alive:
+            dashboard_cluster.request(op="kill_actor", name="leaky-0")

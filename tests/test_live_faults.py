@@ -58,6 +58,17 @@ def node_json(head: HeadDaemon, node_id: str) -> Optional[dict[str, Any]]:
 # --- the GCS ------------------------------------------------------------------------------
 
 
+def bindable(port: int) -> bool:
+    """Whether a listener could bind 127.0.0.1:``port`` now (as a restarted GCS will)."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def test_gcs_killed_then_restarted_on_the_same_port(
     fault: FaultRecord, tmp_path: Path, wire_token: Path
 ) -> None:
@@ -105,13 +116,13 @@ def test_gcs_killed_then_restarted_on_the_same_port(
 
         assert ray.wait_exit() != 0  # ray start --block ends when its GCS died
         for attempt in range(3):  # the port may take a moment to be free for a new GCS
+            eventually(lambda: bindable(port), 30.0, f"port {port} free for a new GCS")
             ray = RayHead(port, env, tmp_path / f"ray2-{attempt}.log")
             try:
                 ray.pid_of("raylet")
                 break
             except RuntimeError:
                 ray.stop()
-                time.sleep(2.0)
         else:
             raise AssertionError(f"no new Ray head on port {port} after 3 tries (see ray2-*.log)")
 

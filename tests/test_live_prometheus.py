@@ -27,6 +27,7 @@ from typing import Any, NamedTuple, Optional
 
 import pytest
 
+from tests import debian_deps
 from tests import fake_nvml as fake
 from tests.conftest import Daemon, HeadDaemon, LiveCluster, base_env, free_port, push_agent
 from tests.support.deploy import DASHBOARD, RULES_DIR
@@ -68,7 +69,7 @@ class Prometheus:
         self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
             [
-                "prometheus",
+                debian_deps.need("prometheus"),
                 f"--config.file={root / 'prometheus.yml'}",
                 f"--storage.tsdb.path={root / 'data'}",
                 f"--web.listen-address=127.0.0.1:{self.port}",

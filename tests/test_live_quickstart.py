@@ -30,7 +30,7 @@ from typing import Any, Callable, NamedTuple, Optional, TypeVar
 import pytest
 
 from tests import netns
-from tests.conftest import REPO, base_env
+from tests.conftest import REPO, base_env, free_port
 
 pytestmark = pytest.mark.live
 
@@ -132,6 +132,7 @@ def test_demo_keep_stays_up_prints_commands_that_work_and_stops_on_ctrl_c(tmp_pa
             )
             assert done.returncode in (0, 1), (command, done.stderr)  # fit 5120 does not fit: 1
             assert done.stdout.strip() and "Traceback" not in done.stderr
+        assert_the_agents_lines_measure_each_node_s_own_gpus(lines, export, env)
         assert demo.poll() is None  # still up after being used
         demo.send_signal(signal.SIGINT)
         assert demo.wait(timeout=90) == 0
@@ -141,6 +142,57 @@ def test_demo_keep_stays_up_prints_commands_that_work_and_stops_on_ctrl_c(tmp_pa
         if demo.poll() is None:
             demo.kill()
             demo.wait(timeout=30)
+
+
+def assert_the_agents_lines_measure_each_node_s_own_gpus(
+    lines: list[str], export: str, env: dict[str, str]
+) -> None:
+    """The demo's agent lines, pasted (the head's ports taken from the OS instead of 7531 and
+    7532): ``status --head`` shows each node's own fake GPU, the T4 at 4.5/15.0 GB, and no
+    GPU shared. Before, every ``push`` read the head's scenario from the ``export`` line: the
+    T4 node at ``18.8/24.0 GB``, ``shared with 1 other node`` under ``--gpus``."""
+    report_port, http_port = free_port(), free_port()
+
+    def ported(command: str) -> str:
+        command = command.replace("127.0.0.1:7531", f"127.0.0.1:{report_port}")
+        return command.replace("127.0.0.1:7532", f"127.0.0.1:{http_port}")
+
+    head = next(c for c in lines if c.startswith("rayscope head "))
+    head += f" --listen 127.0.0.1:{report_port} --http 127.0.0.1:{http_port}"
+    pushes = [ported(c) for c in lines if " rayscope push " in f" {c}"]
+    status = ported(next(c for c in lines if c.startswith("rayscope status --head")))
+    assert len(pushes) == 2, lines
+    agents = [
+        subprocess.Popen(["sh", "-c", f"{export} && exec env {command}"], env=env, stderr=subprocess.DEVNULL)
+        for command in [head, *pushes]
+    ]
+    try:
+
+        def both_reported() -> Optional[str]:
+            done = subprocess.run(
+                ["sh", "-c", f"{export} && {status} --gpus"],
+                env=env,
+                check=False,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            worker = [line for line in done.stdout.splitlines() if "[worker] T4" in line]
+            return (
+                done.stdout
+                if worker and "agent: manual" in worker[0] and "no agent" not in done.stdout
+                else None
+            )
+
+        text, _ = eventually("both agents reporting", both_reported, 90)
+        worker = next(line for line in text.splitlines() if "[worker] T4" in line)
+        assert "VRAM: 4.5/15.0 GB" in worker, text
+        assert "shared with" not in text, text
+    finally:
+        for agent in agents:
+            agent.terminate()
+        for agent in agents:
+            agent.wait(timeout=30)
 
 
 # --- the multi-node quick start -------------------------------------------------------------

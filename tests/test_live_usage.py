@@ -13,6 +13,7 @@ report per node (``reports[-1:]`` in ``UsageStore.fold``) and the one-phase spik
 missing whenever an interval held two reports.
 """
 
+import functools
 import math
 import re
 import time
@@ -26,6 +27,7 @@ from tests import fake_nvml as fake
 from tests.conftest import HeadDaemon, LiveCluster, push_agent, run_rayscope
 from tests.schemas import parsed
 from tests.support.promtool import lint
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.live
 
@@ -131,11 +133,23 @@ def test_usage_names_each_replica_s_highest_figure_and_the_booking_to_ask_for(
         while len(usage_json(head, rayscope_env, wire_token)["actors"]) < len(PHASES):
             assert time.monotonic() < deadline, head.log_text()
             time.sleep(0.5)
-        for phase in range(1, 4):
-            time.sleep(PHASE_S)
-            for node, path in scenarios.items():
-                fake.write_scenario(path, render[node](pids, phase))
-        time.sleep(PHASE_S)
+
+        def peaks_through(phase: int) -> bool:
+            """Each actor's peak is its highest figure of phases 0..``phase``: they were sampled."""
+            rows = {a["actor_id"]: a for a in usage_json(head, rayscope_env, wire_token)["actors"]}
+            return all(
+                rows.get(actors[name]["actor_id"], {}).get("peak_used_bytes")
+                == figure(max(gibs[: phase + 1]))
+                for name, gibs in PHASES.items()
+            )
+
+        for phase in range(4):
+            if phase:
+                for node, path in scenarios.items():
+                    fake.write_scenario(path, render[node](pids, phase))
+            time.sleep(PHASE_S)  # the phase's figures stand this long (the workload's shape, not a wait)
+            what = f"phase {phase}'s highest figures in the head's usage"
+            eventually(functools.partial(peaks_through, phase), 30, what, every_s=0.5)
         doc = usage_json(head, rayscope_env, wire_token)
         text = run_rayscope("usage", "--head", head.url, "--token-file", str(wire_token), env=rayscope_env)
         metrics = head.get("/metrics")
@@ -170,7 +184,7 @@ def test_usage_names_each_replica_s_highest_figure_and_the_booking_to_ask_for(
     app = apps["cellpose/CellposeModel"]
     assert (app["replicas"], app["booked_mb"], app["peak_used_bytes"]) == (2, 2048, figure(2.3))
     assert (app["suggested_vram_mb"], app["frees_mb"], app["oom_risk"]) == (2816, -2 * 768, True)
-    denbi_app = apps["Replica"]  # a named actor without a number: its class
+    denbi_app = apps["denbi-app"]  # a named actor without a number: its name (its class before)
     assert (denbi_app["suggested_vram_mb"], denbi_app["frees_mb"]) == (
         3584,
         pytest.approx(5406.7 - 3584, abs=0.1),

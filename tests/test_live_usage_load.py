@@ -29,6 +29,7 @@ from tests.conftest import HeadDaemon, base_env, free_port
 from tests.reliability_plugin import FaultRecord
 from tests.support import http_port
 from tests.support.usage_state import ACTORS, INTERVAL_S, full_window
+from tests.waiting import eventually
 
 PARALLEL = 40
 HEALTH_BOUND_S = 1.0
@@ -150,7 +151,7 @@ def test_the_answers_kept_are_bounded() -> None:
 
 
 @pytest.fixture
-def blocked_port(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[int, threading.Event]]:
+def blocked_port(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[int, threading.Event, HttpPort]]:
     """An HTTP port whose every answer but ``/healthz``'s blocks until the event is set."""
     release = threading.Event()
     throttle = LogThrottle(logging.getLogger("test"))
@@ -164,24 +165,28 @@ def blocked_port(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[int, threadi
         return answer(request)
 
     monkeypatch.setattr(routes, "answer", blocking)
-    with http_port.serving(HttpPort(routes, throttle)) as port:
+    port = HttpPort(routes, throttle)
+    with http_port.serving(port) as number:
         try:
-            yield port, release
+            yield number, release, port
         finally:
             release.set()
 
 
-def test_healthz_never_waits_in_the_workers_queue(blocked_port: tuple[int, threading.Event]) -> None:
+def test_healthz_never_waits_in_the_workers_queue(
+    blocked_port: tuple[int, threading.Event, HttpPort],
+) -> None:
     """Every worker busy and the queue full (renders that take long): ``/healthz`` still
     answers at once, from its own worker. Positive control: drop the ``/healthz`` branch of
     ``HttpPort.serve`` and it waits (here: times out) behind the blocked answers."""
-    port, release = blocked_port
+    port, release, http_port = blocked_port
     busy: list[http.client.HTTPConnection] = []
     try:  # every connection closed, a failed assert's too (not left to the collector)
         for _ in range(HTTP_WORKERS + MAX_WAITING // 2):
             busy.append(http.client.HTTPConnection("127.0.0.1", port, timeout=30))
             busy[-1].request("GET", "/v1/usage")
-        time.sleep(0.5)  # every request read and handed to the pool
+        sent = len(busy)
+        eventually(lambda: http_port._in_flight == sent, 10, "every request read and handed to the pool")
         probe = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
         busy.append(probe)
         started = time.monotonic()

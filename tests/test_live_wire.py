@@ -28,6 +28,7 @@ from rayscope.net import wire
 from tests.conftest import Daemon, push_agent, run_rayscope
 from tests.reliability_plugin import FaultRecord
 from tests.schemas import parsed
+from tests.support import fake_server
 from tests.support.head import ENV, NODE, Head
 from tests.support.pki import make_pki, tls_options
 from tests.waiting import eventually
@@ -57,6 +58,7 @@ class Proxy:
         self.cut = threading.Event()
         self._stop = threading.Event()
         self._sockets: list[socket.socket] = [self.listener]
+        self._pipes: list[threading.Thread] = []
         self._acceptor = threading.Thread(target=self._accept, daemon=True)
         self._acceptor.start()
 
@@ -75,8 +77,9 @@ class Proxy:
             self._sockets += [client, upstream]
             recording = bytearray()
             self.recordings.append(recording)
-            threading.Thread(target=self._pipe, args=(client, upstream, recording), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(upstream, client, None), daemon=True).start()
+            for args in ((client, upstream, recording), (upstream, client, None)):
+                self._pipes.append(threading.Thread(target=self._pipe, args=args, daemon=True))
+                self._pipes[-1].start()
 
     def _pipe(self, src: socket.socket, dst: socket.socket, recording: Optional[bytearray]) -> None:
         src.settimeout(0.2)
@@ -101,8 +104,10 @@ class Proxy:
 
     def close(self) -> None:
         self._stop.set()
+        fake_server.wake(self.listener)
         self._acceptor.join(timeout=10)  # no socket added after the loop below closed them
-        time.sleep(0.3)
+        for pipe in self._pipes:  # each sees the stop within its 0.2 s recv timeout
+            pipe.join(timeout=10)
         for s in self._sockets:
             s.close()
 
@@ -416,7 +421,13 @@ def test_http_worker_threads_are_bounded(tmp_path: Path, token: Path) -> None:
         base = eventually(settled, 20, "the head's thread count settles")
         for _ in range(60):  # each kept as it is made: closed below if a later one fails
             idle.append(socket.create_connection(("127.0.0.1", head.http_port), timeout=5))
-        time.sleep(1.0)
+
+        def held() -> bool:  # accepted by the head: its own sockets, not the kernel's backlog
+            port = head.http_port
+            mine = [c for c in process.net_connections("tcp") if c.laddr and c.laddr.port == port]
+            return len([c for c in mine if c.status == psutil.CONN_ESTABLISHED]) >= len(idle)
+
+        eventually(held, 20, f"the head holds the {len(idle)} idle connections")
         threads = psutil.Process(head.process.pid).num_threads()
         assert threads - base <= HTTP_WORKERS + 2, (base, threads)  # main: 53 more
         for s in idle:

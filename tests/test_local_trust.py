@@ -29,7 +29,7 @@ from rayscope.sources.gcs import address as gcs_address
 from rayscope.sources.gcs import child as gcs_child
 from rayscope.sources.gcs import reader as gcs
 from tests.conftest import base_env, run_captured
-from tests.support import dirs
+from tests.support import dirs, fake_server
 from tests.waiting import eventually
 
 NOBODY = 65534
@@ -244,6 +244,8 @@ class Listener:
                 conn, _ = self.server.accept()
             except socket.timeout:
                 continue
+            except OSError:  # shut down by close()
+                return
             with self._lock:
                 self.received.append(b"")
                 slot = len(self.received) - 1
@@ -260,6 +262,7 @@ class Listener:
 
     def close(self) -> None:
         self._stop.set()
+        fake_server.wake(self.server)
         self._thread.join(5)
         self.server.close()
 

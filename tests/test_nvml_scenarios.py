@@ -78,7 +78,7 @@ def test_two_gpus_with_processes(fake_nvml_lib: fake.FakeNvml, sleeper: int, tmp
         f"    pid {sleeper} sleep booked nothing used 1.2 GB  unbooked",
         "  GPU1 NVIDIA GeForce RTX 3090  booked NA  used 0.0 GB  util 0%",
         "    bus 00000000:02:00.0  temp 61 C  power 21/350 W  memory 0.0/24.0 GB, 0.3 GB reserved (v2)",
-        "  all GPUs: booked NA  actors use NA GB  unbooked 1.2 GB",
+        "  all GPUs: booked NA  actors use NA GB  unbooked 1.2 GB  not mapped 0.5 GB",
     ]
 
 
@@ -249,7 +249,7 @@ def test_in_a_container_host_pids_are_not_mapped(
         f"    pid {fake.NO_SUCH_PID} booked NA used 0.5 GB  not mapped",
         "  GPU1 NVIDIA GeForce RTX 3090  booked NA  used 0.0 GB  util 0%",
         "    bus 00000000:02:00.0  temp 61 C  power 21/350 W  memory 0.0/24.0 GB, 0.3 GB reserved (v2)",
-        "  all GPUs: booked NA  actors use NA GB  unbooked NA GB",
+        "  all GPUs: booked NA  actors use NA GB  unbooked NA GB  not mapped 1.7 GB",
         CONTAINER,
     ]
 

@@ -7,9 +7,11 @@ import msgspec
 import pytest
 
 from rayscope.core.capacity import pending
+from rayscope.core.capacity import selectors as sel
 from rayscope.render.metrics import metrics_text
-from rayscope.render.status import status_json, status_lines
+from rayscope.render.status import demand_line, status_json, status_lines
 from rayscope.schema.pending import (
+    LabelConstraint,
     PendingActor,
     PendingDemand,
     PendingGang,
@@ -18,7 +20,7 @@ from rayscope.schema.pending import (
     PendingRequest,
 )
 from tests.golden import check_golden
-from tests.scenarios import pending_status, seed_status
+from tests.scenarios import labels_pending_status, pending_status, seed_status
 
 GIB = 1024**3
 
@@ -309,6 +311,15 @@ def test_metric_labels_are_bounded() -> None:
     assert samples == ['rayscope_pending_demands{kind="request",shape="GPU=0.5",reason="waits"} 50']
 
 
+def test_golden_label_selector_lines() -> None:
+    """The Pending lines of demands that select nodes, from a recorded Ray 2.60 read."""
+    status = labels_pending_status()
+    lines = status_lines(status)
+    assert "  1 × GPU=0.01 VRAM_MB=20000  selects zone=b  actors: zone-b-big" in lines
+    check_golden("status_labels.txt", "\n".join(lines) + "\n")
+    check_golden("status_labels.json", status_json(status) + "\n")
+
+
 def test_golden_pending_outputs() -> None:
     status = pending_status()
     check_golden("status_pending.txt", "\n".join(status_lines(status)) + "\n")
@@ -344,3 +355,156 @@ def test_pending_under_an_old_scheduler_view_says_how_old() -> None:
     assert "Pending: (scheduler view 42s old)" in lines
     fresh = status_lines(pending_status())
     assert "Pending:" in fresh and not any("old" in line for line in fresh if line.startswith("Pending"))
+
+
+# Label selectors (Ray 2.49+): judged on the nodes they admit.
+NODE_A = PendingNode(
+    node_id="aa" * 28, node_ip="10.0.0.1", total={"GPU": 1, "VRAM_MB": 24576, "CPU": 4},
+    available={"GPU": 1, "VRAM_MB": 24576, "CPU": 4}, labels={"zone": "a", "ray.io/accelerator-type": "T4"},
+)  # fmt: skip
+NODE_B = PendingNode(
+    node_id="bb" * 28, node_ip="10.0.0.2", total={"GPU": 1, "VRAM_MB": 16384, "CPU": 4},
+    available={"GPU": 1, "VRAM_MB": 16384, "CPU": 4}, labels={"zone": "b", "ray.io/accelerator-type": "T4"},
+)  # fmt: skip
+BIG = {"GPU": 0.01, "VRAM_MB": 20000}
+
+
+def selected(*selectors: dict[str, str]) -> list[list[LabelConstraint]]:
+    return [sel.parse(s) for s in selectors]
+
+
+def test_a_selector_no_alive_node_meets_is_named_with_what_the_cluster_has() -> None:
+    """Positive control: judged without the selector, the same request "has room now"."""
+    request = PendingRequest(shape={}, label_selectors=selected({"ray.io/accelerator-type": "A100"}))
+    demand = one(PendingRead(nodes=[NODE_A, NODE_B], requests=[request]))
+    assert (demand.reason, demand.admitted_nodes) == ("no_label_match", 0)
+    assert demand.reason_text == (
+        "no alive node has ray.io/accelerator-type=A100 (ray.io/accelerator-type: T4 on 2 nodes)"
+    )
+    assert demand.label_selector == {"ray.io/accelerator-type": "A100"}
+    plain = one(PendingRead(nodes=[NODE_A, NODE_B], requests=[PendingRequest(shape={})]))
+    assert plain.reason == "waits"
+
+
+def test_the_selected_nodes_too_small_are_the_reason_not_the_others() -> None:
+    """20000 MB fits node A (24576), not B (16384): selecting zone=b, B's total decides."""
+    request = PendingRequest(shape=BIG, label_selectors=selected({"zone": "b"}))
+    demand = one(PendingRead(nodes=[NODE_A, NODE_B], requests=[request]))
+    assert (demand.reason, demand.admitted_nodes) == ("infeasible", 1)
+    assert demand.reason_text == (
+        "zone=b admits 1 of 2 alive node(s): no node has 20000 MB (at most 16384 MB on one node)"
+    )
+
+
+def test_selected_nodes_that_are_full_name_what_they_lack() -> None:
+    full_b = msgspec.structs.replace(NODE_B, available={"GPU": 1, "VRAM_MB": 4096, "CPU": 4})
+    request = PendingRequest(shape={"GPU": 0.01, "VRAM_MB": 8192}, label_selectors=selected({"zone": "!a"}))
+    demand = one(PendingRead(nodes=[NODE_A, full_b], requests=[request]))
+    assert demand.reason == "vram_exhausted"
+    assert demand.reason_text == (
+        "zone=!a admits 1 of 2 alive node(s): VRAM_MB exhausted: needs 8192 MB, the best node"
+        " (10.0.0.2) has 4096 MB free of 16384 MB"
+    )
+
+
+def test_in_and_not_in() -> None:
+    request = PendingRequest(shape=BIG, label_selectors=selected({"zone": "in(b,c)"}))
+    assert one(PendingRead(nodes=[NODE_A, NODE_B], requests=[request])).admitted_nodes == 1
+    request = PendingRequest(shape=BIG, label_selectors=selected({"zone": "!in(a,b)"}))
+    demand = one(PendingRead(nodes=[NODE_A, NODE_B], requests=[request]))
+    assert demand.reason_text == "no alive node has zone=!in(a,b) (zone: a on 1 node, b on 1)"
+
+
+def test_a_fallback_with_room_is_where_it_will_land() -> None:
+    request = PendingRequest(shape=BIG, label_selectors=selected({"zone": "b"}, {"zone": "a"}))
+    demand = one(PendingRead(nodes=[NODE_A, NODE_B], requests=[request]))
+    assert (demand.reason, demand.admitted_nodes) == ("waits_fallback", 1)
+    assert demand.reason_text == (
+        "no node its selector zone=b admits has room now; its fallback zone=a admits 10.0.0.1 with room:"
+        " it will land on the fallback"
+    )
+    assert demand.fallback_selectors == [{"zone": "a"}]
+
+
+def test_a_fallback_that_admits_nodes_without_room_is_judged_on_them() -> None:
+    request = PendingRequest(shape={"GPU": 2}, label_selectors=selected({"zone": "c"}, {"zone": "b"}))
+    demand = one(PendingRead(nodes=[NODE_A, NODE_B], requests=[request]))
+    assert demand.reason == "infeasible"
+    assert demand.reason_text == (
+        "no alive node has zone=c (zone: a on 1 node, b on 1); its fallback zone=b admits 1 of 2"
+        " alive node(s): no node has 2 GPU (at most 1 GPU on one node)"
+    )
+
+
+def test_an_operator_rayscope_does_not_know_is_never_judged_as_matching() -> None:
+    unknown = [LabelConstraint(key="zone", operator="LABEL_OPERATOR_EXISTS", values=[])]
+    request = PendingRequest(shape={}, label_selectors=[unknown])
+    demand = one(PendingRead(nodes=[NODE_A, NODE_B], requests=[request]))
+    assert demand.reason == "label_unknown"
+    assert "(zone=LABEL_OPERATOR_EXISTS): not judged" in demand.reason_text
+
+
+def test_an_actor_is_matched_to_its_request_by_its_selector_too() -> None:
+    """Two actors of one shape, different selectors: each request names its own actor."""
+    actors = [
+        PendingActor(actor_id="1", name="on-b", required_resources=BIG, label_selector={"zone": "b"}),
+        PendingActor(actor_id="2", name="on-c", required_resources=BIG, label_selector={"zone": "c"}),
+    ]
+    requests = [
+        PendingRequest(shape=BIG, label_selectors=selected({"zone": "c"})),
+        PendingRequest(shape=BIG, label_selectors=selected({"zone": "b"})),
+    ]
+    demands = pending.judge_pending(PendingRead(nodes=[NODE_A, NODE_B], requests=requests, actors=actors))[1]
+    by_name = {d.names[0]: d for d in demands}
+    assert set(by_name) == {"on-b", "on-c"}
+    assert by_name["on-b"].reason == "infeasible" and by_name["on-c"].reason == "no_label_match"
+
+
+def test_an_actor_table_fallback_counts_where_the_request_has_none() -> None:
+    """Ray 2.55-2.57 keep an actor's fallbacks in its actor table only."""
+    actor = PendingActor(actor_id="1", name="x", required_resources=BIG, label_selector={"zone": "b"})
+    read = PendingRead(
+        nodes=[NODE_A, NODE_B],
+        requests=[PendingRequest(shape=BIG, label_selectors=selected({"zone": "b"}))],
+        actors=[actor],
+        actor_fallbacks={"1": selected({"zone": "a"})},
+    )
+    assert one(read).reason == "waits_fallback"
+
+
+def test_placement_group_bundles_each_on_the_nodes_their_selector_admits() -> None:
+    gang = PendingGang(
+        bundles=[{"CPU": 1}, {"GPU": 1}], details="ab12:PACK|PENDING",
+        bundle_selectors=selected({"zone": "c"}, {"zone": "b"}),
+    )  # fmt: skip
+    demand = one(PendingRead(nodes=[NODE_A, NODE_B], gangs=[gang]))
+    assert demand.reason == "no_label_match"
+    assert demand.reason_text == "bundle 0: no alive node has zone=c (zone: a on 1 node, b on 1)"
+    assert demand.bundle_selectors == [{"zone": "c"}, {"zone": "b"}]
+    spread = PendingGang(
+        bundles=[{"GPU": 1}, {"GPU": 1}], details="ab12:STRICT_SPREAD|PENDING",
+        bundle_selectors=selected({"zone": "b"}, {"zone": "b"}),
+    )  # fmt: skip
+    demand = one(PendingRead(nodes=[NODE_A, NODE_B], gangs=[spread]))
+    assert (demand.reason, demand.reason_text) == (
+        "infeasible",
+        "STRICT_SPREAD: bundle 1 has no node of its own left (1 node(s) its label selector admits,"
+        " 1 bundle(s) before it)",
+    )  # one zone=b node for two bundles of their own
+    pack = PendingGang(
+        bundles=[{"CPU": 1}, {"CPU": 1}], details="ab12:STRICT_PACK|PENDING",
+        bundle_selectors=selected({"zone": "a"}, {"zone": "b"}),
+    )  # fmt: skip
+    demand = one(PendingRead(nodes=[NODE_A, NODE_B], gangs=[pack]))
+    assert demand.reason == "no_label_match" and demand.reason_text.startswith("STRICT_PACK: no alive node")
+
+
+def test_a_selector_demand_line() -> None:
+    request = PendingRequest(shape=BIG, label_selectors=selected({"zone": "b"}, {"zone": "a"}))
+    demand = one(PendingRead(nodes=[NODE_A, NODE_B], requests=[request]))
+    assert demand_line(demand) == "1 × GPU=0.01 VRAM_MB=20000  selects zone=b, else zone=a"
+    request = PendingRequest(shape={}, label_selectors=selected({"zone": "x"}))
+    assert (
+        demand_line(one(PendingRead(nodes=[NODE_A], requests=[request])))
+        == "1 × no resources  selects zone=x"
+    )

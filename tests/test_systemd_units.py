@@ -31,8 +31,8 @@ import psutil
 import pytest
 
 from rayscope.sources.raylet import find_raylets
+from tests import debian_deps, unit_sandbox
 from tests import fake_nvml as fake
-from tests import unit_sandbox
 from tests.conftest import LOOPBACK_ENV, REPO, LiveCluster, free_port, run_rayscope
 from tests.waiting import eventually
 
@@ -50,11 +50,7 @@ INTERVAL = "1"
 
 def systemd_analyze(*args: str) -> "subprocess.CompletedProcess[str]":
     """``systemd-analyze ARGS``; a failure (not a skip) where it is not installed."""
-    path = shutil.which("systemd-analyze")
-    if path is None:
-        pytest.fail(
-            "systemd-analyze not found: Debian's systemd package gives it; `make debian-deps` installs it"
-        )
+    path = debian_deps.need("systemd-analyze")
     return subprocess.run([path, *args], capture_output=True, text=True, timeout=120, check=False)
 
 

@@ -221,7 +221,7 @@ def test_what_re_booking_frees_and_the_risk_of_an_oom() -> None:
     replica = apps["federated-unet"]
     assert (replica.replicas, replica.booked_mb, replica.peak_used_bytes) == (2, 5120, int(2.6 * GIB))
     assert (replica.suggested_vram_mb, replica.frees_mb, replica.oom_risk) == (3072, 2 * 2048, False)
-    trainer = apps["Trainer"]
+    trainer = apps["over-booker"]  # a named actor: its name, not its class
     assert (trainer.suggested_vram_mb, trainer.frees_mb, trainer.oom_risk) == (2816, -768, True)
     assert doc.frees_mb == 4096  # the app that needs more is not netted against it
     actors = {a.name: a for a in doc.actors}
@@ -266,14 +266,45 @@ def test_an_actor_that_held_nothing_gets_no_suggestion() -> None:
         ("", "SERVE_REPLICA::bioimage-io#Inference#k3x9", "bioimage-io/Inference"),
         ("LiveCluster.place.<locals>.Replica", "federated-unet-0", "federated-unet"),
         ("Trainer", "worker_12", "worker"),
-        ("LiveCluster.place.<locals>.Replica", "denbi-app", "Replica"),
-        ("Replica", "v2", "Replica"),
+        ("LiveCluster.place.<locals>.Replica", "denbi-app", "denbi-app"),
+        ("Replica", "v2", "v2"),
+        ("Replica", "app-w1-0", "app-w1"),
+        ("Replica", "resnet50-0", "resnet50"),
+        ("Replica", "llama3-1", "llama3"),
         ("", "lonely", "lonely"),
+        ("LiveCluster.place.<locals>.Replica", "", "Replica"),
         ("", "", "actor"),
     ],
 )
-def test_actors_are_grouped_by_serve_deployment_else_by_class(class_name: str, name: str, app: str) -> None:
+def test_actors_are_grouped_by_serve_deployment_else_by_class_and_name(
+    class_name: str, name: str, app: str
+) -> None:
+    """Before: ``app-w1-0``, ``resnet50-0``, ``llama3-1`` (a base ending in a digit) and a
+    single named ``denbi-app`` all read as their class, ``Replica``."""
     assert app_name(class_name, name) == app
+
+
+def test_apps_are_ray_s_identities_never_a_name_pattern_alone() -> None:
+    """Named replica sets of one class stay apart, one name shared by two classes is two
+    apps (their class said), an anonymous actor groups under its class. Before, all five
+    ``Replica`` actors were one app, ``Replica  5 replicas``."""
+    window = UsageWindow(3600, 5, now=0.0)
+    actors = [
+        ("resnet50-0", "Replica"),
+        ("resnet50-1", "Replica"),
+        ("llama3-1", "Replica"),
+        ("denbi-app", "Replica"),
+        ("", "Replica"),
+        ("llama3-0", "Trainer"),
+    ]
+    for i, (name, class_name) in enumerate(actors):
+        window.record(
+            meta(f"{i:02x}" * 16, name=name, class_name=class_name, pid=100 + i), [("GPU-0", GIB)], 10.0
+        )
+    doc = usage_document(window, now=20.0, wall_now=WALL + 20)
+    apps = {a.app: a.replicas for a in doc.apps}
+    assert apps == {"resnet50": 2, "llama3 (Replica)": 1, "llama3 (Trainer)": 1, "denbi-app": 1, "Replica": 1}
+    assert {a.name: a.app for a in doc.actors}["llama3-0"] == "llama3 (Trainer)"
 
 
 @pytest.mark.parametrize(
@@ -317,7 +348,7 @@ def test_usage_lines() -> None:
         "  suggest 2304 MB (frees 2816 MB)",
         "  CellposeModel#1a1a pid 101  booked 5120 MB  peak 2662 MB  p95 2662 MB  1 sample"
         "  suggest 3072 MB (frees 2048 MB)",
-        "Replica  1 replica  booked 0.33 GPU (5069 MB)  peak 1536 MB  p95 1536 MB  1 sample"
+        "denbi-app  1 replica  booked 0.33 GPU (5069 MB)  peak 1536 MB  p95 1536 MB  1 sample"
         "  suggest 1792 MB (frees 3277 MB)",
         "  denbi-app#dddd pid 300  booked 0.33 GPU (5069 MB)  peak 1536 MB  p95 1536 MB  1 sample"
         "  suggest 1792 MB (frees 3277 MB)",

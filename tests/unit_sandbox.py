@@ -81,7 +81,7 @@ APPLIED = frozenset(
 ``ProtectHostname``, ``ProtectKernelLogs``: through the system-call filter's
 ``~@privileged``, the read-only ``/proc`` and ``/sys``, and no capability)."""
 NOT_SANDBOX = frozenset(
-    {"Description", "After", "Wants", "WantedBy", "Type", "Restart", "RestartSec"}
+    {"Description", "After", "Wants", "WantedBy", "Type", "Restart", "RestartSec", "RestartPreventExitStatus"}
     | {"OnCalendar", "AccuracySec", "CacheDirectoryMode", "StateDirectoryMode"}
 )
 """Lines that say what runs when, not what it may do (the directories' modes: the test
@@ -493,9 +493,12 @@ def missing() -> str:
     """What this host lacks to build the sandbox (``""``: nothing)."""
     if os.geteuid() != 0:
         return "needs root (bwrap's mounts without a user namespace, setpriv's uid change)"
+    from tests import debian_deps  # here, not at the top: this file also runs alone, copied into the sandbox
+
     for tool in ("bwrap", "setpriv", "prlimit", "systemd-analyze"):
-        if shutil.which(tool) is None:
-            return f"needs {tool} (`make debian-deps` installs bubblewrap and systemd)"
+        why = debian_deps.why_missing(tool)
+        if why:
+            return why
     try:
         ctypes.CDLL("libseccomp.so.2")
     except OSError:

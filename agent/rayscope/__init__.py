@@ -28,3 +28,8 @@ def __getattr__(name: str) -> object:
 
         return getattr(api, name)
     raise AttributeError(f"module 'rayscope' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The module's names and the API's, so that ``help(rayscope)`` and completion list them."""
+    return sorted({*globals(), *_API})

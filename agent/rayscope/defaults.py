@@ -17,6 +17,11 @@ MAX_TIMEOUT_S = 86_400.0
 """The largest ``--timeout`` (and any other duration option): a day."""
 
 GCS_ADDRESS_ENV = "RAYSCOPE_GCS"
+RAY_ADDRESS_ENV = "RAY_ADDRESS"
+"""Ray's own variable (``ray.init()`` reads it): ``HOST:PORT`` of the GCS, ``auto``, or a
+``ray://`` address of Ray Client; read after ``$RAYSCOPE_GCS``."""
+RAY_CLIENT_PORT = 10001
+"""Ray Client's server port when ``ray start --head`` is given none (``ray://HOST`` means it)."""
 HEAD_ENV = "RAYSCOPE_HEAD"
 TOKEN_FILE_ENV = "RAYSCOPE_TOKEN_FILE"
 READ_TOKEN_FILE_ENV = "RAYSCOPE_READ_TOKEN_FILE"
@@ -42,3 +47,6 @@ HEADER_SESSION = "X-Rayscope-Session"
 """The page's session value, sent by its own script (never a cookie)."""
 SERVER_NAME = "rayscope-head"
 """The head's ``Server`` header: how a client tells a head from another HTTP server."""
+CLUSTER_RAY = "cluster Ray "
+"""How the ``ray`` source's detail names the cluster's Ray release (``cluster Ray 2.60.0,
+reader Ray 2.60.0``), written by the GCS read and read back by ``fit``."""

@@ -13,6 +13,12 @@ def node_label(node_ip: Optional[str], node_id: str, hostname: Optional[str] = N
     return node_ip or hostname or node_id[:SHORT_ID_CHARS]
 
 
+def label_pairs(labels: "dict[str, str]") -> str:
+    """``ray.io/accelerator-type=A100 zone=b``: labels (or a selector in Ray's syntax) as a line
+    names them, in their order."""
+    return " ".join(f"{key}={value}" for key, value in labels.items())
+
+
 _CONTROL = frozenset({"Cc", "Cf", "Zl", "Zp", "Co"})
 """The Unicode categories no terminal, log line or label gets: controls (C0, DEL, C1: escape
 sequences, NEL), format characters (bidirectional marks and overrides, zero-width joiners and

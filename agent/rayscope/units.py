@@ -47,6 +47,12 @@ def number(value: float) -> str:
     return f"{value:.0f}" if value == int(value) else f"{value:g}"
 
 
+def seconds(value: float) -> str:
+    """Seconds as a line says them: at most two decimals, no trailing zeros (``5``, ``0.25``,
+    ``4.87``), never a deadline's leftover digits (``4.86875``)."""
+    return f"{round(value, 2):g}" if value < 1e6 else f"{value:.0f}"
+
+
 def size(value: float) -> str:
     """Bytes for reading, not for columns: ``23.2 GB`` or ``150 MB`` (binary units)."""
     return f"{value / GIB:.1f} GB" if value >= GIB else f"{value / MIB:.0f} MB"

@@ -14,6 +14,7 @@ which source a figure came from.
 import shutil
 from pathlib import Path
 
+from tests import debian_deps
 from tests.support import cbuild
 
 SOURCE = Path(__file__).resolve().with_name("fake_cuda.c")
@@ -45,7 +46,7 @@ def build(lib_dir: Path) -> FakeCuda:
     """Compile ``fake_cuda.c`` into ``lib_dir/libcuda.so.1`` (warnings are errors)."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
-        raise RuntimeError("no C compiler (cc) on PATH: the fake CUDA library cannot be built")
+        raise RuntimeError(f"the fake CUDA library cannot be built: {debian_deps.why_missing('cc')}")
     lib_dir.mkdir(parents=True, exist_ok=True)
     # dladdr: in libc itself only from glibc 2.34
     cbuild.shared_library(cc, SOURCE, lib_dir / LIBRARY, libraries=["-ldl"])

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Optional
 
+from tests import debian_deps
 from tests.support import cbuild
 
 SOURCE = Path(__file__).resolve().with_name("fake_nvml.c")
@@ -61,7 +62,7 @@ def build(lib_dir: Path, era: str = "current") -> FakeNvml:
     exports it (warnings are errors)."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
-        raise RuntimeError("no C compiler (cc) on PATH: the fake NVML library cannot be built")
+        raise RuntimeError(f"the fake NVML library cannot be built: {debian_deps.why_missing('cc')}")
     cbuild.shared_library(cc, SOURCE, lib_dir / LIBRARY, ERAS[era])
     return FakeNvml(lib_dir)
 

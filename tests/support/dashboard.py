@@ -8,6 +8,8 @@ import ssl
 import threading
 from typing import Any, Callable, Optional
 
+from tests.support import fake_server
+
 NODE_ID = "ab" * 28
 
 
@@ -43,6 +45,8 @@ class FakeDashboard:
                 conn, _ = self.listener.accept()
             except socket.timeout:
                 continue
+            except OSError:  # shut down by close()
+                return
             conn.settimeout(5)
             if self.context is not None:
                 try:
@@ -62,12 +66,19 @@ class FakeDashboard:
 
     def close(self) -> None:
         self.stop.set()
+        fake_server.wake(self.listener)
         self.thread.join(timeout=10)
         self.listener.close()
 
 
 def http(status: int, body: bytes, extra: str = "") -> bytes:
     return f"HTTP/1.1 {status} X\r\nContent-Length: {len(body)}\r\n{extra}\r\n".encode() + body
+
+
+def hangs(conn: socket.socket, _request: bytes) -> None:
+    """A dashboard that never answers: it holds the connection until the client hangs up
+    (a fixed sleep here was the close's wait on a healthy run)."""
+    conn.recv(1)
 
 
 Serving = Callable[[Callable[[socket.socket, bytes], None]], FakeDashboard]

@@ -6,7 +6,6 @@ import http.server
 import json
 import ssl
 import sys
-import threading
 from collections.abc import Iterator
 from typing import Optional
 from urllib.parse import parse_qs, urlsplit
@@ -21,6 +20,7 @@ from rayscope.render.status import source_details, status_json, status_text_line
 from rayscope.schema import DOCUMENT_SCHEMA
 from rayscope.schema.status import ClusterStatus
 from tests import scenarios
+from tests.support import fake_server
 
 Run = tuple[int, str, str]
 
@@ -70,8 +70,7 @@ class FakeHead:
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         if tls is not None:  # handshakes in accept(): a failed one is the server's OSError, and it serves on
             self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+        self.thread = fake_server.serve_forever(self.server)
         self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.server.server_address[1]}"
 
     def answer(
@@ -104,9 +103,7 @@ class FakeHead:
         return 200, "application/json", document, headers
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=10)
+        fake_server.stop(self.server, self.thread)
 
 
 @contextlib.contextmanager

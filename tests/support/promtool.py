@@ -1,21 +1,15 @@
 """Prometheus's ``promtool`` run on text or on the shipped alert rules (``deploy/prometheus/``)."""
 
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-
+from tests import debian_deps
 from tests.conftest import REPO
 
 
 def promtool(*args: str, stdin: str = "", cwd: Path = REPO) -> "subprocess.CompletedProcess[str]":
     """``promtool ARGS`` with ``stdin``; a failure (not a skip) when it is not installed."""
-    path = shutil.which("promtool")
-    if path is None:
-        pytest.fail(
-            "promtool not found: `apt-get install -y prometheus` (Debian) gives it; .ci/run installs it"
-        )
+    path = debian_deps.need("promtool")
     return subprocess.run(
         [path, *args], input=stdin, capture_output=True, text=True, timeout=60, cwd=cwd, check=False
     )

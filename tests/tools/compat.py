@@ -65,6 +65,7 @@ COMMANDS = [
     "status --json",
     "node",
     "fit",
+    "labels",
     "head + push",
     "SIGTERM",
     "Ray 2.60 reader",
@@ -289,6 +290,35 @@ def check_fit(r: Runner) -> None:
     )
 
 
+LABELS_SINCE = (2, 49)
+"""The first Ray whose nodes carry labels of Ray's own (``ray.io/node-id``)."""
+
+
+def check_labels(r: Runner) -> None:
+    """Before Ray 2.49 the nodes carry no labels: ``status --json`` has no ``labels`` and
+    ``fit --label-selector`` says the release has none (exit 2); from 2.49 the seed's nodes
+    have labels (none but Ray's own) and ``zone=a`` admits no node (exit 1)."""
+    ray = r.state["ray_version"]
+    labelled = tuple(int(part) for part in ray.split(".")[:2]) >= LABELS_SINCE
+    doc = json.loads(r.run("status", "--json", "--gcs", r.gcs, *DEADLINE).stdout)
+    carried = ["labels" in doc["nodes"][r.node_id(name)] for name in ("head", "denbi")]
+    if carried != [labelled, labelled]:
+        raise Failed(f"labels in status --json: {carried}, Ray {ray}")
+    selector = ("fit", "--gpu-memory-mb", "1024", "--label-selector", "zone=a", "--gcs", r.gcs, *DEADLINE)
+    if labelled:
+        expect_lines(
+            r.run(*selector, expect=1).stdout, "Fits: no, no alive node has zone=a (no node has zone)"
+        )
+        return
+    line = r.run(*selector, expect=2).stderr.strip()
+    wanted = (
+        f"rayscope: --label-selector: Ray {ray} gives its nodes no labels"
+        " (labels and label selectors came in Ray 2.49)"
+    )
+    if line != wanted:
+        raise Failed(f"fit --label-selector: {line!r}")
+
+
 def check_head(r: Runner, stop_times: list[float]) -> None:
     """``head`` (its in-process GCS client) + one ``push`` per GPU node, read by
     ``status --head``; then SIGTERM with the agents connected."""
@@ -376,6 +406,7 @@ def run_checks(r: Runner) -> dict[str, str]:
         ("status --json", lambda: check_json(r)),
         ("node", lambda: check_node(r)),
         ("fit", lambda: check_fit(r)),
+        ("labels", lambda: check_labels(r)),
         ("head + push", lambda: check_head(r, stop_times)),
         ("Ray 2.60 reader", lambda: check_other_reader(r)),
     ]

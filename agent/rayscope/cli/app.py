@@ -30,6 +30,7 @@ from rayscope.cli.daemon_options import (
     ReadTokenFileOption,
     RemoveOption,
 )
+from rayscope.cli.label_options import LabelSelectorOption
 from rayscope.cli.options import (
     AllNodesOption,
     AppendFileOption,
@@ -179,6 +180,7 @@ def fit(
     token_file: TokenFileOption = None,
     timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
     dashboard: DashboardOption = None,
+    label_selector: LabelSelectorOption = None,
 ) -> None:
     """Will another app fit? Places R replicas as Ray would book them.
 
@@ -193,11 +195,13 @@ def fit(
     """
     from rayscope.client import api
     from rayscope.core.capacity import fit as fitting
+    from rayscope.core.capacity.fit_labels import label_options, with_label_selector
     from rayscope.core.capacity.sizing import fit_request
     from rayscope.render.fit import fit_json, fit_lines
 
     with one_line_errors(_verbose):
         request = fit_request(gpu_memory_mb, shape, replicas, num_cpus, memory_mb, gpu_total_mb, sizing.value)
+        request = with_label_selector(request, label_options(label_selector or []))
         result = api.fit_result(request, api.Source(head, gcs, dashboard), token_file, timeout)
         output.to_stdout((fit_json(result) if json_out else "\n".join(fit_lines(result))) + "\n")
     raise SystemExit(fitting.exit_code(result))
@@ -214,8 +218,9 @@ def node(
 
     Shows the raylet's identity and what the scheduler booked on it, the GPUs as NVML sees
     them, the host, the rayscope node agents running here (push or placed by Ray, by pid),
-    and which sources answered. Runs on any node, with or without Ray importable. Exit code
-    0 unless rayscope itself fails.
+    and which sources answered. Runs on any node, with or without Ray importable. Exit 0:
+    answered (what could not be read is said in its line). Exit 2: bad usage (an option's
+    value, e.g. --gcs ray://HOST). Exit 70: rayscope itself failed.
     """
     with one_line_errors(_verbose):
         from rayscope.node import collect

@@ -213,9 +213,9 @@ def _checked(head: Optional[str], gcs: Optional[str]) -> tuple[Optional[str], Op
 
         return head_request.parse_head_url(head), None
     if gcs:
-        from rayscope.net.addresses import parse_address
+        from rayscope.net.addresses import parse_gcs_address
 
-        return None, parse_address(gcs)
+        return None, parse_gcs_address(gcs)
     return None, None
 
 

@@ -20,8 +20,8 @@ from rayscope.cli.typer_click import OptionError, from_command_line, from_enviro
 from rayscope.client import head as client
 from rayscope.core import limits
 from rayscope.core.limits import Limit, Number
-from rayscope.defaults import DASHBOARD_ENV, DEFAULT_GCS_PORT, DEFAULT_HTTP_PORT, GCS_ADDRESS_ENV, HEAD_ENV
-from rayscope.net.addresses import parse_address, with_port
+from rayscope.defaults import DASHBOARD_ENV, DEFAULT_HTTP_PORT, GCS_ADDRESS_ENV, HEAD_ENV
+from rayscope.net.addresses import parse_address, parse_gcs_address, with_port
 
 WATCH_DEFAULT_S = 2.0
 
@@ -50,18 +50,17 @@ def as_given(text: str) -> str:
     return text
 
 
+def _parsed(value: Optional[str], parse: Callable[[str], str]) -> Optional[str]:
+    """``parse(value)``, its ``ValueError`` a usage error (``None`` stays ``None``)."""
+    try:
+        return None if value is None else parse(value)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+
+
 def endpoint(default_port: int) -> Callable[[Optional[str]], Optional[str]]:
     """A callback for ``HOST[:PORT]``: the port defaults to ``default_port``."""
-
-    def check(value: Optional[str]) -> Optional[str]:
-        if value is None:
-            return None
-        try:
-            return parse_address(with_port(value, default_port))
-        except ValueError as err:
-            raise typer.BadParameter(str(err)) from None
-
-    return check
+    return lambda value: _parsed(value, lambda text: parse_address(with_port(text, default_port)))
 
 
 def _one_source(ctx: typer.Context, given: str) -> None:
@@ -97,7 +96,7 @@ def _token_file(ctx: typer.Context, value: Optional[str]) -> Optional[str]:
 
 
 def _gcs_option(ctx: typer.Context, value: Optional[str]) -> Optional[str]:
-    address = endpoint(DEFAULT_GCS_PORT)(value)
+    address = _parsed(value, parse_gcs_address)
     if address is not None:
         _one_source(ctx, "gcs")
     return address
@@ -123,8 +122,8 @@ GcsOption = Annotated[
         metavar="HOST:PORT",
         callback=_gcs_option,
         help=(
-            f"GCS address of the cluster. Default: ${GCS_ADDRESS_ENV}, else the local raylet's,"
-            " else <ray temp dir>/ray_current_cluster."
+            f"GCS address of the cluster. Default: ${GCS_ADDRESS_ENV}, else $RAY_ADDRESS (as"
+            " ray.init() reads it), else the local raylet's, else <ray temp dir>/ray_current_cluster."
         ),
     ),
 ]

@@ -17,9 +17,9 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Union
 
 from rayscope.core import limits
-from rayscope.defaults import DEFAULT_GCS_PORT, DEFAULT_TIMEOUT_S
+from rayscope.defaults import DEFAULT_TIMEOUT_S
 from rayscope.errors import EXIT_INTERNAL, EXIT_USAGE, AgentError, RayscopeError
-from rayscope.net.addresses import parse_address, with_port
+from rayscope.net.addresses import parse_gcs_address
 
 if TYPE_CHECKING:
     from rayscope.schema.fit import FitRequest, FitResult
@@ -89,11 +89,22 @@ def _source(gcs: Optional[str], head: Optional[str], dashboard: Optional[str]) -
     try:
         return Source(
             head=None if head is None else parse_head_url(head),
-            gcs=None if gcs is None else parse_address(with_port(gcs, DEFAULT_GCS_PORT)),
+            gcs=None if gcs is None else parse_gcs_address(gcs),
             dashboard=dashboard,
         )
     except ValueError as err:
         raise _usage(f"{'head' if head is not None else 'gcs'}=: {err}") from None
+
+
+def _selector(selector: object) -> Optional[dict[str, str]]:
+    """``label_selector=`` checked as a mapping of strings (Ray's own type for it)."""
+    if selector is None:
+        return None
+    if not isinstance(selector, Mapping) or not all(
+        isinstance(x, str) for item in selector.items() for x in item
+    ):
+        raise _usage(f"label_selector={selector!r}: give a dict of str to str, e.g. {{'zone': '!in(a,b)'}}")
+    return dict(selector)
 
 
 def _document(text: str) -> dict[str, Any]:
@@ -156,6 +167,7 @@ def fit(
     head: Optional[str] = None,
     token_file: Optional[str] = None,
     timeout: float = DEFAULT_TIMEOUT_S,
+    label_selector: Optional[Mapping[str, str]] = None,
 ) -> dict[str, Any]:
     """Would ``replicas`` more replicas fit now? The document of ``rayscope fit --json``:
     ``fits`` is the answer (by booking, and not refuted by the memory NVML measures),
@@ -165,11 +177,15 @@ def fit(
     GPU), sized the way BioEngine books it (``VRAM_MB`` where nodes advertise it, else a GPU
     fraction); or ``shape``: a raw Ray resource shape (``{"GPU": 0.5, "CPU": 1}``, memory in
     bytes). ``num_cpus``, ``memory_mb`` (MB): what each replica books besides (0: as declared).
+    ``label_selector``: Ray's (``{"zone": "!in(a,b)"}``): only the nodes it admits are
+    candidates (``admitted_nodes`` counts them; none: ``fits`` is false and ``label_miss``
+    says why; a Ray before 2.49 has no labels: :class:`RayscopeError`, exit 2).
     ``gcs``, ``head``, ``token_file``, ``timeout``: as :func:`cluster_state`. A request that
     cannot be booked at all (more GPU memory than the smallest GPU) answers ``fits: False``
     with ``refused``; a cluster that cannot be read raises :class:`RayscopeError`.
     """
     with _one_error():
+        from rayscope.core.capacity.fit_labels import with_label_selector
         from rayscope.core.capacity.sizing import fit_request
         from rayscope.render.fit import fit_json
 
@@ -181,7 +197,9 @@ def fit(
         cpus = _number("num_cpus", num_cpus, limits.CPUS)
         mebibytes = _number("memory_mb", memory_mb, limits.MEBIBYTES)
         shape_json = None if shape is None else json.dumps(dict(shape))
-        request = fit_request(gpu_memory_mb, shape_json, count, cpus, mebibytes)
+        request = with_label_selector(
+            fit_request(gpu_memory_mb, shape_json, count, cpus, mebibytes), _selector(label_selector)
+        )
         return _document(fit_json(fit_result(request, source, token_file, seconds)))
 
 

@@ -17,7 +17,7 @@ from rayscope.errors import EXIT_NO_DATA, AgentError
 from rayscope.net.deadline import Deadline, carried
 from rayscope.net.http import Answer, BadAnswer, Exchange, NotHttp, Sink
 from rayscope.net.tls import TlsFiles
-from rayscope.units import MIB
+from rayscope.units import MIB, seconds
 
 if TYPE_CHECKING:
     import ssl
@@ -63,7 +63,7 @@ def unreachable(
     left of ``deadline``) and named, never quoted: its bytes (a report port's random
     challenge) are not the operator's."""
     if _timed_out(err):
-        return AgentError(f"head agent unreachable at {url} (timeout {timeout_s:g} s)", EXIT_NO_DATA)
+        return AgentError(f"head agent unreachable at {url} (timeout {seconds(timeout_s)} s)", EXIT_NO_DATA)
     if isinstance(err, ConnectionRefusedError):
         return AgentError(f"head agent unreachable at {url} (connection refused)", EXIT_NO_DATA)
     if host:
@@ -140,7 +140,7 @@ def get(
     except OSError as err:  # a timeout, a refusal, a reset, TLS (ssl.SSLError is an OSError)
         if exchange.answered and _timed_out(err):
             raise AgentError(
-                f"head agent at {named} did not send its whole answer within --timeout {timeout_s:g} s"
+                f"head agent at {named} did not send its whole answer within --timeout {seconds(timeout_s)} s"
                 f" ({exchange.answered:,} bytes came)",
                 EXIT_NO_DATA,
             ) from None

@@ -13,6 +13,7 @@ from typing import Optional, cast
 
 from msgspec.structs import replace
 
+from rayscope.core.capacity.selectors import shown_labels
 from rayscope.core.gpu.memory import bioengine_memory, find_shared_gpus, put_memory, shared_overcount
 from rayscope.core.gpu.precedence import take_dashboard
 from rayscope.core.gpu.settled import SettledReport, settle_report
@@ -191,6 +192,9 @@ def _node_from_view(view: RayNode) -> NodeStatus:
     )
     node.hostname = view.hostname or None
     node.alive = view.alive
+    labels = shown_labels(view.labels)
+    if labels is not None:
+        node.labels = labels
     return node
 
 

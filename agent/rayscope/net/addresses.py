@@ -1,6 +1,7 @@
 """``HOST:PORT`` addresses and the default deadline: what the CLI validates before it knows
 which source it will read. Pure and light (the CLI's start-up pays for every import)."""
 
+from rayscope.defaults import DEFAULT_GCS_PORT, RAY_CLIENT_PORT
 from rayscope.units import is_count, parse_count
 
 
@@ -27,6 +28,21 @@ def parse_address(text: str) -> str:
     if any(c.isspace() for c in host) or "/" in host:
         raise ValueError(f"{text!r}: not a host name or IP address")
     return f"{host}:{parse_count(port, 'port')}"
+
+
+def parse_gcs_address(text: str) -> str:
+    """``HOST[:PORT]`` of a GCS (6379 when no port is given), checked by :func:`parse_address`;
+    a ``ray://`` address is Ray Client's, not the GCS: the ``ValueError`` says where the GCS
+    usually is instead."""
+    scheme, sep, rest = text.strip().partition("://")
+    if sep and scheme.lower() == "ray":
+        host = rest.split("/", 1)[0].rpartition(":")[0] or rest.split("/", 1)[0] or "HOST"
+        raise ValueError(
+            f"{text!r} is a Ray Client address (ray.init's ray://; its server listens on"
+            f" {RAY_CLIENT_PORT} by default), not the GCS: rayscope reads the GCS, usually"
+            f" {host}:{DEFAULT_GCS_PORT}"
+        )
+    return parse_address(with_port(text, DEFAULT_GCS_PORT))
 
 
 def split_address(address: str) -> tuple[str, int]:

@@ -5,9 +5,10 @@ collects a fresh report, so after an outage the head gets the latest state, neve
 The head greets each connection with a challenge and acknowledges each frame
 (:mod:`rayscope.net.wire`). When the head is away, rejects a report (a wrong token) or stops
 acknowledging (stalled, or the network cut: TCP keepalive plus an acknowledgement deadline of
-two intervals), the agent drops the connection and retries with capped exponential backoff.
-It logs one line per state change (connected, rejected, lost, raylet found or gone), not one
-per cycle, and stops cleanly on SIGTERM.
+two intervals), the agent drops the connection and retries with capped exponential backoff;
+a failure retrying cannot fix (a wrong token, the wrong port) ends it after a few tries
+(:mod:`rayscope.node.give_up`). It logs one line per state change (connected, rejected,
+lost, raylet found or gone), not one per cycle, and stops cleanly on SIGTERM.
 """
 
 import errno
@@ -31,6 +32,7 @@ from rayscope.net.addresses import split_address
 from rayscope.net.tls import TlsFiles, client_context
 from rayscope.node import collect
 from rayscope.node.cuda_samples import CudaSamples
+from rayscope.node.give_up import Hopeless
 from rayscope.schema.report import GpuDevice, NodeReport, RayletInfo
 from rayscope.sources import raylet
 from rayscope.sources.nvml import devices as nvml
@@ -84,10 +86,11 @@ class Pusher:
         self._trimmed = False
         self._stop = threading.Event()
         self._backoff_s = BACKOFF_START_S
+        self.hopeless = Hopeless()
         self._head_state = ""
         self._raylet_state = ""
         self._known: Optional[RayletInfo] = None
-        self._ambiguous = ""
+        self._ambiguous = self._gone = ""  # _gone: the node whose raylet ran here last
         self._cycles_since_scan = RESCAN_CYCLES  # scan on the first cycle
         self.started_by = started_by()
         self.cuda = CudaSamples.from_env(os.environ)
@@ -109,14 +112,18 @@ class Pusher:
         return self._known
 
     def collect(self) -> NodeReport:
-        """This node's report: the pinned raylet (or the local one), NVML, host."""
+        """This node's report: the pinned raylet (or the local one; once it is gone, still its
+        node), NVML, host."""
         mine = self._raylet()
         if mine is not None:
+            self._gone = mine.node_id
             self._note_raylet(f"reporting for Ray node {mine.node_id} (raylet pid {mine.pid})")
         elif self.node_id:
             self._note_raylet(f"no local raylet has node id {self.node_id}: reporting it without one")
         elif self._ambiguous:
             self._note_raylet(f"{self._ambiguous}: pass --node-id; reporting the host only")
+        elif self._gone:  # one node, shown dead once Ray says so; never a second, host-only one
+            self._note_raylet(f"the raylet of Ray node {self._gone} is gone: reporting that node without it")
         else:
             self._note_raylet("no raylet on this host: reporting the host only")
         # A hung driver call must not cost the loop its interval: half of it at most.
@@ -124,8 +131,8 @@ class Pusher:
         report = collect.local_report(mine, self.clock(), timeout, self.cuda)
         report.interval_s = self.interval_s
         report.started_by = self.started_by
-        if mine is None and self.node_id:
-            report.node_id = self.node_id
+        if mine is None and (self.node_id or self._gone) and not self._ambiguous:
+            report.node_id = self.node_id or self._gone
         return report
 
     def _note_raylet(self, state: str) -> None:
@@ -201,12 +208,13 @@ class Pusher:
         return False
 
     def _refused(self, rejected: str) -> bool:
-        """The head rejected a frame: drop the connection, say why once, back off. ``False``."""
+        """The head rejected a frame: drop the connection, say why once, back off. ``False``;
+        :class:`~rayscope.errors.AgentError` on the last try of a wrong token (``give_up``)."""
         self._close()
-        why = wire.rejection_text(rejected, has_token=bool(self.token))
-        self._note_head(
-            f"head {self._where} rejected the report: {why} (retrying with backoff)", warning=True
-        )
+        what = f"head {self._where} rejected the report: {wire.rejection_text(rejected, bool(self.token))}"
+        self._note_head(f"{what} (retrying with backoff)", warning=True)
+        if rejected == wire.BAD_TOKEN:  # a wrong token or none: the same on every try
+            self.hopeless.again(what)
         return False
 
     def send(self, report: NodeReport) -> bool:
@@ -227,6 +235,7 @@ class Pusher:
         except peer.WrongPort as err:
             self._close()
             self._note_head(f"head {self._where} {err} (retrying with backoff)", warning=True)
+            self.hopeless.again(f"head {self._where} {err}")
             return False
         except (OSError, wire.FrameError) as err:
             return self._lost(err)
@@ -234,6 +243,7 @@ class Pusher:
             return self._refused(rejected)
         self._note_head(f"connected to head {self._where}")
         self._backoff_s = BACKOFF_START_S
+        self.hopeless.reset()
         return True
 
     def _stalled(self) -> bool:

@@ -2,7 +2,7 @@
 
 from typing import Optional
 
-from rayscope.labels import node_label, printable_lines
+from rayscope.labels import label_pairs, node_label, printable_lines
 from rayscope.render.fmt import encode, gib
 from rayscope.render.gpus import SOURCE_WORDS
 from rayscope.schema.fit import FitResult, NodeFit
@@ -101,6 +101,8 @@ def fit_answer_line(result: FitResult) -> str:
     """``Fits: yes, 2/2 replicas placed`` — the overall answer first, as the exit code says."""
     if result.refused is not None:
         return f"Fits: no, refused: {result.refused}"
+    if isinstance(result.label_miss, str):
+        return f"Fits: no, {result.label_miss}"
     answer = "yes" if result.fits else "no"
     line = f"Fits: {answer}, {result.placed}/{result.replicas} replica(s) placed by booking"
     if result.fits_booking and result.fits_measured is False:
@@ -117,11 +119,24 @@ def fit_sizing_line(result: FitResult) -> str:
     return f"Shape: {shape_option_text(result.shape)} per replica ({words}: {result.sizing_reason})"
 
 
+def fit_selector_lines(result: FitResult) -> list[str]:
+    """``Label selector: zone=b admits 1 of 3 alive node(s)`` (only those are candidates)."""
+    selector = result.request.label_selector
+    if not isinstance(selector, dict) or not isinstance(result.admitted_nodes, int):
+        return []
+    alive = result.alive_nodes if isinstance(result.alive_nodes, int) else result.admitted_nodes
+    return [
+        f"Label selector: {label_pairs(selector)} admits {result.admitted_nodes} of {alive} alive node(s)"
+    ]
+
+
 def fit_lines(result: FitResult) -> list[str]:
     """``rayscope fit``: the shape, the answer, per node how many fit, the driver's view."""
-    lines = [fit_sizing_line(result), fit_answer_line(result)]
+    lines = [fit_sizing_line(result), *fit_selector_lines(result), fit_answer_line(result)]
     if result.hazard:
         lines.append(f"Hazard: {result.hazard}")
+    if result.hint:
+        lines.append(f"Hint: {result.hint}")
     if result.nodes:
         lines += ["", "Nodes:"]
     unmeasured: dict[str, int] = {}

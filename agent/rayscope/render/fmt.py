@@ -11,6 +11,7 @@ import msgspec
 
 from rayscope.core.gpu.memory import NOT_TRUSTED, untrusted_label
 from rayscope.core.gpu.settled import settled_trusted, settled_used
+from rayscope.labels import label_pairs
 from rayscope.schema.report import SourceStatus, known
 from rayscope.schema.status import ClusterStatus, NodeStatus
 from rayscope.units import GIB
@@ -89,3 +90,10 @@ def encode(value: object, indent: int = 2) -> str:
     """A Struct as JSON: indented, or compact with ``indent=0``."""
     raw = msgspec.json.encode(value)
     return (msgspec.json.format(raw, indent=indent) if indent else raw).decode()
+
+
+def labels_text(node: NodeStatus) -> str:
+    """``zone=a ray.io/accelerator-type=A100``: the node's Ray labels as ``node`` and the page
+    show them (already printable and bounded where merged; ``ray.io/node-id`` left out);
+    ``""`` where it has none or its Ray gives none."""
+    return label_pairs(node.labels) if isinstance(node.labels, dict) else ""

@@ -22,6 +22,7 @@ FLAG_WORDS = {
     "unbooked": "unbooked",
     "booking_unknown": "booking unknown",
     "not_mapped": "not mapped",
+    "actor_dead": "actor dead",
     "full": "full",
 }
 
@@ -177,9 +178,12 @@ def user_label(user: GpuUser) -> str:
     return f"pid {pids} {user.name}".rstrip()
 
 
-def _booking(user: GpuUser) -> str:
+def _booking(user: GpuUser, actors_read: bool) -> str:
+    """``5120 MB``, ``0.33 GPU``, ``nothing``; ``NA`` where the actor table was not read,
+    ``unknown`` where it was and still says nothing of this holder (a task, a pid nobody
+    could map)."""
     if user.booked_vram_mb is None or user.booked_gpu is None:
-        return "NA"
+        return "unknown" if actors_read else "NA"
     if user.booked_vram_mb > 0:
         return f"{user.booked_vram_mb:.0f} MB"
     if user.booked_gpu > 0:
@@ -187,11 +191,17 @@ def _booking(user: GpuUser) -> str:
     return "nothing"
 
 
-def user_line(user: GpuUser, trusted: bool = True) -> str:
+def user_line(user: GpuUser, trusted: bool = True, actors_read: bool = True) -> str:
     """``federated-unet#a1b2 booked 5120 MB used 5.4 GB  over booking``; ``trusted=False``:
-    the GPU's NVML figures are not the device's (a vGPU guest), and the line says so."""
+    the GPU's NVML figures are not the device's (a vGPU guest), and the line says so;
+    ``actors_read``: whether the actor table was read (an unknown booking is ``NA`` if not)."""
     used = f"{gib(user.used_memory_bytes)} GB" + ("" if trusted else " (NVML, not trusted)")
-    return f"{user_label(user)} booked {_booking(user)} used {used}{_flags_text(user.flags)}"
+    return f"{user_label(user)} booked {_booking(user, actors_read)} used {used}{_flags_text(user.flags)}"
+
+
+def _read(gpu: GpuDevice) -> bool:
+    """Whether the actor table was read for ``gpu``'s attribution (its booked sums are known)."""
+    return gpu.attribution is not None and gpu.attribution.booked_gpu is not None
 
 
 def node_attribution_lines(attribution: Optional[NodeAttribution], gpus: Sequence[GpuDevice]) -> list[str]:
@@ -212,7 +222,8 @@ def node_attribution_lines(attribution: Optional[NodeAttribution], gpus: Sequenc
         mapped = attribution.processes_mapped
         actors_use = gib(attribution.actors_used_bytes if mapped and attribution.actors_read else None)
         unbooked = gib(attribution.unbooked_bytes if mapped else None)
-        lines.append(f"all GPUs: {booked}  actors use {actors_use} GB  unbooked {unbooked} GB")
+        unmapped = f"  not mapped {gib(attribution.unmapped_bytes)} GB" if attribution.unmapped_bytes else ""
+        lines.append(f"all GPUs: {booked}  actors use {actors_use} GB  unbooked {unbooked} GB{unmapped}")
     if "hidden_full" in attribution.flags:
         full = []
         for gpu in gpus:
@@ -246,9 +257,9 @@ def gpu_block_lines(
             if details:
                 lines.append("    " + gpu_details_line(mig))
             users = mig.attribution.users if mig.attribution else []
-            lines += ["    " + user_line(u, trusted) for u in users]
+            lines += ["    " + user_line(u, trusted, _read(mig)) for u in users]
         users = gpu.attribution.users if gpu.attribution else []
-        lines += ["  " + user_line(u, trusted) for u in users]
+        lines += ["  " + user_line(u, trusted, _read(gpu)) for u in users]
     return lines + node_attribution_lines(attribution, gpus)
 
 

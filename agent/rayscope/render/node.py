@@ -3,10 +3,10 @@
 from typing import Optional
 
 from rayscope.labels import printable_lines
-from rayscope.render.fmt import booking, cpus, encode, gib, source_notes
+from rayscope.render.fmt import booking, cpus, encode, gib, labels_text, source_notes
 from rayscope.render.gpus import gpu_block_lines, mode_text, used_text
 from rayscope.schema.node import AgentProcess, NodeDiagnostics
-from rayscope.schema.report import GpuDevice, HostInfo, RayletInfo
+from rayscope.schema.report import GpuDevice, HostInfo, RayletInfo, known
 from rayscope.schema.status import NodeStatus
 from rayscope.units import number, size
 
@@ -39,6 +39,8 @@ def raylet_lines(raylet: RayletInfo, node: Optional[NodeStatus]) -> list[str]:
     if node is not None:
         gpu = f"{booking(node)}  " if node.total_gpu > 0 else ""
         lines.append(f"  scheduler: {gpu}CPU: {cpus(node.used_cpu)}/{cpus(node.total_cpu)}")
+        if labels_text(node):
+            lines.append(f"  labels: {labels_text(node)}")
     else:
         lines.append("  scheduler: unknown (GCS not read)")
     lines.append(f"  advertises: {resources_text(raylet.static_resources)}")
@@ -57,6 +59,20 @@ def gpu_line(gpu: GpuDevice) -> str:
     if gpu.errors:
         line += "  (" + "; ".join(f"{k}: {v}" for k, v in sorted(gpu.errors.items())) + ")"
     return line
+
+
+def apart_lines(diag: NodeDiagnostics) -> list[str]:
+    """``node --gpus``: each local raylet whose actors are not matched to this host's GPUs
+    (measured on devices of its own), so that its absence above is not read as idle."""
+    sharing = known(diag.gpu_raylets)
+    if not sharing:
+        return []
+    return [
+        f"not on these GPUs: Ray node {r.node_ip} {'[HEAD]' if r.is_head else '[worker]'} {r.node_id[:12]}"
+        " (measured on other devices: `status --gpus` lists its GPUs)"
+        for r in diag.raylets
+        if r.node_id in diag.booking and r.node_id not in sharing
+    ]
 
 
 def host_line(host: HostInfo) -> str:
@@ -102,6 +118,7 @@ def node_lines(diag: NodeDiagnostics, gpus: bool = False) -> list[str]:
         lines.append(f"GPUs: {len(diag.gpus)}{driver}")
         if gpus:
             lines += ["  " + line for line in gpu_block_lines(diag.gpus, diag.attribution, details=True)]
+            lines += ["  " + line for line in apart_lines(diag)]
         else:
             lines += ["  " + gpu_line(g) for g in diag.gpus]
     else:

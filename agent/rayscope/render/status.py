@@ -15,7 +15,7 @@ import msgspec
 from rayscope.core.capacity.pending import shape_text
 from rayscope.core.isolation import UNREADABLE, per_node
 from rayscope.core.rollup import SchedulerView, scheduler_view
-from rayscope.labels import node_label, printable_lines
+from rayscope.labels import SHORT_ID_CHARS, label_pairs, node_label, printable_lines
 from rayscope.render.fmt import (
     booking,
     cpus,
@@ -87,6 +87,34 @@ def node_line(
     return line + ("  " + ", ".join(markers) if markers else "")
 
 
+def dead_lines(
+    status: ClusterStatus, include_dead: bool, scheduler_ok: bool, old_age: Optional[float]
+) -> list[str]:
+    """``Dead nodes:`` and a line each (``include_dead``), else one line that counts them."""
+    dead = [n for n in status.nodes.values() if not n.alive]
+    if not dead:
+        return []
+    if include_dead:
+        markers = [node_markers(n, status.view, scheduler_ok, old_age) for n in dead]
+        return ["", "Dead nodes:"] + ["  " + dead_line(n, m) for n, m in zip(dead, markers)]
+    return ["", f"{len(dead)} dead node{'s' * (len(dead) != 1)}: --all lists {'them' if dead[1:] else 'it'}"]
+
+
+def dead_line(node: NodeStatus, markers: Sequence[str]) -> str:
+    """A node Ray marked dead, apart from the live ones: what it had (where the GCS still says)
+    and its id, which a node restarted on the same host does not share, e.g.
+    ``10.0.0.9 [worker] T4, 1 GPU, 4 CPUs, node 5a5a5a5a5a5a  dead``."""
+    words = [node_label(node.node_ip, node.node_id, node.hostname), "[HEAD]" if node.head else "[worker]"]
+    had = [f"{node.accelerator_type}," if node.accelerator_type and node.total_gpu else ""]
+    had += [
+        f"{n:.0f} {what}{'s' * (n != 1)},"
+        for n, what in ((node.total_gpu, "GPU"), (node.total_cpu, "CPU"))
+        if n
+    ]
+    words += [w for w in had if w] + [f"node {node.node_id[:SHORT_ID_CHARS]}"]
+    return " ".join(words) + "  " + ", ".join(markers)
+
+
 def cluster_line(status: ClusterStatus) -> str:
     """``Cluster: 16/32 CPUs, 1.03/2 GPUs, booked: 20480/24576 MB``."""
     c = status.cluster
@@ -121,7 +149,7 @@ def status_lines(status: ClusterStatus, include_dead: bool = False, summary: boo
     state = scheduler_view(status)
     scheduler_ok = state is not SchedulerView.NONE
     old_age = status.scheduler_age_s if state is SchedulerView.OLD else None
-    nodes = visible_nodes(status, include_dead)
+    nodes = visible_nodes(status, include_dead=False)
     summary = summary and len(nodes) > SUMMARY_NODES
     gpu_nodes = [n for n in nodes if has_gpus(n)]
     cpu_nodes = [n for n in nodes if not has_gpus(n)]
@@ -141,6 +169,7 @@ def status_lines(status: ClusterStatus, include_dead: bool = False, summary: boo
                 lines += ["    " + device_line(d) + "  fuller than the node sum" for d in fuller]
             if quiet:
                 lines.append(f"  ... and {quiet} more, nothing to flag (--all lists every node)")
+    lines += dead_lines(status, include_dead, scheduler_ok, old_age)
     lines += pending_lines(status, old_age)
     notes = source_notes(status.sources)
     if old_age is not None:
@@ -174,13 +203,27 @@ def vram_na_note(status: ClusterStatus, unmeasured: int) -> str:
     )
 
 
+def selects_text(demand: PendingDemand) -> str:
+    """``  selects zone=b, else zone=c``: a demand's label selector and fallbacks (Ray's
+    syntax); a placement group's per bundle; ``""`` where it names none."""
+    if isinstance(demand.bundle_selectors, list):
+        per_bundle = ", ".join(f"{{{label_pairs(b)}}}" for b in demand.bundle_selectors)
+        return f"  selects [{per_bundle}]"
+    if not isinstance(demand.label_selector, dict):
+        return ""
+    fallbacks = demand.fallback_selectors if isinstance(demand.fallback_selectors, list) else []
+    return "  selects " + ", else ".join(label_pairs(s) for s in [demand.label_selector, *fallbacks])
+
+
 def demand_line(demand: PendingDemand) -> str:
-    """``2 × GPU=0.5 accelerator_type:A10G=0.001  actors: half-0, half-1``."""
+    """``2 × GPU=0.5 accelerator_type:A10G=0.001  actors: half-0, half-1``; with a label
+    selector ``1 × GPU=0.01 VRAM_MB=20000  selects zone=b  actors: big``."""
     if demand.kind == "placement_group":
         bundles = ", ".join("{" + shape_text(b) + "}" for b in demand.bundles)
         text = f"{demand.count} × placement group {demand.strategy} [{bundles}]"
     else:
-        text = f"{demand.count} × {shape_text(demand.shape)}"
+        text = f"{demand.count} × {shape_text(demand.shape) or 'no resources'}"
+    text += selects_text(demand)
     if demand.names:
         text += "  actors: " + ", ".join(demand.names)
     return text

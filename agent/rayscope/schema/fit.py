@@ -23,6 +23,9 @@ class FitRequest(msgspec.Struct, kw_only=True):
     """The operator's size of the smallest GPU, in MB, for the fraction path."""
     sizing: str = "auto"
     """``auto`` (BioEngine's rule), ``vram`` or ``fraction``: how ``gpu_memory_mb`` is booked."""
+    label_selector: Union[dict[str, str], Unset] = UNSET
+    """Ray's ``label_selector`` in Ray's syntax (``{"zone": "!in(a,b)"}``): only the nodes it
+    admits are candidates; absent: any node."""
 
 
 class GpuFit(msgspec.Struct, kw_only=True):
@@ -104,3 +107,14 @@ class FitResult(msgspec.Struct, kw_only=True):
     """What the booking does that the request did not ask for (``num_gpus=0``: no GPU)."""
     per_device_note: str = ""
     """Why some nodes' ``GPU`` was judged on node sums, not per device."""
+    hint: str = ""
+    """What would place the replicas that were not: ``--sizing fraction`` where ``VRAM_MB``
+    was booked and GPU nodes without it have room; ``""`` when nothing would."""
+    admitted_nodes: Union[int, Unset] = UNSET
+    """With a label selector: how many of the ``alive_nodes`` it admits (only those are in
+    ``nodes``); absent without one."""
+    alive_nodes: Union[int, Unset] = UNSET
+    """With a label selector: the alive nodes it was matched against."""
+    label_miss: Union[str, Unset] = UNSET
+    """With a label selector that admits no node: why (the selector, and what the nodes hold
+    for its keys); ``fits`` is then false. Absent otherwise."""

@@ -1,10 +1,10 @@
 """``rayscope node``: this host's diagnostics (``node --json``)."""
 
-from typing import Optional
+from typing import Optional, Union
 
 import msgspec
 
-from rayscope.schema.report import GpuDevice, HostInfo, ProcessInfo, RayletInfo, SourceStatus
+from rayscope.schema.report import UNSET, GpuDevice, HostInfo, ProcessInfo, RayletInfo, SourceStatus, Unset
 from rayscope.schema.status import DOCUMENT_SCHEMA, NodeAttribution, NodeStatus
 
 
@@ -38,5 +38,9 @@ class NodeDiagnostics(msgspec.Struct, kw_only=True):
     processes: Optional[list[ProcessInfo]] = None
     attribution: Optional[NodeAttribution] = None
     """This host's GPUs attributed to the local raylets' actors (``node --gpus``)."""
+    gpu_raylets: Union[list[str], Unset] = UNSET
+    """``node --gpus`` with the GCS read: the node ids of the local raylets whose actors may
+    hold this host's GPUs (a raylet measured on devices of its own, by Ray's dashboard, is
+    not one); absent otherwise (every local raylet's actors are then matched)."""
     agents: Optional[list[AgentProcess]] = None
     """rayscope node agents running on this host (``None``: not looked for)."""

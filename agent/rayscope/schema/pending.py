@@ -2,7 +2,26 @@
 judged from them (``cluster.pending_resources`` is BioEngine's shape, ``cluster.pending``
 rayscope's)."""
 
+from typing import Union
+
 import msgspec
+
+from rayscope.schema.report import UNSET, Unset
+
+
+class LabelConstraint(msgspec.Struct, kw_only=True, gc=False):
+    """One constraint of a label selector (Ray's ``LabelSelectorConstraint``): the node's
+    label ``key`` is one of ``values`` (``in``) or none of them (``!in``)."""
+
+    key: str
+    operator: str
+    """``in``, ``!in``, or an operator rayscope does not know, verbatim (never matching)."""
+    values: list[str] = []
+    """As Ray keeps them (a space written after a comma included)."""
+
+
+LabelSelector = list[LabelConstraint]
+"""Every constraint must hold; empty: any node."""
 
 
 class PendingNode(msgspec.Struct, kw_only=True, gc=False):
@@ -12,6 +31,8 @@ class PendingNode(msgspec.Struct, kw_only=True, gc=False):
     node_ip: str = ""
     total: dict[str, float] = {}
     available: dict[str, float] = {}
+    labels: dict[str, str] = {}
+    """The node's labels as the GCS holds them (``ray.io/node-id`` included, 2.49+)."""
 
 
 class PendingRequest(msgspec.Struct, kw_only=True, gc=False):
@@ -20,6 +41,9 @@ class PendingRequest(msgspec.Struct, kw_only=True, gc=False):
     shape: dict[str, float]
     """Ray's names; inside a placement group ``GPU_group_<pg id>`` and ``bundle_group_<pg id>``."""
     count: int = 1
+    label_selectors: list[LabelSelector] = []
+    """Ray's ``label_selectors`` (2.49+): the first is the selector, the rest its
+    ``fallback_strategy`` in order (in the autoscaler state from Ray 2.58)."""
 
 
 class PendingGang(msgspec.Struct, kw_only=True, gc=False):
@@ -28,6 +52,9 @@ class PendingGang(msgspec.Struct, kw_only=True, gc=False):
     bundles: list[dict[str, float]] = []
     details: str = ""
     """``<pg id>:<strategy>|<state>``, as Ray writes it."""
+    bundle_selectors: list[LabelSelector] = []
+    """Per bundle, in the order of ``bundles``, its ``bundle_label_selector`` (2.49+;
+    ``[]`` where the group has none)."""
 
 
 class PendingActor(msgspec.Struct, kw_only=True, gc=False):
@@ -43,6 +70,9 @@ class PendingActor(msgspec.Struct, kw_only=True, gc=False):
     required_resources: dict[str, float] = {}
     placement_group_id: str = ""
     """Hex id of the placement group it is to run in; ``""`` for none."""
+    label_selector: Union[dict[str, str], Unset] = UNSET
+    """Its ``label_selector`` in Ray's syntax, as the actor table holds it (2.49+); absent
+    when it has none."""
 
 
 class PendingRead(msgspec.Struct, kw_only=True, gc=False):
@@ -54,6 +84,9 @@ class PendingRead(msgspec.Struct, kw_only=True, gc=False):
     actors: list[PendingActor] = []
     device_use: dict[str, dict[str, dict[str, float]]] = {}
     """Node id → resource → device index (a string) → what live actors hold there."""
+    actor_fallbacks: dict[str, list[LabelSelector]] = {}
+    """Actor id → its ``fallback_strategy``'s selectors in order (the actor table's, 2.55+),
+    for the actors not placed yet that have one."""
 
 
 class PendingTask(msgspec.Struct, kw_only=True, gc=False):
@@ -101,8 +134,20 @@ class PendingDemand(msgspec.Struct, kw_only=True):
     reason: str
     """``infeasible``, ``fragmented``, ``vram_exhausted``, ``gpu_exhausted``,
     ``cpu_exhausted``, ``memory_exhausted``, ``resource_exhausted``,
-    ``waits_placement_group`` or ``waits``."""
+    ``waits_placement_group`` or ``waits``, judged on the nodes its label selector admits;
+    ``no_label_match`` (no alive node is admitted), ``waits_fallback`` (a fallback selector
+    admits a node with room) or ``label_unknown`` (an operator rayscope does not know)."""
     reason_text: str
     by: str = "node_sum"
     """``device``: judged per GPU from the actor table's placement; ``node_sum``: by node
     sums only (the per-GPU placement of the nodes involved is not known)."""
+    label_selector: Union[dict[str, str], Unset] = UNSET
+    """Its label selector in Ray's syntax (``{"zone": "!in(a,b)"}``); absent when it has none."""
+    fallback_selectors: Union[list[dict[str, str]], Unset] = UNSET
+    """Its fallback selectors in order; absent when it has none."""
+    bundle_selectors: Union[list[dict[str, str]], Unset] = UNSET
+    """A placement group's selector per bundle (``{}`` for a bundle without one); absent
+    when no bundle has one."""
+    admitted_nodes: Union[int, Unset] = UNSET
+    """How many alive nodes its label selector admits (the first that admits any, of the
+    selector and its fallbacks); absent without a selector."""

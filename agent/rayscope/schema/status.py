@@ -140,7 +140,11 @@ class NodeAttribution(msgspec.Struct, kw_only=True, gc=False):
     actors_used_bytes: int = 0
     """NVML: memory the actors' processes hold, summed over this node's GPUs."""
     unbooked_bytes: int = 0
-    """NVML: memory held by processes that booked nothing, summed over this node's GPUs."""
+    """NVML: memory held by processes that booked nothing (a dead actor's worker included),
+    summed over this node's GPUs."""
+    unmapped_bytes: int = 0
+    """NVML: memory held by pids this host could not map to a process (``not_mapped``),
+    summed over this node's GPUs."""
 
 
 class ReceivedReport(msgspec.Struct, kw_only=True, gc=False):
@@ -195,6 +199,11 @@ class NodeStatus(msgspec.Struct, kw_only=True, gc=False):
     alive: bool = True
     in_scheduler: bool = True
     """``False``: an agent reports this node but the GCS does not know it (``no raylet``)."""
+    labels: Union[dict[str, str], Unset] = UNSET
+    """The node's Ray labels (``ray start --labels``, Ray's own ``ray.io/...``), as the GCS
+    holds them, without ``ray.io/node-id`` (the node id is the entry's key); printable,
+    bounded (``rayscope.core.capacity.selectors.shown_labels``). Absent where the node's Ray
+    gives no labels of its own (before 2.49: selectors are not scheduled on there)."""
     agent: str = "none"
     """Where the NVML/host numbers come from: ``local`` (read by this command),
     ``reporting`` (a fresh agent report), ``stale`` (an old one) or ``none``."""

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 from rayscope import __version__
 from rayscope.net.deadline import Deadline
 from rayscope.net.http import BadAnswer, Exchange, NotHttp
-from rayscope.units import MIB
+from rayscope.units import MIB, seconds
 
 if TYPE_CHECKING:
     import ssl
@@ -74,7 +74,7 @@ def get(
         raise Unanswered(f"no Ray dashboard at {url} (connection refused)") from None
     except (TimeoutError, socket.timeout):
         raise Unanswered(
-            f"the Ray dashboard at {url} did not answer in time (timeout {timeout_s:g} s)"
+            f"the Ray dashboard at {url} did not answer in time (timeout {seconds(timeout_s)} s)"
         ) from None
     except OSError as err:  # a reset, a hang-up before any byte, TLS (ssl.SSLError is an OSError)
         raise Unanswered(f"the Ray dashboard at {url} failed: {err.strerror or err}") from None

@@ -22,6 +22,9 @@ on the checked GPUs may go there, and the node's check says "not checked", never
 from collections.abc import Mapping, Sequence
 from typing import Optional
 
+import msgspec
+
+from rayscope.core.capacity.fit_labels import admitted
 from rayscope.core.capacity.sizing import EXIT_COULD_NOT_TELL, request_sizing, sizing_hazard
 from rayscope.core.gpu.memory import settled_used
 from rayscope.core.gpu.placement import device_free, placement_known, replicas_on_devices
@@ -35,6 +38,7 @@ from rayscope.core.rollup import (
     scheduler_view,
 )
 from rayscope.errors import AgentError
+from rayscope.labels import node_label
 from rayscope.schema.dashboard import DASHBOARD_SOURCE
 from rayscope.schema.fit import FitRequest, FitResult, GpuFit, NodeFit
 from rayscope.schema.status import ClusterStatus, NodeStatus
@@ -275,6 +279,9 @@ def fit(status: ClusterStatus, request: FitRequest) -> FitResult:
     )
     if sizing.refused is not None:
         return result
+    nodes = _candidates(result, nodes, status)
+    if isinstance(result.label_miss, str):
+        return result
     result.nodes = [node_capacity(n, shape) for n in nodes]
     result.placed = spread(result.nodes, request.replicas)
     result.per_device_note = per_device_note(result.nodes, nodes)
@@ -287,7 +294,49 @@ def fit(status: ClusterStatus, request: FitRequest) -> FitResult:
     elif measured and all(m == "ok" for m in measured):
         result.fits_measured = True
     result.fits = result.fits_booking and result.fits_measured is not False
+    result.hint = fraction_hint(status, request, nodes, result)
     return result
+
+
+def fraction_hint(
+    status: ClusterStatus, request: FitRequest, nodes: Sequence[NodeStatus], result: FitResult
+) -> str:
+    """Where ``auto`` booked ``VRAM_MB`` (some node advertises it) and not every replica was
+    placed: what ``--sizing fraction`` (BioEngine's other path) would place, where GPU nodes
+    that advertise none have room for it; ``""`` when they have none, it would place no
+    more, or it could not size the GPU."""
+    if request.sizing != "auto" or result.sizing != "vram_mb" or result.fits_booking:
+        return ""
+    try:
+        other = request_sizing(status, msgspec.structs.replace(request, sizing="fraction"))
+    except AgentError:  # a GPU size it would have to guess: no hint rather than a guess
+        return ""
+    if other.refused is not None or other.smallest_mb is None:
+        return ""
+    fits = [node_capacity(n, other.shape) for n in nodes]
+    placed = spread(fits, request.replicas)
+    where = [
+        node_label(n.node_ip, n.node_id, n.hostname)
+        for f, n in zip(fits, nodes)
+        if f.capacity and n.total_vram_mb <= 0
+    ]
+    if placed <= result.placed or not where:
+        return ""
+    return (
+        f"--sizing fraction places {placed}/{request.replicas} replica(s) by booking: GPU"
+        f" {other.shape['GPU']:g} per replica ({request.gpu_memory_mb}/{other.smallest_mb:.0f} MB of the"
+        f" smallest GPU, {other.smallest_from}); room on nodes without VRAM_MB: {', '.join(where)}"
+    )
+
+
+def _candidates(result: FitResult, nodes: list[NodeStatus], status: ClusterStatus) -> list[NodeStatus]:
+    """The nodes the request's label selector admits (all without one), counted on ``result``."""
+    chosen = admitted(result.request, nodes, status.sources)
+    if isinstance(result.request.label_selector, dict):
+        result.admitted_nodes, result.alive_nodes = len(chosen.nodes), len(nodes)
+    if chosen.miss:
+        result.label_miss = chosen.miss
+    return chosen.nodes
 
 
 def exit_code(result: FitResult) -> int:

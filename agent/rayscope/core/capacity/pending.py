@@ -15,8 +15,11 @@ from typing import Optional
 
 import msgspec
 
+from rayscope.core.capacity import selectors as sel
+from rayscope.core.capacity.label_reasons import judge_gang_selected, judge_selected
 from rayscope.core.capacity.reasons import DeviceFree, Judgement, bundle_total, canonical, judge, judge_gang
 from rayscope.schema.pending import (
+    LabelSelector,
     PendingActor,
     PendingDemand,
     PendingGang,
@@ -103,7 +106,7 @@ def judge_pending(
     """BioEngine's ``pending_resources`` and rayscope's ``pending`` list from one read."""
     device_free = device_free or gpus_free_from_actors(read)
     demands, tasks, unmatched = _requests(read, device_free)
-    demands += [_actor_demand(actor, read.nodes, device_free) for actor in unmatched]
+    demands += [_actor_demand(actor, read, device_free) for actor in unmatched]
     demands += [_gang_demand(gang, read.nodes, device_free) for gang in read.gangs]
     actors = [a for a in read.actors if bioengine_lists(a)][:BIOENGINE_LIST_LIMIT]
     tasks = tasks[:BIOENGINE_LIST_LIMIT]
@@ -122,12 +125,66 @@ def _requests(
     tasks: list[PendingTask] = []
     for request in read.requests:
         shape, group = split_group(request.shape)
-        mine = [a for a in unmatched if _same(a.required_resources, request.shape)][: request.count]
+        primary = request.label_selectors[0] if request.label_selectors else []
+        mine = [
+            a
+            for a in unmatched
+            if _same(a.required_resources, request.shape) and sel.same(_actor_selector(a), primary)
+        ][: request.count]
         unmatched = [a for a in unmatched if a not in mine]
-        judgement = _in_group(group, gangs.get(group)) if group else judge(shape, read.nodes, device_free)
-        demands.append(_demand("request", shape, request.count, mine, judgement, group))
+        options = _options(request.label_selectors, mine, read)
+        if group:
+            judgement, admitted = _in_group(group, gangs.get(group)), None
+        else:
+            judgement, admitted = _judge(shape, options, read.nodes, device_free)
+        demand = _demand("request", shape, request.count, mine, judgement, group)
+        demands.append(_selected(demand, options, admitted))
         tasks += [PendingTask(required_resources=shape)] * max(0, request.count - len(mine))
     return demands, tasks, unmatched
+
+
+def _actor_selector(actor: PendingActor) -> LabelSelector:
+    return sel.parse_read(actor.label_selector) if isinstance(actor.label_selector, dict) else []
+
+
+def _options(
+    selectors: Sequence[LabelSelector], actors: Sequence[PendingActor], read: PendingRead
+) -> list[LabelSelector]:
+    """A demand's selector and fallbacks: the autoscaler state's; where it holds no fallback
+    (Ray 2.53-2.57) and its actors' table entries name some (2.55+), those."""
+    options = list(selectors)
+    if len(options) <= 1:
+        fallbacks = next(
+            (read.actor_fallbacks[a.actor_id] for a in actors if a.actor_id in read.actor_fallbacks), []
+        )
+        if fallbacks:
+            options = [options[0] if options else [], *fallbacks]
+    return options
+
+
+def _judge(
+    shape: Mapping[str, float],
+    options: Sequence[LabelSelector],
+    nodes: Sequence[PendingNode],
+    device_free: DeviceFree,
+) -> tuple[Judgement, Optional[int]]:
+    """:func:`judge`, on the nodes the selectors admit where the demand names any."""
+    if not any(options):
+        return judge(shape, nodes, device_free), None
+    return judge_selected(shape, [list(o) for o in options], nodes, device_free)
+
+
+def _selected(
+    demand: PendingDemand, options: Sequence[LabelSelector], admitted: Optional[int]
+) -> PendingDemand:
+    """``demand`` with its selectors in Ray's syntax and the count its selector admits."""
+    if options and options[0]:
+        demand.label_selector = sel.as_dict(options[0])
+    if len(options) > 1:
+        demand.fallback_selectors = [sel.as_dict(o) for o in options[1:]]
+    if admitted is not None:
+        demand.admitted_nodes = admitted
+    return demand
 
 
 def _in_group(group: str, gang: Optional[PendingGang]) -> Judgement:
@@ -143,27 +200,33 @@ def _in_group(group: str, gang: Optional[PendingGang]) -> Judgement:
     )
 
 
-def _actor_demand(
-    actor: PendingActor, nodes: Sequence[PendingNode], device_free: DeviceFree
-) -> PendingDemand:
+def _actor_demand(actor: PendingActor, read: PendingRead, device_free: DeviceFree) -> PendingDemand:
     """An actor in the actor table, not (yet) in the scheduler's demand."""
     shape, group = split_group(actor.required_resources)
+    options = _options([_actor_selector(actor)], [actor], read)
+    admitted = None
     if actor.state == "DEPENDENCIES_UNREADY":
         judgement = Judgement("waits", "waits on its dependencies (its arguments are not ready yet)")
     elif group:
         judgement = Judgement("waits_placement_group", f"waits on placement group {group[:12]}")
     else:
-        judgement = judge(shape, nodes, device_free)
-    return _demand("actor", shape, 1, [actor], judgement, group)
+        judgement, admitted = _judge(shape, options, read.nodes, device_free)
+    return _selected(_demand("actor", shape, 1, [actor], judgement, group), options, admitted)
 
 
 def _gang_demand(gang: PendingGang, nodes: Sequence[PendingNode], device_free: DeviceFree) -> PendingDemand:
     """A placement group not placed yet: the sum of its bundles, judged bundle by bundle."""
     group, strategy, _ = _gang_parts(gang)
     bundles = [canonical(b) for b in gang.bundles]
-    judgement = judge_gang(bundles, strategy, nodes, device_free)
+    chosen = gang.bundle_selectors if len(gang.bundle_selectors) == len(bundles) else []
+    if any(chosen):
+        judgement = judge_gang_selected(bundles, chosen, strategy, nodes, device_free)
+    else:
+        judgement = judge_gang(bundles, strategy, nodes, device_free)
     demand = _demand("placement_group", canonical(bundle_total(bundles)), 1, [], judgement, group)
     demand.bundles, demand.strategy = bundles, strategy
+    if any(chosen):
+        demand.bundle_selectors = [sel.as_dict(option) for option in chosen]
     return demand
 
 
@@ -191,11 +254,12 @@ def _demand(
 def merge_demands(demands: Sequence[PendingDemand]) -> list[PendingDemand]:
     """One entry per kind, shape, placement group and reason (actors seen one by one are
     counted together), in a stable order: requests, actors, placement groups; most first."""
-    merged: dict[tuple[str, str, str, str, str, str], PendingDemand] = {}
+    merged: dict[tuple[str, str, str, str, str, str, str], PendingDemand] = {}
     for demand in demands:
         key = (
             demand.kind,
             shape_text(demand.shape),
+            repr((demand.label_selector, demand.fallback_selectors, demand.bundle_selectors)),
             demand.strategy,
             repr(demand.bundles) if demand.kind == "placement_group" else demand.placement_group,
             demand.reason,

@@ -83,7 +83,7 @@ def _free(node: PendingNode, resource: str) -> Optional[float]:
     return max(0.0, node.available.get(resource, 0.0))
 
 
-def _has_room(node: PendingNode, shape: Mapping[str, float]) -> bool:
+def has_room(node: PendingNode, shape: Mapping[str, float]) -> bool:
     """Whether ``node``'s free resources hold one ``shape`` now (by its sums)."""
     return replicas_in({r: _free(node, r) for r in shape}, shape)[0] >= 1
 
@@ -130,7 +130,7 @@ def _decide(shape: Mapping[str, float], nodes: Sequence[PendingNode], device_fre
     """Where ``shape`` fits some node: whether one has room now (by node sums, then per device)
     and, where none has, what is exhausted."""
     able = [node for node in nodes if replicas_in(node.total, shape)[0] >= 1]
-    room = [node for node in able if _has_room(node, shape)]
+    room = [node for node in able if has_room(node, shape)]
     return _with_room(shape, room, device_free) if room else _exhausted(shape, able)
 
 
@@ -208,16 +208,28 @@ def judge_gang(
     strategy: str,
     nodes: Sequence[PendingNode],
     device_free: DeviceFree,
+    admitted: Optional[Sequence[Sequence[PendingNode]]] = None,
 ) -> Judgement:
     """Why a placement group is not placed: all bundles on one node (``STRICT_PACK``) or
-    bundle by bundle on the free resources left, one node each for ``STRICT_SPREAD``."""
+    bundle by bundle on the free resources left, one node each for ``STRICT_SPREAD``.
+    ``admitted``: per bundle, the nodes its label selector admits (``nodes``: those all admit)."""
     if strategy == "STRICT_PACK" or len(bundles) <= 1:
         return judge(canonical(bundle_total(bundles)), nodes, device_free)
-    for bundle in bundles:
-        why = _infeasible(bundle, nodes)
+    for i, bundle in enumerate(bundles):
+        why = _infeasible(bundle, nodes if admitted is None else admitted[i])
         if why is not None:
             return Judgement("infeasible", why)
-    return _bundle_by_bundle(bundles, strategy == "STRICT_SPREAD", nodes, device_free)
+    return _bundle_by_bundle(bundles, strategy == "STRICT_SPREAD", nodes, device_free, admitted)
+
+
+def _no_node_of_its_own(bundle: int, nodes: int, selected: bool) -> Judgement:
+    """``STRICT_SPREAD`` with more bundles than nodes it may use: never placed here."""
+    where = "its label selector admits" if selected else "alive"
+    return Judgement(
+        "infeasible",
+        f"STRICT_SPREAD: bundle {bundle} has no node of its own left ({nodes} node(s) {where},"
+        f" {bundle} bundle(s) before it)",
+    )
 
 
 def _bundle_by_bundle(
@@ -225,17 +237,27 @@ def _bundle_by_bundle(
     spread: bool,
     nodes: Sequence[PendingNode],
     device_free: DeviceFree,
+    admitted: Optional[Sequence[Sequence[PendingNode]]] = None,
 ) -> Judgement:
-    """Each bundle on the first node with room left (a node of its own each when ``spread``);
-    the first bundle that finds none is judged on the nodes it could still go to."""
+    """Each bundle on the first node with room left (a node of its own each when ``spread``,
+    one its selector admits where ``admitted`` says); the first bundle that finds none is
+    judged on the nodes it could still go to."""
+    pool = nodes if admitted is None else list({n.node_id: n for group in admitted for n in group}.values())
     left = [
         PendingNode(node_id=n.node_id, node_ip=n.node_ip, total=n.total, available=dict(n.available))
-        for n in nodes
+        for n in pool
     ]
+    allowed = None if admitted is None else [{n.node_id for n in group} for group in admitted]
     used: set[str] = set()
-    for bundle in bundles:
-        spots = [n for n in left if not (spread and n.node_id in used)]
-        spot = next((n for n in spots if _has_room(n, bundle)), None)
+    for i, bundle in enumerate(bundles):
+        spots = [
+            n
+            for n in left
+            if not (spread and n.node_id in used) and (allowed is None or n.node_id in allowed[i])
+        ]
+        if not spots:
+            return _no_node_of_its_own(i, len(left), allowed is not None)
+        spot = next((n for n in spots if has_room(n, bundle)), None)
         if spot is None:
             return judge(bundle, spots, device_free)
         used.add(spot.node_id)

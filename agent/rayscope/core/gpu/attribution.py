@@ -13,9 +13,11 @@ Rules, in the operator's words:
 * an actor's booking is ``VRAM_MB`` where it booked any (``GPU`` is then a device handle),
   else its ``GPU`` fraction of the device's memory; split evenly over the GPUs it is on;
 * ``over_booking``: its processes hold more than it booked, over all its GPUs;
-* ``unbooked``: memory held by a process outside Ray, or by an actor that booked neither
-  ``GPU`` nor ``VRAM_MB`` (a Ray worker the actor table does not name — a task — is
-  ``booking_unknown`` instead: tasks book too, but the actor table does not say what);
+* ``unbooked``: memory held by a process outside Ray, by an actor that booked neither
+  ``GPU`` nor ``VRAM_MB``, or by the worker of an actor the GCS lists as dead
+  (``actor_dead``: leaked, Ray released its booking); a Ray worker the actor table does not
+  name (a task) is ``booking_unknown`` instead: tasks book too, but the actor table does
+  not say what; a pid this host cannot see is ``not_mapped``, summed apart;
 * ``full``: the ``VRAM_MB`` booked on one device reaches its memory; ``hidden_full``: a node
   with several GPUs whose node-wide ``VRAM_MB`` still shows room while a device is full.
 """
@@ -26,6 +28,8 @@ from typing import Optional
 import msgspec
 
 from rayscope.core.gpu.holders import (
+    ACTOR_DEAD,
+    NOT_MAPPED,
     IdMaps,
     Matcher,
     PerDevice,
@@ -141,6 +145,8 @@ def _book(
     devices are the ones Ray gave it, else split evenly), and everyone's flags."""
     for actor_id, placed in _placements(leaves, per_device).items():
         actor = seen[actor_id]
+        if actor.state == "DEAD":  # Ray released its booking: what it holds is leaked
+            actor = msgspec.structs.replace(actor, required={}, gpu_shares=[])
         gpu_shares = _gpu_per_device(actor, placed, id_maps)
         for device, user in placed:
             user.booked_vram_mb = ray_round(actor.required.get("VRAM_MB", 0.0) / len(placed))
@@ -221,13 +227,14 @@ def _node_attribution(
 ) -> NodeAttribution:
     """The node's sums over its users (actors, Ray workers, processes) and its full GPUs."""
     full, flags = _full_gpus(attributed, vram_mb)
-    actors = [u for u in users if u.actor_id]
+    actors = [u for u in users if u.actor_id and ACTOR_DEAD not in u.flags]
     return NodeAttribution(
         booked_vram_mb=_booked_sum((u.booked_vram_mb for u in actors), matcher.actors_read),
         booked_gpu=_booked_sum((u.booked_gpu for u in actors), matcher.actors_read),
         booked_actors=len({u.actor_id for u in actors if _has_booking(u)}),
         actors_used_bytes=sum(u.used_memory_bytes or 0 for u in actors),
         unbooked_bytes=sum(u.used_memory_bytes or 0 for u in users if UNBOOKED in u.flags),
+        unmapped_bytes=sum(u.used_memory_bytes or 0 for u in users if NOT_MAPPED in u.flags),
         actors_read=matcher.actors_read,
         processes_mapped=matcher.processes is not None,
         node_total_vram_mb=vram_mb[0],
@@ -279,7 +286,7 @@ def _settled(
     return settle_gpus(reports[node_id].gpus)
 
 
-def _sharing(
+def sharing_devices(
     nodes: Mapping[str, NodeStatus], co_hosted: Mapping[str, Collection[str]]
 ) -> dict[str, set[str]]:
     """Node id → the node ids whose actors may hold memory on its GPUs: itself, and the nodes
@@ -326,11 +333,12 @@ def attribute_cluster(
     the actors' worker pids."""
     nodes = dict(status.nodes)
     id_maps: dict[str, Mapping[int, Optional[int]]] = {}
-    groups = _sharing(nodes, co_hosted or {})
+    groups = sharing_devices(nodes, co_hosted or {})
     reports = {**reports, **dashboard_reports(status, actors)}
     by_node: dict[str, list[ActorBooking]] = {}  # once: per node over all actors was quadratic
     for booking in actors or ():
         by_node.setdefault(booking.node_id, []).append(booking)
+    live = {n: [a for a in group if a.state == "ALIVE"] for n, group in by_node.items()}
 
     def placed(node: NodeStatus) -> NodeStatus:
         own = reports.get(node.node_id)
@@ -339,7 +347,7 @@ def attribute_cluster(
         ]
         raylet = (raylets or {}).get(node.node_id) or (own.raylet if own is not None else None)
         gpus = next((g for n in host_ids for g in (_settled(nodes, reports, n),) if g is not None), None)
-        placement = place_devices(node, by_node.get(node.node_id, []), raylet, gpus)
+        placement = place_devices(node, live.get(node.node_id, []), raylet, gpus)
         if raylet is not None and raylet.environ_read and gpus is not None:
             id_maps[node.node_id] = id_map(placement)
         return msgspec.structs.replace(node, placement=placement)

@@ -14,6 +14,8 @@ from rayscope.schema.status import ActorBooking
 
 BOOKING_UNKNOWN = "booking_unknown"
 NOT_MAPPED = "not_mapped"
+ACTOR_DEAD = "actor_dead"
+"""Memory held by the worker of an actor the GCS lists as dead: leaked, its booking released."""
 
 PerDevice = dict[tuple[int, int], dict[str, GpuUser]]
 """Leaf device (:func:`slot`) → holder key (``actor:ID``, ``worker:PID``, ``pid:PID``) → its user."""
@@ -59,6 +61,16 @@ class Matcher:
         self.node_actors = sorted(live, key=lambda a: (actor_name(a), a.actor_id))
         self.by_pid = {(a.node_id, a.pid): a for a in live if a.pid}
         self.by_id = {a.actor_id: a for a in live}
+        dead = [a for a in actors or [] if a.node_id in node_ids and a.state == "DEAD"]
+        self.dead_by_pid = {(a.node_id, a.pid): a for a in dead if a.pid}
+        self.dead_by_id = {a.actor_id: a for a in dead}
+
+    def _dead(self, info: ProcessInfo) -> Optional[ActorBooking]:
+        """The dead actor whose worker holds this process: the one its core log names, else
+        the one whose last worker pid it is (where the log names no other actor)."""
+        if info.actor_id:
+            return self.dead_by_id.get(info.actor_id)
+        return self.dead_by_pid.get((info.node_id or "", info.worker_pid or 0))
 
     def owner(self, pid: int) -> tuple[str, GpuUser, Optional[ActorBooking]]:
         """(key, a fresh user, its actor) for one GPU pid."""
@@ -74,8 +86,17 @@ class Matcher:
         actor = self.by_pid.get((info.node_id or "", info.worker_pid))
         if actor is None and info.actor_id:
             actor = self.by_id.get(info.actor_id)
+        if actor is None:
+            actor = self._dead(info)
         if actor is not None:
-            user = GpuUser(kind="actor", actor_id=actor.actor_id, name=actor_name(actor), job_id=actor.job_id)
+            flags = [ACTOR_DEAD] if actor.state == "DEAD" else []
+            user = GpuUser(
+                kind="actor",
+                actor_id=actor.actor_id,
+                name=actor_name(actor),
+                job_id=actor.job_id,
+                flags=flags,
+            )
             return f"actor:{actor.actor_id}", user, actor
         user = GpuUser(
             kind="ray worker",

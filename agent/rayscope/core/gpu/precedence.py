@@ -166,11 +166,13 @@ def dashboard_processes(
 ) -> Optional[list[ProcessInfo]]:
     """The dashboard's GPU pids of ``node`` matched to actors through the actor table's
     worker pids, as an agent maps them on its host: a pid that is a live actor's worker on
-    this node is that actor's; any other is not mapped (no agent there to look). ``None``
+    this node is that actor's, else the last worker pid of a dead actor there is that dead
+    actor's (its leaked memory); any other is not mapped (no agent there to look). ``None``
     when the actor table was not read."""
     if actors is None:
         return None
-    workers = {a.pid: a for a in actors if a.node_id == node.node_id and a.pid and a.state == "ALIVE"}
+    here = [a for a in actors if a.node_id == node.node_id and a.pid and a.state in ("ALIVE", "DEAD")]
+    workers = {a.pid: a for a in sorted(here, key=lambda a: a.state == "ALIVE")}  # a live one wins
     pids = sorted({p.pid for g in node.gpus or () for p in g.processes or ()})
     found = []
     for pid in pids:

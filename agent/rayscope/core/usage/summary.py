@@ -14,8 +14,9 @@ Pure: a :class:`~rayscope.core.usage.window.UsageWindow` and the clock in, a
 * **frees**: booking minus suggestion, per replica and, for an app, summed over its alive
   replicas (negative: it needs more); **OOM risk**: the peak exceeds the booking.
 
-An app is a Ray Serve deployment (``app/deployment``: a BioEngine app is a Serve
-application) or, for other actors, their class (:func:`rayscope.core.actor_names.app_name`).
+An app is Ray's own identity of one (:func:`rayscope.core.actor_names.app_key`): a Ray Serve
+deployment (``app/deployment``: a BioEngine app is a Serve application), else the actor's
+class with its name less a trailing ``-N`` (an anonymous actor: its class).
 """
 
 import functools
@@ -23,7 +24,7 @@ import math
 from collections.abc import Sequence
 from typing import Optional
 
-from rayscope.core.actor_names import app_name, short_class_name
+from rayscope.core.actor_names import AppKey, app_key, app_labels, app_name, short_class_name
 from rayscope.core.limits import HEADROOM
 from rayscope.core.usage.window import EMPTY, ActorSeries, UsageWindow, slot_count
 from rayscope.schema.usage import ActorUsage, AppUsage, UsageDocument
@@ -176,14 +177,18 @@ def usage_document(
     asked = window.window_s if window_s is None else min(window_s, window.window_s)
     k = slot_count(asked, window.slot_s)
     actors: list[ActorUsage] = []
-    by_app: dict[str, list[ActorUsage]] = {}
+    by_app: dict[AppKey, list[ActorUsage]] = {}
     for series in window.actors.values():
         if series.last_slot <= window.slot(now) - k:
             continue  # not seen in the window asked (a shorter one than the head's)
         usage = actor_usage(series, now, window, k, headroom_pct)
         actors.append(usage)
-        by_app.setdefault(usage.app, []).append(usage)
-    apps = [app_usage(app, members, headroom_pct) for app, members in by_app.items()]
+        by_app.setdefault(app_key(series.meta.class_name, series.meta.name), []).append(usage)
+    labels = app_labels(by_app)
+    for key, members in by_app.items():
+        for usage in members:
+            usage.app = labels[key]
+    apps = [app_usage(labels[key], members, headroom_pct) for key, members in by_app.items()]
     apps.sort(key=lambda a: (-(a.frees_mb or 0.0), a.app))
     actors.sort(key=lambda a: (a.app, a.name, a.actor_id))
     covered = max(0.0, min(asked, now - window.known_since))

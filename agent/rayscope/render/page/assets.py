@@ -46,6 +46,7 @@ svg.bar{display:block;width:100%;height:22px}
 white-space:nowrap}
 .mark.unhealthy,.mark.unmeasured,.mark.full{background:var(--bad)}
 .mark.unreliable{background:#6b4fa0}
+.labels{font-size:11px;opacity:.75}
 ul.cpu{list-style:none;padding:0;margin:0;font-family:ui-monospace,monospace}
 nav.pages a{margin-right:6px}nav.pages a.here{font-weight:bold;text-decoration:none;color:var(--ink)}
 .legend{display:flex;flex-wrap:wrap;gap:2px 14px;color:var(--dim);font-size:12px;margin:6px 0}

@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from typing import NamedTuple, Optional
 
 from rayscope.core.rollup import SchedulerView, scheduler_failure, scheduler_view
-from rayscope.render.fmt import cpus, gib, has_gpus, source_notes, visible_nodes
+from rayscope.render.fmt import cpus, gib, has_gpus, labels_text, source_notes, visible_nodes
 from rayscope.render.page.assets import CSS, HATCH, JS
 from rayscope.render.page.bars import GpuBar, bar_html, esc, gpu_bars
 from rayscope.render.page.usage import apps_html
@@ -106,7 +106,9 @@ def _line_html(n: _Node) -> str:
     badges = "".join(
         f' <span class="mark node" title="{esc(_badge_why(m))}">{esc(m)}</span>' for m in n.badges
     )
-    return f"{esc(n.line)}{badges}"
+    labels = labels_text(n.node)
+    shown = f' <span class="labels" title="Ray labels">{esc(labels)}</span>' if labels else ""
+    return f"{esc(n.line)}{shown}{badges}"
 
 
 def _tile(title: str, value: str, detail: str = "") -> str:

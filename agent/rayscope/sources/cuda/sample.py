@@ -38,7 +38,7 @@ import msgspec
 from rayscope.schema.report import Amount, Count
 from rayscope.sources import libraries, trust
 from rayscope.sources.cuda import read as cuda_read
-from rayscope.units import MIB
+from rayscope.units import MIB, seconds
 
 LIBRARY = "libcuda.so.1"
 DEFAULT_CONTEXT_COST_BYTES = 1024 * MIB
@@ -295,7 +295,7 @@ class CudaSampler:
                 child.communicate(timeout=KILL_WAIT_S)
             except subprocess.TimeoutExpired:
                 self._hung = child
-            return None, f"CUDA sample timed out after {self.timeout_s:g} s (hung driver?): killed"
+            return None, f"CUDA sample timed out after {seconds(self.timeout_s)} s (hung driver?): killed"
         try:
             answer = msgspec.json.decode(stdout, type=_ChildAnswer)
         except msgspec.DecodeError:

@@ -1,14 +1,15 @@
-"""Where the GCS address comes from, in order: ``--gcs``, ``$RAYSCOPE_GCS``, a local raylet's
-command line, ``<ray temp dir>/ray_current_cluster`` — a raylet or a file only when root or
-the invoking user owns it (SECURITY.md, rule 1): the Ray token travels with the connection.
+"""Where the GCS address comes from, in order: ``--gcs``, ``$RAYSCOPE_GCS``, ``$RAY_ADDRESS``
+(as ``ray.init()`` reads it), a local raylet's command line, ``<ray temp
+dir>/ray_current_cluster`` — a raylet or a file only when root or the invoking user owns it
+(SECURITY.md, rule 1): the Ray token travels with the connection.
 """
 
 import os
 from collections.abc import Mapping, Sequence
 from typing import Optional
 
-from rayscope.defaults import DEFAULT_GCS_PORT, GCS_ADDRESS_ENV
-from rayscope.net.addresses import with_port
+from rayscope.defaults import DEFAULT_GCS_PORT, GCS_ADDRESS_ENV, RAY_ADDRESS_ENV
+from rayscope.net.addresses import parse_gcs_address, with_port
 from rayscope.schema.report import RayletInfo
 from rayscope.sources import trust
 
@@ -51,6 +52,31 @@ def address_from_file(environ: Mapping[str, str]) -> tuple[Optional[str], str]:
     return (address, "") if address else (None, f"{path} is empty")
 
 
+RAY_FINDS_IT = ("", "auto", "local")
+"""``$RAY_ADDRESS`` values that name no address: the cluster found on this host (``local``
+starts a new one for ``ray.init()``; rayscope starts nothing, so it reads the one here)."""
+
+
+def from_environment(environ: Mapping[str, str]) -> tuple[Optional[str], str, str]:
+    """(address, where it came from or why it is refused, why ``$RAY_ADDRESS`` was passed
+    over) from ``$RAYSCOPE_GCS``, else ``$RAY_ADDRESS`` as ``ray.init()`` reads it:
+    ``HOST[:PORT]`` is the GCS (a missing port is Ray's default, as for ``--gcs``; the rest
+    is checked by ``collect.resolve_gcs``); ``ray://`` is Ray Client's, refused with where the
+    GCS usually is; ``auto``, ``local`` and a dashboard URL (``http://``: the Jobs CLI's
+    convention) name no GCS."""
+    if environ.get(GCS_ADDRESS_ENV):
+        return with_port(environ[GCS_ADDRESS_ENV], DEFAULT_GCS_PORT), GCS_ADDRESS_ENV, ""
+    value = environ.get(RAY_ADDRESS_ENV, "").strip()
+    if value.lower() in RAY_FINDS_IT:
+        return None, "", ""
+    if value.lower().startswith(("http://", "https://")):
+        return None, "", f"{RAY_ADDRESS_ENV}={value} is a dashboard URL (ray job's), not the GCS"
+    try:
+        return parse_gcs_address(value), RAY_ADDRESS_ENV, ""
+    except ValueError as err:
+        return None, f"bad GCS address from {RAY_ADDRESS_ENV}: {err}", ""
+
+
 def resolve_address(
     explicit: Optional[str],
     environ: Mapping[str, str],
@@ -66,9 +92,9 @@ def resolve_address(
     controls: ``--gcs``, the environment, those raylets, a trusted address file."""
     if explicit:
         return explicit, "--gcs"
-    if environ.get(GCS_ADDRESS_ENV):
-        # A missing port is Ray's default, as for --gcs (collect.resolve_gcs checks the rest).
-        return with_port(environ[GCS_ADDRESS_ENV], DEFAULT_GCS_PORT), GCS_ADDRESS_ENV
+    from_env, origin, passed_over = from_environment(environ)
+    if from_env is not None or origin:
+        return from_env, origin
     from_raylets = sorted({r.gcs_address for r in raylets if r.gcs_address})
     if len(from_raylets) > 1:
         clusters = ", ".join(from_raylets)
@@ -80,4 +106,5 @@ def resolve_address(
     if from_file:
         return from_file, os.path.join(ray_temp_dir(environ), ADDRESS_FILE)
     no_raylet = refused_raylets or "no raylet process on this host"
-    return None, f"no GCS address: pass --gcs HOST:PORT or set {GCS_ADDRESS_ENV} ({no_raylet}; {why_not})"
+    why = "; ".join(filter(None, [passed_over, no_raylet, why_not]))
+    return None, f"no GCS address: pass --gcs HOST:PORT or set {GCS_ADDRESS_ENV} ({why})"

@@ -20,6 +20,7 @@ from rayscope.sources.gcs import prestart as gcs_prestart
 from rayscope.sources.gcs import raycompat
 from rayscope.sources.gcs import read as gcs_read
 from rayscope.sources.gcs import reader as gcs
+from rayscope.units import seconds
 
 if TYPE_CHECKING:
     from rayscope.net import peer
@@ -159,9 +160,9 @@ def _child_timeout(
     stderr = err.stderr or b""
     text = stderr.decode("utf-8", "replace") if isinstance(stderr, bytes) else stderr
     if gcs_read.IMPORTED in text:
-        return f"GCS unreachable at {address} (timeout {timeout_s:g} s)"
+        return f"GCS unreachable at {address} (timeout {seconds(timeout_s)} s)"
     return (
-        f"GCS read stopped at its deadline (timeout {timeout_s:g} s) while {python} was still"
+        f"GCS read stopped at its deadline (timeout {seconds(timeout_s)} s) while {python} was still"
         " importing ray (a loaded host or a slow file system): the GCS was not asked; raise --timeout"
     )
 

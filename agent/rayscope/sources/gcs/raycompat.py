@@ -16,6 +16,18 @@ GCS client's actor table call              added 2.35      ``async_get_all_actor
 ``GcsClient`` wraps another class          2.34 (New/Old)  only methods are looked up, never
                                            by 2.44 (Inner) the class
 ``GlobalStateAccessor.disconnect``         gone by 2.53    called only where it exists
+a demand's label selectors                 2.49            ``ResourceRequest.label_selectors``
+                                                           of ``ray.rpc.LabelSelector`` only
+                                                           (2.46-2.48: a type of the
+                                                           autoscaler's own, selectors ignored
+                                                           by their scheduler); none before
+a request's fallback selectors             2.58            the same list after the first
+                                                           (2.53-2.57: not in the autoscaler
+                                                           state; the actor table's, 2.55+)
+a placement group's bundle selectors       2.49            ``bundle_selectors[0]``, one
+                                                           ``ResourceRequest`` per bundle
+an actor's selector / its fallbacks        2.49 / 2.55     ``ActorTableData.label_selector``
+                                                           (Ray's syntax) / ``fallback_strategy``
 cluster's Ray version                      never           KV ``cluster/CLUSTER_METADATA``
 the dashboard's address                    never (measured KV ``dashboard/webui:url``, else
                                            2.33-2.60)      ``dashboard/dashboard``
@@ -108,16 +120,71 @@ def _str_map(entries: Any) -> dict[str, str]:
     return {str(k): str(v) for k, v in dict(entries).items()}
 
 
-def node_labels(info: Any, state: Optional[Any]) -> dict[str, str]:
+def node_labels(info: Optional[Any], state: Optional[Any]) -> dict[str, str]:
     """A node's labels: ``GcsNodeInfo.labels`` (every release) merged with the autoscaler
     state's ``labels`` (2.49+) or, before it had those, its ``dynamic_labels``."""
-    labels = _str_map(info.labels) if "labels" in _fields(info) else {}
+    labels = _str_map(info.labels) if info is not None and "labels" in _fields(info) else {}
     if state is not None:
         for name in ("labels", "dynamic_labels"):
             if name in _fields(state):
                 labels.update(_str_map(getattr(state, name)))
                 break
     return labels
+
+
+LABEL_SELECTOR_TYPE = "ray.rpc.LabelSelector"
+"""The selector type of Ray 2.49+, the first whose scheduler honours it (Ray 2.46 ran an
+actor selecting a label no node had)."""
+OPERATORS = {"LABEL_OPERATOR_IN": "in", "LABEL_OPERATOR_NOT_IN": "!in"}
+
+
+def _constraints(selector: Any) -> list[dict[str, Any]]:
+    """One ``LabelSelector`` as ``[{"key", "operator", "values"}]``: ``in``/``!in``, any other
+    operator by its enum name (``LABEL_OPERATOR_UNSPECIFIED``), verbatim."""
+    out = []
+    for constraint in selector.label_constraints:
+        enum = constraint.DESCRIPTOR.fields_by_name["operator"].enum_type
+        known = enum.values_by_number.get(int(constraint.operator))
+        name = known.name if known is not None else str(int(constraint.operator))
+        values = [str(v) for v in constraint.label_values]
+        out.append(
+            {"key": str(constraint.label_key), "operator": OPERATORS.get(name, name), "values": values}
+        )
+    return out
+
+
+def request_selectors(request: Any) -> list[list[dict[str, Any]]]:
+    """A ``ResourceRequest``'s label selectors (the selector, then its fallbacks), ``[]``
+    where this Ray keeps none its scheduler honours (see the table above)."""
+    field = request.DESCRIPTOR.fields_by_name.get("label_selectors")
+    if field is None or field.message_type.full_name != LABEL_SELECTOR_TYPE:
+        return []
+    return [_constraints(selector) for selector in request.label_selectors]
+
+
+def gang_selectors(gang: Any) -> list[list[dict[str, Any]]]:
+    """A ``GangResourceRequest``'s selector per bundle (``bundle_label_selector``), in the
+    order of its bundles; ``[]`` where it has none."""
+    if "bundle_selectors" not in _fields(gang) or not gang.bundle_selectors:
+        return []
+    per_bundle = [request_selectors(r) for r in gang.bundle_selectors[0].resource_requests]
+    if not any(per_bundle):
+        return []
+    return [selectors[0] if selectors else [] for selectors in per_bundle]
+
+
+def actor_selector(info: Any) -> Optional[dict[str, str]]:
+    """An actor table entry's ``label_selector`` in Ray's syntax (2.49+), ``None`` without one."""
+    if "label_selector" not in _fields(info) or not info.label_selector:
+        return None
+    return _str_map(info.label_selector)
+
+
+def actor_fallbacks(info: Any) -> list[list[dict[str, Any]]]:
+    """An actor table entry's ``fallback_strategy`` selectors in order (2.55+), ``[]`` without."""
+    if "fallback_strategy" not in _fields(info) or not info.HasField("fallback_strategy"):
+        return []
+    return [_constraints(option.label_selector) for option in info.fallback_strategy.options]
 
 
 def actor_table(client: Any, address: str, timeout_s: float, state: str = "ALIVE") -> list[Any]:

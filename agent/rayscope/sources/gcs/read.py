@@ -10,7 +10,8 @@ between Ray releases live in ``raycompat`` only.
 
 Output, per node: ``node_id`` (hex), ``node_ip``, ``hostname``, ``is_head``, ``alive``,
 ``total``, ``available`` (``null`` when the GCS holds none, e.g. for a dead node), ``labels``.
-Per live actor: ``actor_id``, ``node_id``, ``pid``, ``name``, ``class_name``, ``state``,
+Per live actor (and per recently dead one, ``state`` ``DEAD``): ``actor_id``, ``node_id``,
+``pid``, ``name``, ``class_name``, ``state``,
 ``job_id`` (hex), ``required`` (resources it booked), ``gpu_ids`` (the GPU ids Ray gave it),
 ``gpu_shares`` (``[[gpu_id, quantity], ...]``: how much of each of those GPUs it holds, from
 the actor table's ``resource_mapping``; Ray gives a fraction on one device, whole GPUs as 1.0
@@ -104,15 +105,33 @@ def read_nodes(client: Any, timeout_s: float, state: Any = None) -> list[dict[st
     return nodes
 
 
+MAX_DEAD_ACTORS = 1000
+"""The dead actors kept from the GCS's table (the most recently dead first): enough to name
+the worker of an actor that died and left GPU memory held; Ray keeps up to 100,000."""
+
+
+def _dead_actors(client: Any, address: str, timeout_s: float) -> list[Any]:
+    """The :data:`MAX_DEAD_ACTORS` most recently dead actors that ran in a worker; none when
+    the table does not answer (their leaked memory is then not named, never misread)."""
+    try:
+        infos = raycompat.actor_table(client, address, timeout_s, "DEAD")
+    except Exception:
+        return []
+    ran = [info for info in infos if int(info.pid)]
+    ran.sort(key=lambda info: -int(getattr(info, "end_time", 0) or 0))
+    return ran[:MAX_DEAD_ACTORS]
+
+
 def read_actors(
     client: Any, address: str, timeout_s: float, alive: Optional[list[Any]] = None
 ) -> list[dict[str, Any]]:
-    """Every live actor: what it booked and where it runs, as plain JSON-ready dicts.
+    """Every live actor: what it booked and where it runs, as plain JSON-ready dicts; then
+    the most recently dead ones (``state`` ``DEAD``: whose worker may still hold GPU memory).
     ``alive``: the live actor table already read (else it is read here)."""
     states = _ray("ray.core.generated.gcs_pb2").ActorTableData.ActorState
     actors = []
     infos = alive if alive is not None else raycompat.actor_table(client, address, timeout_s)
-    for info in infos:
+    for info in [*infos, *_dead_actors(client, address, timeout_s)]:
         node_id = info.node_id or info.address.node_id
         shares: dict[int, float] = {}
         for entry in info.resource_mapping:
@@ -154,8 +173,30 @@ def _device_use(infos: list[Any]) -> dict[str, dict[str, dict[str, float]]]:
     return use
 
 
+def _waiting_actor(info: Any, states: Any) -> dict[str, Any]:
+    """One actor not placed yet (an ``ActorTableData``), as ``PendingActor`` reads it."""
+    actor = {
+        "actor_id": info.actor_id.hex(),
+        "name": info.name,
+        "class_name": info.class_name,
+        "state": states.Name(info.state),
+        "job_id": info.job_id.hex(),
+        "required_resources": _resources(info.required_resources),
+        "placement_group_id": info.placement_group_id.hex(),
+    }
+    selector = raycompat.actor_selector(info)
+    if selector:
+        actor["label_selector"] = selector
+    return actor
+
+
 def read_pending(
-    client: Any, address: str, timeout_s: float, state: Any = None, alive: Optional[list[Any]] = None
+    client: Any,
+    address: str,
+    timeout_s: float,
+    state: Any = None,
+    alive: Optional[list[Any]] = None,
+    labels: Optional[dict[str, dict[str, str]]] = None,
 ) -> dict[str, Any]:
     """What waits to be placed, and what the scheduler has free, from one autoscaler-state
     read (the same call ``ray status`` makes; ``state`` when already read) plus the actor
@@ -167,8 +208,12 @@ def read_pending(
     ``count``; ``gangs``: the pending placement groups, each ``bundles`` and ``details``
     (``<pg id>:<strategy>|<state>``); ``nodes``: per alive node ``node_id``, ``node_ip``,
     ``total``, ``available``; ``actors``: the actors not placed yet (``name``, ``job_id``,
-    ``state``, ``required_resources``, ``placement_group_id``); ``device_use``: per node, resource and
-    device index, what the live actors hold.
+    ``state``, ``required_resources``, ``placement_group_id``, ``label_selector``); ``device_use``:
+    per node, resource and device index, what the live actors hold. Label selectors where
+    this Ray has them (``raycompat``): each request's ``label_selectors``, each group's
+    ``bundle_selectors``, each waiting actor's fallbacks (``actor_fallbacks``); each node's
+    ``labels`` (``labels``: node id → labels, as :func:`read_nodes` read them; else from
+    ``state``).
     """
     state = state if state is not None else resource_state(client, timeout_s)
     dead = _ray("ray.core.generated.autoscaler_pb2").NodeStatus.Value("DEAD")
@@ -178,33 +223,36 @@ def read_pending(
             "node_ip": s.node_ip_address,
             "total": _resources(s.total_resources),
             "available": _resources(s.available_resources),
+            "labels": (labels or {}).get(s.node_id.hex()) or raycompat.node_labels(None, s),
         }
         for s in state.node_states
         if s.status != dead
     ]
     requests = [
-        {"shape": _resources(r.request.resources_bundle), "count": int(r.count)}
+        {
+            "shape": _resources(r.request.resources_bundle),
+            "count": int(r.count),
+            "label_selectors": raycompat.request_selectors(r.request),
+        }
         for r in state.pending_resource_requests
     ]
     # Older releases have no gang requests in this reply: then none are reported, not an error.
     gangs = [
-        {"bundles": [_resources(b.resources_bundle) for b in g.requests], "details": str(g.details)}
+        {
+            "bundles": [_resources(b.resources_bundle) for b in g.requests],
+            "details": str(g.details),
+            "bundle_selectors": raycompat.gang_selectors(g),
+        }
         for g in getattr(state, "pending_gang_resource_requests", [])
     ]
     states = _ray("ray.core.generated.gcs_pb2").ActorTableData.ActorState
-    actors = [
-        {
-            "actor_id": info.actor_id.hex(),
-            "name": info.name,
-            "class_name": info.class_name,
-            "state": states.Name(info.state),
-            "job_id": info.job_id.hex(),
-            "required_resources": _resources(info.required_resources),
-            "placement_group_id": info.placement_group_id.hex(),
-        }
+    waiting = [
+        info
         for table in raycompat.actor_tables(client, address, timeout_s, PENDING_ACTOR_STATES)
         for info in table
     ]
+    actors = [_waiting_actor(info, states) for info in waiting]
+    fallbacks = {info.actor_id.hex(): raycompat.actor_fallbacks(info) for info in waiting}
     waits = requests or gangs or actors
     if waits and alive is None:
         alive = raycompat.actor_table(client, address, timeout_s)
@@ -214,6 +262,7 @@ def read_pending(
         "gangs": gangs,
         "actors": actors,
         "device_use": _device_use(alive) if waits and alive is not None else {},
+        "actor_fallbacks": {actor: chosen for actor, chosen in fallbacks.items() if chosen},
     }
 
 
@@ -267,7 +316,8 @@ def _read(words: list[str], light: bool) -> dict[str, Any]:
             out["actors_error"] = failed(err)
     if "pending" in flags:
         try:  # the nodes stand even when the pending demand does not answer
-            out["pending"] = read_pending(client, address, timeout_s, state, alive)
+            labels = {n["node_id"]: n["labels"] for n in out["nodes"]}
+            out["pending"] = read_pending(client, address, timeout_s, state, alive, labels)
         except Exception as err:
             out["pending_error"] = failed(err)
     return out

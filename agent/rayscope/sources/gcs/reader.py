@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
 import msgspec
 
-from rayscope.defaults import DEFAULT_GCS_PORT, DEFAULT_TIMEOUT_S
+from rayscope.defaults import CLUSTER_RAY, DEFAULT_GCS_PORT, DEFAULT_TIMEOUT_S
 from rayscope.labels import printable
 from rayscope.net.addresses import split_address
 from rayscope.net.deadline import Deadline
@@ -31,6 +31,7 @@ from rayscope.schema.report import SourceStatus
 from rayscope.schema.status import ActorBooking, RayNode
 from rayscope.sources.gcs import raycompat
 from rayscope.sources.gcs import read as gcs_read
+from rayscope.units import seconds
 
 if TYPE_CHECKING:
     from rayscope.net import peer
@@ -97,7 +98,7 @@ def check_port(address: str, timeout_s: float, deadline: Optional[Deadline] = No
     except ConnectionRefusedError:
         raise GcsUnavailable(f"GCS unreachable at {address} (connection refused)") from None
     except (socket.timeout, TimeoutError):
-        raise GcsUnavailable(f"GCS unreachable at {address} (timeout {timeout_s:g} s)") from None
+        raise GcsUnavailable(f"GCS unreachable at {address} (timeout {seconds(timeout_s)} s)") from None
     except OSError as err:
         raise GcsUnavailable(f"GCS unreachable at {address} ({err.strerror or type(err).__name__})") from None
     return peer.Naming(sock, host, port, deadline)
@@ -124,7 +125,7 @@ def gcs_error_text(err: BaseException, address: str, timeout_s: float, token_sou
     text = str(err)
     lowered = text.lower()
     if isinstance(err, TimeoutError) or "timed out" in lowered or "deadline" in lowered:
-        return f"GCS unreachable at {address} (timeout {timeout_s:g} s)"
+        return f"GCS unreachable at {address} (timeout {seconds(timeout_s)} s)"
     if "unauthenticated" in lowered or "authentication" in lowered or "token" in lowered:
         if token_source:
             return f"GCS at {address} rejected the token from {token_source}"
@@ -245,7 +246,7 @@ def remaining_s(deadline: Deadline, address: str, timeout_s: float) -> float:
     it, never one each; :class:`GcsUnavailable` when none is left."""
     left = deadline.left()
     if left <= 0:
-        raise GcsUnavailable(f"GCS unreachable at {address} (timeout {timeout_s:g} s)")
+        raise GcsUnavailable(f"GCS unreachable at {address} (timeout {seconds(timeout_s)} s)")
     return left
 
 
@@ -259,7 +260,9 @@ def to_actors(raw: object, address: str) -> tuple[Optional[list[ActorBooking]], 
     except msgspec.ValidationError as err:
         reason = f"unexpected actor table from {address}: {err}"
         return None, SourceStatus(name="gcs_actors", ok=False, reason=reason)
-    return actors, SourceStatus(name="gcs_actors", ok=True, detail=f"{len(actors)} live actor(s)")
+    dead = sum(1 for a in actors if a.state == "DEAD")
+    detail = f"{len(actors) - dead} live actor(s), {dead} recently dead"
+    return actors, SourceStatus(name="gcs_actors", ok=True, detail=detail)
 
 
 def to_pending(raw: object, address: str) -> tuple[Optional[PendingRead], SourceStatus]:
@@ -277,7 +280,7 @@ def ray_versions_status(reader: Optional[str], cluster: Optional[str], why_unkno
     """``ray``: the cluster's Ray release and the reader's (the Python that read the GCS).
     Different releases still read (the GCS protocol held across 2.33-2.60), but the
     operator should know; an unknown cluster release is said, never guessed."""
-    detail = f"cluster Ray {cluster or 'unknown'}, reader Ray {reader or 'unknown'}"
+    detail = f"{CLUSTER_RAY}{cluster or 'unknown'}, reader Ray {reader or 'unknown'}"
     if cluster is None:
         reason = f"the cluster's Ray version is unknown: {why_unknown or 'not reported'}"
     elif reader and reader != cluster:

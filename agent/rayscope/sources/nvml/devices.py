@@ -31,6 +31,7 @@ from rayscope.sources.nvml import modes as nvml_modes
 from rayscope.sources.nvml.calls import newest_list, query
 from rayscope.sources.nvml.calls import text as _text
 from rayscope.sources.nvml.health import read_health
+from rayscope.units import seconds
 
 LIBRARY = "libnvidia-ml.so.1"
 INIT_RETRY_START_S = 1.0
@@ -376,7 +377,7 @@ class BoundedRead:
         if box:
             return box[0]
         self._hung = (thread, started)
-        reason = f"timed out after {timeout_s:g} s: an NVML call did not return (hung driver?)"
+        reason = f"timed out after {seconds(timeout_s)} s: an NVML call did not return (hung driver?)"
         return None, None, SourceStatus(name="nvml", ok=False, reason=reason)
 
 

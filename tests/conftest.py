@@ -27,7 +27,10 @@ import pytest
 from tests import fake_nvml
 from tests.waiting import eventually
 
-pytest_plugins = ["tests.reliability_plugin"]  # the `fault` fixture: RELIABILITY.md's rows
+pytest_plugins = [
+    "tests.reliability_plugin",  # the `fault` fixture: RELIABILITY.md's rows
+    "tests.support.fixtures",  # the fixtures more than one test module uses
+]
 
 REPO = Path(__file__).resolve().parent.parent
 LIVECLUSTER = REPO / "tests" / "livecluster.py"
@@ -61,13 +64,27 @@ def base_env(**extra: str) -> dict[str, str]:
 
 
 def run_rayscope(
-    *args: str, env: Optional[Mapping[str, str]] = None, timeout: float = 60.0
+    *args: str,
+    env: Optional[Mapping[str, str]] = None,
+    timeout: float = 60.0,
+    cwd: Path = REPO,
+    prefix: Sequence[str] = (),
 ) -> "subprocess.CompletedProcess[str]":
-    """``python -m rayscope ARGS`` as an operator runs it: its own process, real exit code."""
+    """``python -m rayscope ARGS`` as an operator runs it: its own process, real exit code
+    (in ``cwd``; under another command, ``prefix``, such as ``unshare``)."""
+    environment = dict(env) if env is not None else base_env(RAY_AUTH_MODE="disabled")
+    return run_captured([*prefix, sys.executable, "-m", "rayscope", *args], environment, timeout, cwd)
+
+
+def run_captured(
+    argv: Sequence[str], env: Optional[Mapping[str, str]] = None, timeout: float = 60.0, cwd: Path = REPO
+) -> "subprocess.CompletedProcess[str]":
+    """``argv`` in its own process, its output captured as text and its exit code kept (never
+    raised); ``env`` the child's whole environment (none: this process's)."""
     return subprocess.run(
-        [sys.executable, "-m", "rayscope", *args],
-        cwd=REPO,
-        env=dict(env) if env is not None else base_env(RAY_AUTH_MODE="disabled"),
+        list(argv),
+        cwd=cwd,
+        env=env,
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -19,6 +19,20 @@ GPUS = 8
 VRAM_MB = 81920.0
 
 
+def head_merge(views: list[RayNode], received: dict[str, ReceivedReport], gcs_address: str) -> ClusterStatus:
+    """The head's merge of ``views`` (read 1 s ago) and ``received`` at ``NOW``, both GCS reads ok."""
+    return merge(
+        scheduler_nodes(views),
+        received,
+        now=NOW,
+        stale_after_s=15.0,
+        view="head",
+        gcs_address=gcs_address,
+        sources=[SourceStatus(name="gcs", ok=True), SourceStatus(name="gcs_actors", ok=True)],
+        scheduler_read_at=NOW - 1.0,
+    )
+
+
 def _actor(node: int, gpu: int, replica: int, node_id: str, vram_mb: float) -> ActorBooking:
     return ActorBooking(
         actor_id=f"{node:08x}{gpu:04x}{replica:04x}" + "0" * 16,
@@ -84,16 +98,7 @@ def big_status(nodes: int) -> ClusterStatus:
         r.node_id: ReceivedReport(report=r, received_at=NOW - (60.0 if n % 17 == 5 else 2.0))
         for n, r in enumerate(reports)
     }
-    status = merge(
-        scheduler_nodes(views),
-        received,
-        now=NOW,
-        stale_after_s=15.0,
-        view="head",
-        gcs_address="10.0.0.1:6379",
-        sources=[SourceStatus(name="gcs", ok=True), SourceStatus(name="gcs_actors", ok=True)],
-        scheduler_read_at=NOW - 1.0,
-    )
+    status = head_merge(views, received, "10.0.0.1:6379")
     fresh = {k: r.report for k, r in received.items() if not status.nodes[k].stale}
     return attribute_cluster(status, fresh, actors)
 
@@ -108,7 +113,7 @@ def first_hour_status() -> ClusterStatus:
     placement: a segment per actor still); the deNBI T4 and its 0.33 app without an agent;
     the CPU node. As a head serves it with ``?gpus=1``."""
     from tests.scenarios import CPU, EUROPA, SEED_REPORTS, SEED_VIEWS, T4, report, view
-    from tests.test_attribution import EUROPA_ACTORS, EUROPA_PROCESSES, actor, outsider, seed_with_gpus
+    from tests.support.seeds import EUROPA_ACTORS, EUROPA_PROCESSES, actor, outsider, seed_with_gpus
 
     seeded, _ = seed_with_gpus()
     europa = seeded.nodes[EUROPA]
@@ -132,16 +137,7 @@ def first_hour_status() -> ClusterStatus:
         VM: report(VM, None, "10.0.0.6"),
         CPU: SEED_REPORTS[CPU],
     }
-    status = merge(
-        scheduler_nodes(views),
-        received,
-        now=NOW,
-        stale_after_s=15.0,
-        view="head",
-        gcs_address="172.17.0.3:6379",
-        sources=[SourceStatus(name="gcs", ok=True), SourceStatus(name="gcs_actors", ok=True)],
-        scheduler_read_at=NOW - 1.0,
-    )
+    status = head_merge(views, received, "172.17.0.3:6379")
     vm_actors = [
         actor(
             f"5e{i:02x}" + "0" * 28,

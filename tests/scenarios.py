@@ -275,10 +275,9 @@ def recorded_pending_read() -> tuple[list[RayNode], PendingRead]:
     return msgspec.convert(raw["nodes"], list[RayNode]), msgspec.convert(raw["pending"], PendingRead)
 
 
-def pending_status() -> ClusterStatus:
-    """The embedded status of the recorded pending cluster: a fragmented 2-GPU node, a full
-    VRAM_MB node, an accelerator type nobody has, a placement group that cannot be placed."""
-    nodes, read = recorded_pending_read()
+def embedded_pending(nodes: list[RayNode], read: PendingRead) -> ClusterStatus:
+    """The embedded status of ``nodes`` (no agent reports) with ``read``'s waiting demand
+    attached; the GCS's node and pending reads both answered."""
     status = merge(
         scheduler_nodes(nodes),
         {},
@@ -288,6 +287,13 @@ def pending_status() -> ClusterStatus:
         sources=[SourceStatus(name="gcs", ok=True), SourceStatus(name="gcs_pending", ok=True)],
     )
     return pending.attach(status, read)
+
+
+def pending_status() -> ClusterStatus:
+    """The embedded status of the recorded pending cluster: a fragmented 2-GPU node, a full
+    VRAM_MB node, an accelerator type nobody has, a placement group that cannot be placed."""
+    nodes, read = recorded_pending_read()
+    return embedded_pending(nodes, read)
 
 
 def labels_pending_status() -> ClusterStatus:
@@ -296,15 +302,7 @@ def labels_pending_status() -> ClusterStatus:
     demand that waits there on its label selectors."""
     raw = json.loads((DATA / "gcs_labels_read.json").read_text())
     nodes, read = msgspec.convert(raw["nodes"], list[RayNode]), msgspec.convert(raw["pending"], PendingRead)
-    status = merge(
-        scheduler_nodes(nodes),
-        {},
-        now=NOW,
-        stale_after_s=math.inf,
-        view="gcs",
-        sources=[SourceStatus(name="gcs", ok=True), SourceStatus(name="gcs_pending", ok=True)],
-    )
-    return pending.attach(status, read)
+    return embedded_pending(nodes, read)
 
 
 def a100_worker(node_id: str, **fields: object) -> NodeStatus:

@@ -25,7 +25,7 @@ from rayscope.sources.cuda.sample import (
 )
 from tests import fake_cuda
 from tests import fake_nvml as nvml
-from tests.conftest import REPO, base_env
+from tests.conftest import base_env, run_captured
 
 GIB = 1024**3
 MIB = 1024**2
@@ -350,14 +350,9 @@ def test_nvml_modes_decide_and_cuda_measures(
     nvml_path.write_text(nvml.vgpu_guest() if scenario == "vgpu_guest" else nvml.mps(1, (2, 3)))
     cuda_path, log = tmp_path / "cuda.txt", tmp_path / "cuda.log"
     cuda_path.write_text(fake_cuda.vgpu_guest(UUID0))
-    done = subprocess.run(
+    done = run_captured(
         [sys.executable, "-c", WIRED, str(cuda_lib.lib_dir), json.dumps(cuda_lib.env(cuda_path, log))],
-        cwd=REPO,
         env=fake_nvml_lib.env(base_env(), nvml_path),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
     )
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout)

@@ -9,7 +9,6 @@ the GET then starts in ``result()``, after the child has answered.
 
 import socket
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Callable
 
@@ -21,39 +20,10 @@ from rayscope.node import collect
 from rayscope.sources import dashboard
 from rayscope.sources.dashboard_read import ParallelRead
 from rayscope.sources.gcs import child as gcs_child
-from rayscope.sources.gcs import prestart as gcs_prestart
 from rayscope.sources.gcs import read as gcs_read
-from tests.test_dashboard_source import NODE_ID, FakeDashboard, answer, hangs, http, node
+from tests.support.dashboard import NODE_ID, Serving, answer, hangs, http, node
 
-Serving = Callable[[Callable[[socket.socket, bytes], None]], FakeDashboard]
-
-
-@pytest.fixture
-def serving() -> Iterator[Serving]:
-    started: list[FakeDashboard] = []
-
-    def start(serve: Callable[[socket.socket, bytes], None]) -> FakeDashboard:
-        started.append(FakeDashboard(serve))
-        return started[-1]
-
-    yield start
-    for server in started:
-        server.close()
-
-
-@pytest.fixture
-def fake_gcs() -> Iterator[str]:
-    """A listening port that never answers: enough for the port check to pass."""
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen(8)
-        yield f"127.0.0.1:{server.getsockname()[1]}"
-
-
-@pytest.fixture(autouse=True)
-def no_child_left() -> Iterator[None]:
-    yield
-    gcs_prestart.discard()
+pytestmark = pytest.mark.usefixtures("no_child_left")
 
 
 def timed(seen: list[float]) -> Callable[[socket.socket, bytes], None]:

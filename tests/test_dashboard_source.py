@@ -9,16 +9,13 @@ runs past its deadline; size the body from ``Content-Length`` and
 :func:`test_a_huge_content_length_allocates_nothing` fails on its memory figure.
 """
 
-import contextlib
 import gc
 import json
 import socket
 import ssl
-import threading
 import time
 import tracemalloc
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -29,7 +26,7 @@ from rayscope.sources import dashboard, dashboard_http
 from rayscope.sources.gcs import raycompat
 from rayscope.units import MIB
 from tests import fake_nvml
-from tests.support import fake_server
+from tests.support.dashboard import NODE_ID, FakeDashboard, answer, hangs, http, node
 
 DATA = Path(__file__).resolve().parent / "data" / "dashboard"
 RECORDED = sorted(DATA.glob("ray-*.json"))
@@ -164,17 +161,6 @@ def test_every_token_release_takes_the_header_rayscope_sends(path: Path) -> None
 
 
 # --- a hostile answer --------------------------------------------------------------------
-
-NODE_ID = "ab" * 28
-
-
-def node(node_id: str = NODE_ID, **gpu: Any) -> dict[str, Any]:
-    entry = {"index": 0, "uuid": "GPU-1", "name": "T4", "memoryUsed": 100, "memoryTotal": 15360, **gpu}
-    return {"raylet": {"nodeId": node_id, "nodeManagerAddress": "10.0.0.1"}, "now": 1.5, "gpus": [entry]}
-
-
-def answer(*nodes: dict[str, Any]) -> bytes:
-    return json.dumps({"result": True, "msg": "", "data": {"summary": list(nodes)}}).encode()
 
 
 def parse(body: bytes, status: int = 200, version: str = "2.60.0") -> tuple[dict[str, DashboardNode], Any]:
@@ -414,72 +400,6 @@ def test_a_published_address_on_another_host_than_the_gcs_gets_no_token() -> Non
 # --- the GET against a fake dashboard ----------------------------------------------------
 
 
-class FakeDashboard:
-    """A listening socket on 127.0.0.1 whose every connection is handed to ``serve``; over
-    TLS with the server ``context`` given (its URL then https)."""
-
-    def __init__(
-        self, serve: Callable[[socket.socket, bytes], None], context: Optional[ssl.SSLContext] = None
-    ) -> None:
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        scheme = "https" if context is not None else "http"
-        self.url = f"{scheme}://127.0.0.1:{self.listener.getsockname()[1]}"
-        self.serve, self.context = serve, context
-        self.requests: list[bytes] = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        self.listener.settimeout(0.1)
-        while not self.stop.is_set():
-            try:
-                conn, _ = self.listener.accept()
-            except socket.timeout:
-                continue
-            except OSError:  # shut down by close()
-                return
-            conn.settimeout(5)
-            if self.context is not None:
-                try:
-                    conn = self.context.wrap_socket(conn, server_side=True)  # closes conn if it fails
-                except OSError:
-                    continue
-            with conn:
-                request = b""
-                while b"\r\n\r\n" not in request:
-                    chunk = conn.recv(4096)
-                    if not chunk:
-                        break
-                    request += chunk
-                self.requests.append(request)
-                with contextlib.suppress(OSError):  # the client hung up: its test says what it saw
-                    self.serve(conn, request)
-
-    def close(self) -> None:
-        self.stop.set()
-        fake_server.wake(self.listener)
-        self.thread.join(timeout=10)
-        self.listener.close()
-
-
-@pytest.fixture
-def serving() -> Iterator[Callable[[Callable[[socket.socket, bytes], None]], FakeDashboard]]:
-    started: list[FakeDashboard] = []
-
-    def start(serve: Callable[[socket.socket, bytes], None]) -> FakeDashboard:
-        started.append(FakeDashboard(serve))
-        return started[-1]
-
-    yield start
-    for server in started:
-        server.close()
-
-
-def http(status: int, body: bytes, extra: str = "") -> bytes:
-    return f"HTTP/1.1 {status} X\r\nContent-Length: {len(body)}\r\n{extra}\r\n".encode() + body
-
-
 def reply(data: bytes) -> Callable[[socket.socket, bytes], None]:
     return lambda conn, _request: conn.sendall(data)
 
@@ -505,7 +425,7 @@ def test_an_https_dashboard_is_read_and_its_tls_socket_closed(tmp_path: Path, mo
     the TLS socket closed by the read, not left to the collector: a daemon reads the
     dashboard every interval. Positive control: close only the plain socket in
     ``dashboard_http.get`` (as before) and its ResourceWarning is seen."""
-    from tests.test_live_wire import make_pki
+    from tests.support.pki import make_pki
 
     pki = make_pki(tmp_path)
     monkeypatch.setenv("SSL_CERT_FILE", str(pki["ca.pem"]))
@@ -522,12 +442,6 @@ def test_an_https_dashboard_is_read_and_its_tls_socket_closed(tmp_path: Path, mo
     assert status == 200 and body == answer(node())
     assert server.requests[0].startswith(b"GET /nodes?view=summary HTTP/1.0\r\n")
     assert [str(w.message) for w in seen if issubclass(w.category, ResourceWarning)] == []
-
-
-def hangs(conn: socket.socket, _request: bytes) -> None:
-    """A dashboard that never answers: it holds the connection until the client hangs up
-    (a fixed sleep here was the close's wait on a healthy run)."""
-    conn.recv(1)
 
 
 def test_a_dashboard_that_hangs_is_cut_at_the_deadline(serving: Any) -> None:

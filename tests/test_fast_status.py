@@ -14,34 +14,27 @@ Positive control: print the body without ``printable`` in ``fast_status._lines_t
 bent wire's escape sequences reach stdout), or drop ``said.note`` (every partial case differs).
 """
 
-import contextlib
-import http.server
-import json
 import socket
 import ssl
-import sys
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Callable, Optional
-from urllib.parse import parse_qs, urlsplit
+from typing import Any, Callable
 
 import msgspec
 import pytest
 
-from rayscope import __main__ as entry
-from rayscope.cli import app as cli
 from rayscope.cli import fast_status
-from rayscope.core.completeness import assess
 from rayscope.net import http as net_http
-from rayscope.render.status import source_details, status_json, status_text_lines
-from rayscope.schema import DOCUMENT_SCHEMA
 from rayscope.schema.report import SourceStatus
 from rayscope.schema.status import ClusterStatus
 from tests import scenarios
 from tests.conftest import free_port
-from tests.support import fake_server
 
-Run = tuple[int, str, str]
+# Also imported from here by tests/test_json_copy.py (mypy strict: explicit re-exports).
+from tests.support.fake_head import fake_head as fake_head  # noqa: PLC0414
+from tests.support.fake_head import planted
+from tests.support.fake_head import run_cli as run_cli  # noqa: PLC0414
+from tests.support.fake_head import run_entry as run_entry  # noqa: PLC0414
+
 Headers = list[tuple[str, str]]
 
 
@@ -52,22 +45,13 @@ def _no_data() -> ClusterStatus:
     )
 
 
-def _planted() -> ClusterStatus:
-    """A node whose host name carries an escape sequence and a line separator (a report
-    that got past the head's own rule, or a wire that is not to be trusted)."""
-    status = scenarios.seed_status()
-    node_id, node = next(iter(status.nodes.items()))
-    bent = msgspec.structs.replace(node, node_ip=None, hostname="gpu\x1b[2J-01\u2028x")
-    return msgspec.structs.replace(status, nodes={**status.nodes, node_id: bent})
-
-
 STATUSES: dict[str, Callable[[], ClusterStatus]] = {
     "seed": scenarios.seed_status,
     "mixed": scenarios.mixed_status,  # a dead node, a stale report: exit 1 and its note
     "pending": scenarios.pending_status,
     "busy": scenarios.busy_gpu_status,
     "no-data": _no_data,
-    "planted": _planted,
+    "planted": planted,
 }
 OPTIONS = [
     [],
@@ -81,110 +65,10 @@ OPTIONS = [
 ]
 
 
-class FakeHead:
-    """A head agent's HTTP port answering from one status (``mode``: what kind of head)."""
-
-    def __init__(
-        self, status: ClusterStatus, mode: str = "new", tls: Optional[ssl.SSLContext] = None
-    ) -> None:
-        self.status, self.mode = status, mode
-        self.requests: list[str] = []
-        head = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_GET(self) -> None:
-                head.requests.append(self.path)
-                code, kind, body, headers = head.answer(self.path, self.headers.get("Authorization"))
-                self.send_response(code)
-                self.send_header("Content-Type", kind)
-                for name, value in headers:
-                    self.send_header(name, value)
-                if head.mode == "chunked":
-                    self.send_header("Transfer-Encoding", "chunked")
-                    self.end_headers()
-                    self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
-                else:
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
-                self.close_connection = True
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        if tls is not None:  # handshakes in accept(): a failed one is the server's OSError, and it serves on
-            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
-        self.thread = fake_server.serve_forever(self.server)
-        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.server.server_address[1]}"
-
-    def answer(
-        self, path: str, authorization: Optional[str]
-    ) -> tuple[int, str, bytes, list[tuple[str, str]]]:
-        if self.mode.startswith("http-"):
-            return int(self.mode[5:]), "text/plain; charset=utf-8", b"no\n", []
-        query = parse_qs(urlsplit(path).query)
-        include_dead, gpus = query.get("all") == ["1"], query.get("gpus") == ["1"]
-        code, note = assess(self.status)
-        headers = [
-            ("X-Rayscope-Exit", str(code)),
-            ("X-Rayscope-Note", json.dumps(note or "")),
-            ("X-Rayscope-Notes", json.dumps(source_details(self.status.sources))),
-            ("X-Rayscope-Schema", str(DOCUMENT_SCHEMA)),
-        ]
-        if self.mode == "old":
-            headers = []
-        elif query.get("format") == ["lines"]:
-            lines = status_text_lines(self.status, include_dead, gpus)
-            if self.mode == "bent":  # a wire (or a head) not to be trusted with a terminal
-                lines = ["\x1b]0;owned\x07" + line + "\u2028\x1b[2J" for line in lines]
-            return 200, "text/plain; charset=utf-8", ("\n".join(lines) + "\n").encode(), headers
-        if query.get("indent") == ["1"] and self.mode != "compact":  # "compact": the previous release
-            document = (status_json(self.status, include_dead) + "\n").encode()
-            if self.mode == "bent":
-                document = document.replace(b'"node_ip"', b'"\x1b]0;owned\x07node_ip"')
-            return 200, "application/json", document, [*headers, ("X-Rayscope-Indent", "2")]
-        document = status_json(self.status, include_dead, indent=0).encode()
-        return 200, "application/json", document, headers
-
-    def close(self) -> None:
-        fake_server.stop(self.server, self.thread)
-
-
-@contextlib.contextmanager
-def fake_head(
-    status: ClusterStatus, mode: str = "new", tls: Optional[ssl.SSLContext] = None
-) -> Iterator[FakeHead]:
-    head = FakeHead(status, mode, tls)
-    try:
-        yield head
-    finally:
-        head.close()
-
-
 @pytest.fixture(autouse=True)
 def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in [*fast_status.ENVIRONMENT.values(), "RAYSCOPE_GCS"]:
         monkeypatch.delenv(name, raising=False)
-
-
-def run_entry(argv: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Run:
-    """``rayscope ARGV`` through the entry point: the fast path, then the CLI."""
-    monkeypatch.setattr(sys, "argv", ["rayscope", *argv])
-    with pytest.raises(SystemExit) as stopped:
-        entry.main()
-    captured = capsys.readouterr()
-    return int(stopped.value.code or 0), captured.out, captured.err
-
-
-def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> Run:
-    """``rayscope ARGV`` through the typer CLI alone."""
-    with pytest.raises(SystemExit) as stopped:
-        cli.main(argv)
-    captured = capsys.readouterr()
-    return int(stopped.value.code or 0), captured.out, captured.err
 
 
 def handled_fast(argv: list[str], capsys: pytest.CaptureFixture[str]) -> bool:
@@ -324,7 +208,7 @@ def test_over_tls_the_fast_path_reads_and_fails_as_the_cli_does(
     """A head with mutual TLS (its certificate, clients' signed by the CA): read with the
     right files, refused without the CA (the system's CAs do not know it), without a client
     certificate, or as plain HTTP; each the CLI's answer, said once."""
-    from tests.test_live_wire import make_pki
+    from tests.support.pki import make_pki, tls_options
 
     pki = make_pki(tmp_path)
     server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -332,14 +216,7 @@ def test_over_tls_the_fast_path_reads_and_fails_as_the_cli_does(
     server.load_verify_locations(str(pki["ca.pem"]))
     server.verify_mode = ssl.CERT_REQUIRED
     files = {
-        "verified": [
-            "--tls-ca",
-            str(pki["ca.pem"]),
-            "--tls-cert",
-            str(pki["client.pem"]),
-            "--tls-key",
-            str(pki["client.key"]),
-        ],
+        "verified": tls_options(pki, "client"),
         "no CA": ["--tls-cert", str(pki["client.pem"]), "--tls-key", str(pki["client.key"])],
         "no client certificate": ["--tls-ca", str(pki["ca.pem"])],
         "plain http": [],

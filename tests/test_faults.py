@@ -26,6 +26,7 @@ from rayscope.sources.gcs import child as gcs_child
 from rayscope.sources.gcs import prestart as gcs_prestart
 from rayscope.sources.gcs import reader as gcs
 from tests.scenarios import CPU, NOW, SEED_REPORTS, SEED_VIEWS, T4, UNKNOWN, gpu, mixed_status, report
+from tests.support import http_port
 from tests.waiting import eventually
 
 GCS_DOWN = SourceStatus(name="gcs", ok=False, reason="GCS unreachable at 127.0.0.1:6379 (connection refused)")
@@ -308,7 +309,6 @@ class BrokenState(HeadState):
 def test_a_bug_in_one_answer_is_an_http_500_and_the_head_keeps_serving() -> None:
     """Before: the handler thread died and the client read "remote end closed connection"
     (``status --head --gpus`` exit 2); now the client gets a status line and a reason."""
-    import asyncio
     import http.client
 
     from rayscope.head.serve.http import HttpPort
@@ -318,26 +318,14 @@ def test_a_bug_in_one_answer_is_an_http_500_and_the_head_keeps_serving() -> None
     state = BrokenState(interval_s=1.0, gcs_address=None)
     throttle = LogThrottle(logging.getLogger("rayscope.head"))
     port = HttpPort(Routes(state, (), throttle), throttle)
-    loop = asyncio.new_event_loop()
-    server = loop.run_until_complete(loop.create_server(port.connection, "127.0.0.1", 0))
-    address = server.sockets[0].getsockname()
-    runner = threading.Thread(target=loop.run_forever, daemon=True)
-    runner.start()
-    try:
+    with http_port.serving(port) as http_port_number:
         for path in ("/v1/status?gpus=1", "/healthz"):
-            connection = http.client.HTTPConnection("127.0.0.1", address[1], timeout=10)
+            connection = http.client.HTTPConnection("127.0.0.1", http_port_number, timeout=10)
             connection.request("GET", path)
             response = connection.getresponse()
             assert response.status == (500 if path.startswith("/v1") else 200)
             response.read()
             connection.close()
-    finally:
-        loop.call_soon_threadsafe(server.close)
-        loop.call_soon_threadsafe(loop.stop)
-        runner.join(5)
-        loop.run_until_complete(server.wait_closed())
-        loop.close()
-        port.close()
 
 
 def test_a_head_that_fails_once_listening_closes_both_ports(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -370,7 +358,6 @@ def test_a_bug_in_reading_a_request_is_a_400_and_one_throttled_line(
     while a request is read (here the length check itself) answers 400 and writes one
     throttled line, never asyncio's traceback. Positive control: drop the ``try`` in
     ``HttpConnection.data_received`` and each request logs a 10-line traceback, no answer."""
-    import asyncio
 
     from rayscope.head.serve import http
     from rayscope.head.serve.routes import Routes
@@ -383,24 +370,12 @@ def test_a_bug_in_reading_a_request_is_a_400_and_one_throttled_line(
     state = HeadState(interval_s=1.0, gcs_address=None)
     throttle = LogThrottle(logging.getLogger("rayscope.head"))
     port = http.HttpPort(Routes(state, (), throttle), throttle)
-    loop = asyncio.new_event_loop()
-    server = loop.run_until_complete(loop.create_server(port.connection, "127.0.0.1", 0))
-    address = server.sockets[0].getsockname()
-    runner = threading.Thread(target=loop.run_forever, daemon=True)
-    runner.start()
-    caplog.set_level(logging.DEBUG)
-    try:
+    with http_port.serving(port) as http_port_number:
+        caplog.set_level(logging.DEBUG)  # after the loop's own "Using selector" line
         for _ in range(50):
-            with socket.create_connection(("127.0.0.1", address[1]), timeout=5) as s:
+            with socket.create_connection(("127.0.0.1", http_port_number), timeout=5) as s:
                 s.sendall(b"GET /healthz HTTP/1.1\r\nHost: h\r\n\r\n")
                 assert s.recv(65536).startswith(b"HTTP/1.1 400 Bad Request\r\n")
-    finally:
-        loop.call_soon_threadsafe(server.close)
-        loop.call_soon_threadsafe(loop.stop)
-        runner.join(5)
-        loop.run_until_complete(server.wait_closed())
-        loop.close()
-        port.close()
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "could not be read (ValueError)" in lines[0], lines
     assert port.counters.bad_requests == 50

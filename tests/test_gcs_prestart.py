@@ -11,10 +11,8 @@ where it connects or what it reads:
 """
 
 import json
-import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,20 +23,7 @@ from rayscope.sources.gcs import child as gcs_child
 from rayscope.sources.gcs import prestart as gcs_prestart
 from rayscope.sources.gcs import read as gcs_read
 
-
-@pytest.fixture
-def fake_gcs() -> Iterator[str]:
-    """A listening port that never answers: enough for the port check to pass."""
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen(8)
-        yield f"127.0.0.1:{server.getsockname()[1]}"
-
-
-@pytest.fixture(autouse=True)
-def no_child_left() -> Iterator[None]:
-    yield
-    gcs_prestart.discard()
+pytestmark = pytest.mark.usefixtures("no_child_left")
 
 
 def _script(path: Path, body: str) -> str:

@@ -9,12 +9,11 @@ Positive control: a panel query written ``node_id="$node"`` (an exact match, whi
 
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 from rayscope.render.metrics import family_names
+from tests.support.deploy import DASHBOARD
 
-DASHBOARD = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "rayscope.json"
 VARIABLE_USE = re.compile(r'(\w+)\s*(=~|!~|!=|=)\s*"\$\{?(\w+)\}?"')
 
 

@@ -10,7 +10,6 @@ under the lock; ages followed the wall clock; a clean stop looked like a crash.
 import logging
 import time
 import tracemalloc
-from collections.abc import Iterator
 from email.message import Message
 from typing import Any
 
@@ -34,19 +33,10 @@ from rayscope.schema.report import (
 )
 from rayscope.schema.status import RayNode
 from rayscope.sinks.logs import LogThrottle
-from tests.test_ingest import TOKEN, Port, closed_by_head, connect, received
+from tests.support.report_port import Agent, Port, closed_by_head
 
 NODE = "ab" * 28
 GIB = 1024**3
-
-
-@pytest.fixture
-def port() -> Iterator[Port]:
-    p = Port()
-    try:
-        yield p
-    finally:
-        p.close()
 
 
 def a_report(node_id: str = NODE, used_gib: int = 1, hostname: str = "gpu-1") -> NodeReport:
@@ -56,24 +46,6 @@ def a_report(node_id: str = NODE, used_gib: int = 1, hostname: str = "gpu-1") ->
         host=HostInfo(hostname=hostname),
         gpus=[GpuDevice(index=0, memory_total_bytes=24 * GIB, memory_used_bytes=used_gib * GIB)],
     )
-
-
-class Agent:
-    """One connection to the port, sealing frames as a node agent does."""
-
-    def __init__(self, port: Port) -> None:
-        self.port = port
-        self.sock = connect(port)
-        self.sealer = wire.Sealer(TOKEN, wire.parse_greeting(received(self.sock)))
-
-    def send(self, payload: bytes) -> list[tuple[int, Any]]:
-        self.sock.send(self.sealer.seal(payload))
-        self.port.run(0.1)
-        data = received(self.sock)
-        return [] if data == b"<nothing>" else wire.AckReader().feed(data)
-
-    def report(self, report: NodeReport) -> list[tuple[int, Any]]:
-        return self.send(msgspec.msgpack.encode(report))
 
 
 def used_on(port: Port, key: str) -> Any:

@@ -55,12 +55,16 @@ def healthz(state: HeadState) -> dict[str, Any]:
     return document
 
 
-def polled(reader: Reader, interval_s: float = 0.05) -> tuple[HeadState, threading.Event]:
+def polled_health(reader: Reader, interval_s: float = 0.05) -> dict[str, Any]:
+    """``/healthz`` after three GCS rounds of a poller on ``reader``; the poller stopped."""
     state = HeadState(interval_s=interval_s, gcs_address="127.0.0.1:1")
     stop = threading.Event()
     PollerGuard(state, reader, stop).start()  # type: ignore[arg-type]
-    eventually(lambda: reader.calls >= 3, what="three GCS rounds", every_s=0.02)
-    return state, stop
+    try:
+        eventually(lambda: reader.calls >= 3, what="three GCS rounds", every_s=0.02)
+        return healthz(state)
+    finally:
+        stop.set()
 
 
 @pytest.mark.fault
@@ -71,12 +75,7 @@ def test_every_gcs_read_failing_is_no_scheduler_view_and_not_ok(fault: FaultReco
         "/healthz: ok false, scheduler_view missing, the read's reason in scheduler_view_error,"
         " gcs_poller.last_error and problems (before: ok true, scheduler_view_age_s null, errors 0)",
     )
-    reader = Reader(up=False)
-    state, stop = polled(reader)
-    try:
-        health = healthz(state)
-    finally:
-        stop.set()
+    health = polled_health(Reader(up=False))
     assert health["ok"] is False
     assert health["scheduler_view"] == "missing" and health["scheduler_view_age_s"] is None
     assert health["scheduler_view_error"] == DOWN.reason
@@ -101,11 +100,6 @@ def test_a_view_that_went_old_is_not_ok_and_says_why() -> None:
 
 def test_a_head_whose_gcs_answers_is_ok() -> None:
     """The control: the same poller on a GCS that answers."""
-    reader = Reader(up=True)
-    state, stop = polled(reader)
-    try:
-        health = healthz(state)
-    finally:
-        stop.set()
+    health = polled_health(Reader(up=True))
     assert (health["ok"], health["problems"], health["scheduler_view"]) == (True, [], "fresh")
     assert (health["scheduler_view_error"], health["gcs_poller"]["read_errors"]) == ("", 0)

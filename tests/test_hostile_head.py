@@ -211,7 +211,7 @@ def http_port() -> Iterator[int]:
 @contextlib.contextmanager
 def tls_port(tmp_path: Path) -> Iterator[int]:
     """A TLS server that drops a plain request without a word (asyncio's, as a head's)."""
-    from tests.test_live_wire import make_pki
+    from tests.support.pki import make_pki
 
     tmp_path.mkdir(parents=True, exist_ok=True)
     pki = make_pki(tmp_path)

@@ -23,8 +23,7 @@ from rayscope.sinks.logs import LogThrottle
 from tests.hostile import DIGITS, filled_strings, full_report, hostile_reports, string_fields
 from tests.reliability_plugin import FaultRecord
 from tests.scenarios import EUROPA, SEED_REPORTS, SEED_VIEWS, T4, view
-from tests.test_head_trust import Agent
-from tests.test_ingest import Port
+from tests.support.report_port import Agent, Port
 
 KNOWN = ("f1" * 28, "f2" * 28)
 """Two-GPU nodes the scheduler knows; hostile reports are sent for them."""

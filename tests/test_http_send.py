@@ -26,7 +26,7 @@ import pytest
 from rayscope.head.serve.http import HttpPort
 from rayscope.head.serve.routes import Request, Response
 from rayscope.sinks.logs import LogThrottle
-from tests.test_live_wire import make_pki
+from tests.support.pki import make_pki
 
 BODY = bytes(range(256)) * (20 * 4096)
 """20 MiB, every byte value: what arrives must be the cached answer, byte for byte."""

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from tests.conftest import REPO, base_env
-from tests.test_fast_status import _planted, fake_head
+from tests.support.fake_head import fake_head, planted
 
 NOT_ON_THE_FAST_PATH = ("typer", "click", "http.client", "ray", "psutil", "pynvml", "urllib.request")
 
@@ -34,7 +34,7 @@ def imported_modules(argv: list[str]) -> tuple[set[str], "subprocess.CompletedPr
 
 @pytest.mark.parametrize("extra", [[], ["--json"]], ids=["lines", "json"])
 def test_status_head_imports_neither_the_cli_nor_http_client(extra: list[str]) -> None:
-    with fake_head(_planted()) as head:
+    with fake_head(planted()) as head:
         names, done = imported_modules(["status", "--head", head.url, *extra])
     assert done.stdout.strip(), done.stderr[-2000:]  # it answered (not an import error)
     assert head.requests, "the head was asked"
@@ -55,7 +55,7 @@ def test_the_fast_path_runs_without_the_collector_and_gives_it_back(
     from rayscope import __main__ as entry
 
     seen: list[bool] = []
-    with fake_head(_planted()) as head:
+    with fake_head(planted()) as head:
         for argv in (["status", "--head", head.url], ["status", "--head", "127.0.0.1:1"], ["--version"]):
             monkeypatch.setattr(sys, "argv", ["rayscope", *argv])
             with pytest.raises(SystemExit):

@@ -1,97 +1,26 @@
 """The report port in process: greeting, acks, deadlines, caps, pre-authentication budget,
 throttled logs; and the push agent's trimming of a report too big for a frame."""
 
-import asyncio
 import logging
-import socket
 import struct
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import msgspec
 import pytest
 
-from rayscope.head.access.admission import ConnectionGuard
 from rayscope.head.serve import ingest
-from rayscope.head.store.state import HeadState
 from rayscope.net import wire
 from rayscope.node.push import Pusher
 from rayscope.schema.report import GpuDevice, GpuProcess, NodeReport, ProcessInfo
 from rayscope.sinks.logs import LogThrottle
 from tests.scenarios import SEED_REPORTS
-
-TOKEN = b"0123456789abcdef0123456789abcdef"
+from tests.support.report_port import TOKEN, Port, closed_by_head, connect, received
 
 
 def a_payload(node_id: str = "ab" * 28) -> bytes:
     report = SEED_REPORTS[next(iter(SEED_REPORTS))].report
     return msgspec.msgpack.encode(msgspec.structs.replace(report, node_id=node_id))
-
-
-class Port:
-    """An in-process report port (the head's real protocol and guard) on a loopback port."""
-
-    def __init__(self, max_total: int = 100, max_unauth_per_host: int = 10) -> None:
-        self.state = HeadState(1.0, None)
-        self.throttle = LogThrottle(logging.getLogger("rayscope.head"), interval_s=60)
-        self.guard = ConnectionGuard(max_total, max_unauth_per_host, self.throttle, self.state.count_rejected)
-        self.loop = asyncio.new_event_loop()
-        self.server = self.loop.run_until_complete(
-            self.loop.create_server(
-                lambda: ingest.ReportProtocol(self.state, TOKEN, 60.0, self.guard), "127.0.0.1", 0
-            )
-        )
-        self.port = self.server.sockets[0].getsockname()[1]
-        self.clients: list[socket.socket] = []
-
-    def run(self, seconds: float) -> None:
-        self.loop.run_until_complete(asyncio.sleep(seconds))
-
-    def close(self) -> None:
-        for client in self.clients:
-            client.close()
-        self.run(0.05)
-        self.server.close()
-        self.loop.run_until_complete(self.server.wait_closed())
-        self.loop.close()
-
-
-@pytest.fixture
-def port() -> Iterator[Port]:
-    p = Port()
-    try:
-        yield p
-    finally:
-        p.close()
-
-
-def connect(port: Port, source: str = "127.0.0.1") -> socket.socket:
-    s = socket.socket()
-    port.clients.append(s)
-    s.bind((source, 0))
-    s.setblocking(False)
-    s.connect_ex(("127.0.0.1", port.port))
-    port.run(0.05)
-    return s
-
-
-def received(s: socket.socket) -> bytes:
-    try:
-        return s.recv(65536)
-    except BlockingIOError:
-        return b"<nothing>"
-
-
-def closed_by_head(s: socket.socket) -> bool:
-    while True:
-        try:
-            if not s.recv(65536):
-                return True
-        except BlockingIOError:
-            return False
-        except ConnectionResetError:
-            return True
 
 
 def test_a_good_frame_is_acked_and_taken(port: Port) -> None:

@@ -23,7 +23,7 @@ from rayscope.sources import libraries
 from rayscope.sources.cuda import sample as cuda
 from tests import fake_cuda
 from tests import fake_nvml as fake
-from tests.conftest import REPO, base_env, free_port
+from tests.conftest import REPO, base_env, free_port, run_rayscope
 from tests.reliability_plugin import FaultRecord
 
 NOBODY = 65534
@@ -81,15 +81,7 @@ def run_node_in(cwd: Path, library_path: str, scenario: Path) -> "subprocess.Com
     env = base_env(RAY_AUTH_MODE="disabled", LD_LIBRARY_PATH=library_path)
     env[fake.SCENARIO_ENV] = str(scenario)
     env["PYTHONPATH"] = str(REPO)  # `-m rayscope` from another directory: this worktree's code
-    return subprocess.run(
-        [sys.executable, "-m", "rayscope", "node", "--gpus", "--gcs", f"127.0.0.1:{free_port()}"],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return run_rayscope("node", "--gpus", "--gcs", f"127.0.0.1:{free_port()}", env=env, cwd=cwd)
 
 
 @needs_root

@@ -29,8 +29,8 @@ from tests.conftest import (
     run_rayscope,
     running_dashboard_cluster,
 )
-from tests.test_bioengine_contract import assert_keeps_the_contract
-from tests.test_dashboard_source import FakeDashboard, hangs, http
+from tests.support.bioengine import assert_keeps_the_contract
+from tests.support.dashboard import FakeDashboard, hangs, http
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.live

@@ -33,11 +33,8 @@ DEVICE_USED_GIB = 22.9
 
 
 def scenario(pids: dict[str, int], sleeper: int) -> str:
-    lines = fake.HEADER + "count 1\n"
-    lines += fake.gpu(0, fake.RTX_3090, pci="00000000:01:00.0", total_gib=24, used_gib=DEVICE_USED_GIB)
-    for name, gib in MEASURED_GIB.items():
-        lines += fake.process("gpu0", pids[name], gib)
-    return lines + fake.process("gpu0", sleeper, SLEEPER_GIB)
+    measured = {pids[name]: gib for name, gib in MEASURED_GIB.items()}
+    return fake.rtx_3090_scenario(DEVICE_USED_GIB, {**measured, sleeper: SLEEPER_GIB})
 
 
 @pytest.fixture

@@ -18,7 +18,8 @@ import pytest
 
 from rayscope.head.serve.http import HTTP_WORKERS, REQUEST_DEADLINE_S
 from tests.reliability_plugin import FaultRecord
-from tests.test_live_wire import Head, make_pki
+from tests.support.head import Head
+from tests.support.pki import make_pki
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.live

@@ -41,7 +41,7 @@ import pytest
 from tests import fake_nvml as fake
 from tests.browser import CHROMIUM, Browser, net_log_requests
 from tests.conftest import Daemon, HeadDaemon, LiveCluster, base_env, free_port, push_agent
-from tests.test_page import cells
+from tests.support.page import BADGES, LAYOUT, cells
 
 pytestmark = pytest.mark.live
 
@@ -58,11 +58,8 @@ READY_S = 90.0
 
 
 def scenario(pids: dict[str, int], outsider: int) -> str:
-    lines = fake.HEADER + "count 1\n"
-    lines += fake.gpu(0, fake.RTX_3090, pci="00000000:01:00.0", total_gib=24, used_gib=DEVICE_USED_GIB)
-    for name, gib in MEASURED_GIB.items():
-        lines += fake.process("gpu0", pids[name], gib)
-    return lines + fake.process("gpu0", outsider, OUTSIDE_GIB)
+    measured = {pids[name]: gib for name, gib in MEASURED_GIB.items()}
+    return fake.rtx_3090_scenario(DEVICE_USED_GIB, {**measured, outsider: OUTSIDE_GIB})
 
 
 class Paged(NamedTuple):
@@ -153,27 +150,6 @@ def gib(value: Any) -> str:
 
 PAGE_SHOWN = "document.querySelector('#view .totals') !== null && !document.querySelector('form.login')"
 """The page's view is in the tab (served whole, or read by its script with the tab's session)."""
-
-
-BADGES = """Array.from(document.querySelectorAll('.mark.node'))
-  .map(function (b) { return [b.textContent, b.closest('[id^="n-"]').id.slice(2)]; })"""
-"""Every node badge and its node's id."""
-LAYOUT = """(function () {
-  var cell = document.querySelector('.gpus.few .gpu svg.bar'), node = cell.closest('details.node');
-  var keysOff = Array.from(document.querySelectorAll('.legend span')).filter(function (span) {
-    var key = span.querySelector('.key').getBoundingClientRect(), words = span.getBoundingClientRect();
-    var wrapped = words.height > 1.5 * parseFloat(getComputedStyle(span).lineHeight || "16");
-    return wrapped || Math.abs((key.top + key.bottom) / 2 - (words.top + words.bottom) / 2) > 3;
-  }).map(function (span) { return span.textContent; });
-  var cut = Array.from(document.querySelectorAll('[data-app] .n')).filter(function (n) {
-    return n.scrollWidth > n.clientWidth + 1;
-  }).map(function (n) { return n.textContent; });
-  return {bar: cell.getBoundingClientRect().width, node: node.getBoundingClientRect().width,
-          keys_off: keysOff, cut: cut};
-})()"""
-"""What the page's layout gives at the window's width: the first one-GPU bar's width and its
-node's, the legend's items whose words wrap or whose key is off their line's middle (700 px
-before issue 34: three of four), app lines wider than their cell."""
 
 
 def log_in(browser: Browser, head: HeadDaemon, token: str) -> None:

@@ -30,8 +30,8 @@ import pytest
 from tests import debian_deps
 from tests import fake_nvml as fake
 from tests.conftest import Daemon, HeadDaemon, LiveCluster, base_env, free_port, push_agent
-from tests.test_grafana_dashboard import DASHBOARD
-from tests.test_promtool import RULES_DIR, lint, promtool
+from tests.support.deploy import DASHBOARD, RULES_DIR
+from tests.support.promtool import lint, promtool
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.live

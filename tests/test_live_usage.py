@@ -26,7 +26,7 @@ import pytest
 from tests import fake_nvml as fake
 from tests.conftest import HeadDaemon, LiveCluster, push_agent, run_rayscope
 from tests.schemas import parsed
-from tests.test_promtool import lint
+from tests.support.promtool import lint
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.live

@@ -7,7 +7,6 @@ workers, so 40 parallel requests queued every other request, ``/healthz`` includ
 them: the probe measured ``/healthz`` held for 19.8 s.
 """
 
-import asyncio
 import http.client
 import logging
 import threading
@@ -25,51 +24,17 @@ from rayscope.head.serve.http import HTTP_WORKERS, MAX_WAITING, HttpPort
 from rayscope.head.serve.routes import Request, Response, Routes, text
 from rayscope.head.store.state import HeadState
 from rayscope.head.store.usage_store import open_store
-from rayscope.schema.usage import SavedActor, SavedDevice, SavedUsage
 from rayscope.sinks.logs import LogThrottle
 from tests.conftest import HeadDaemon, base_env, free_port
 from tests.reliability_plugin import FaultRecord
+from tests.support import http_port
+from tests.support.usage_state import ACTORS, INTERVAL_S, full_window
 from tests.waiting import eventually
 
-ACTORS = 1000
 PARALLEL = 40
-SLOTS = 720
-INTERVAL_S = 5.0
 HEALTH_BOUND_S = 1.0
 """The slowest ``/healthz`` answer allowed while the 40 requests run (a shared, loaded machine:
 the answer itself takes milliseconds)."""
-
-
-def full_window(path: Path, actors: int = ACTORS) -> None:
-    """A state file of ``actors`` actors, one GPU each, a sample in every slot of the window."""
-    now = time.time()
-    history = SavedUsage(
-        saved_at=now,
-        slot_s=INTERVAL_S,
-        known_since=now - SLOTS * INTERVAL_S,
-        actors=[
-            SavedActor(
-                actor_id=f"{a:032x}",
-                name=f"replica-{a}",
-                class_name=f"ServeReplica:app{a % 5}:Model",
-                node_id=f"{a // 100:056x}",
-                booked_vram_mb=4096.0,
-                booked_gpu=0.01,
-                booked_mb=4096.0,
-                first_seen_s_ago=SLOTS * INTERVAL_S,
-                devices=[
-                    SavedDevice(
-                        device=f"GPU-{a // 100:08x}-0000-0000-0000-000000000000",
-                        values=[(a % 7 + s % 11 + 1) * 100_000_000 for s in range(SLOTS)],
-                        counts=[1] * SLOTS,
-                    )
-                ],
-            )
-            for a in range(actors)
-        ],
-    )
-    path.write_bytes(msgspec.json.encode(history))
-    path.chmod(0o600)
 
 
 def timed_get(url: str, timeout_s: float = 120.0) -> tuple[int, float]:
@@ -201,20 +166,11 @@ def blocked_port(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[int, threadi
 
     monkeypatch.setattr(routes, "answer", blocking)
     port = HttpPort(routes, throttle)
-    loop = asyncio.new_event_loop()
-    server = loop.run_until_complete(loop.create_server(port.connection, "127.0.0.1", 0))
-    runner = threading.Thread(target=loop.run_forever, daemon=True)
-    runner.start()
-    try:
-        yield server.sockets[0].getsockname()[1], release, port
-    finally:
-        release.set()
-        loop.call_soon_threadsafe(server.close)
-        loop.call_soon_threadsafe(loop.stop)
-        runner.join(5)
-        loop.run_until_complete(server.wait_closed())
-        loop.close()
-        port.close()
+    with http_port.serving(port) as number:
+        try:
+            yield number, release, port
+        finally:
+            release.set()
 
 
 def test_healthz_never_waits_in_the_workers_queue(

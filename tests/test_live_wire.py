@@ -16,89 +16,24 @@ import select
 import signal
 import socket
 import ssl
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import pytest
 
 from rayscope.net import wire
-from tests.conftest import REPO, Daemon, base_env, free_port, push_agent, run_rayscope
+from tests.conftest import Daemon, push_agent, run_rayscope
 from tests.reliability_plugin import FaultRecord
 from tests.schemas import parsed
 from tests.support import fake_server
+from tests.support.head import ENV, NODE, Head
+from tests.support.pki import make_pki, tls_options
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.live
-
-NODE = "ab" * 28
-ENV = base_env(RAY_AUTH_MODE="disabled")
-
-
-class Head(Daemon):
-    """``rayscope head`` on free loopback ports, optionally with TLS and a file limit."""
-
-    def __init__(
-        self,
-        log_path: Path,
-        token_file: Path,
-        interval_s: float = 1.0,
-        extra: tuple[str, ...] = (),
-        nofile: Optional[int] = None,
-        ssl_context: Optional[ssl.SSLContext] = None,
-    ) -> None:
-        self.listen_port, self.http_port = free_port(), free_port()
-        self.ssl_context = ssl_context
-        args = ["head", "--listen", f"127.0.0.1:{self.listen_port}", "--http", f"127.0.0.1:{self.http_port}"]
-        args += ["--gcs", f"127.0.0.1:{free_port()}", "--interval", str(interval_s)]
-        args += ["--token-file", str(token_file), *extra]
-        self.token = token_file.read_text().strip()
-        self.args, self.log_path = args, log_path
-        self._log = open(log_path, "a")  # noqa: SIM115 - closed in stop()
-        limit = ["prlimit", f"--nofile={nofile}:{nofile}", "--"] if nofile else []  # soft and hard
-        self.process = subprocess.Popen(
-            [*limit, sys.executable, "-m", "rayscope", *args],
-            cwd=REPO,
-            env=ENV,
-            stdout=self._log,
-            stderr=self._log,
-        )
-
-        def answers() -> bool:
-            assert self.process.poll() is None, self.log_text()
-            return self.get("/healthz", timeout_s=2)[0] == 200
-
-        eventually(answers, 30, "the head answers /healthz", retry=(OSError,))
-
-    def get(self, path: str, timeout_s: float = 10.0) -> tuple[int, bytes]:
-        import http.client
-
-        conn: http.client.HTTPConnection
-        if self.ssl_context is not None:
-            conn = http.client.HTTPSConnection(
-                "127.0.0.1", self.http_port, timeout=timeout_s, context=self.ssl_context
-            )
-        else:
-            conn = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=timeout_s)
-        try:
-            conn.request("GET", path, headers={"Authorization": f"Bearer {self.token}"})
-            response = conn.getresponse()
-            return response.status, response.read()
-        finally:
-            conn.close()
-
-    def health(self) -> dict[str, Any]:
-        doc: dict[str, Any] = json.loads(self.get("/healthz")[1])
-        return doc
-
-    def agent_state(self, node_id: str = NODE) -> str:
-        """``reporting``, ``stale``, or ``absent``."""
-        nodes = json.loads(self.get("/v1/status?all=1")[1]).get("nodes", {})
-        return str(nodes[node_id]["agent"]) if node_id in nodes else "absent"
 
 
 def log_times(text: str, needle: str) -> list[float]:
@@ -416,22 +351,6 @@ def test_eleven_hundred_dripping_connections_do_not_take_the_head_down(tmp_path:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
-def make_pki(root: Path) -> dict[str, Path]:
-    """A throwaway CA, a head certificate for 127.0.0.1 and a client certificate (openssl CLI)."""
-
-    def openssl(*args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=root, check=True, capture_output=True, timeout=60)
-
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=test-ca")
-    (root / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
-    for name in ("head", "client"):
-        openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN=rayscope-{name}")
-        sign = ["x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial"]
-        openssl(*sign, "-out", f"{name}.pem", "-days", "2", "-extfile", "san.ext")
-    return {n: root / n for n in ("ca.pem", "head.pem", "head.key", "client.pem", "client.key")}
-
-
 def test_agents_and_status_work_over_tls_and_plain_clients_are_refused(tmp_path: Path, token: Path) -> None:
     """Mutual TLS: the head presents its certificate and requires clients signed by the CA.
     A TLS agent reports and ``status --head`` reads; a plain agent, a plain HTTP client and a
@@ -440,22 +359,8 @@ def test_agents_and_status_work_over_tls_and_plain_clients_are_refused(tmp_path:
     pki = make_pki(tmp_path)
     context = ssl.create_default_context(cafile=str(pki["ca.pem"]))
     context.load_cert_chain(str(pki["client.pem"]), str(pki["client.key"]))
-    server_tls = [
-        "--tls-cert",
-        str(pki["head.pem"]),
-        "--tls-key",
-        str(pki["head.key"]),
-        "--tls-ca",
-        str(pki["ca.pem"]),
-    ]
-    client_tls = [
-        "--tls-cert",
-        str(pki["client.pem"]),
-        "--tls-key",
-        str(pki["client.key"]),
-        "--tls-ca",
-        str(pki["ca.pem"]),
-    ]
+    server_tls = tls_options(pki, "head")
+    client_tls = tls_options(pki, "client")
     head = Head(tmp_path / "head.log", token, extra=tuple(server_tls), ssl_context=context)
     plain_node = "cd" * 28
     args = ["push", "--head", f"127.0.0.1:{head.listen_port}", "--interval", "1", "--token-file", str(token)]

@@ -14,7 +14,6 @@ import socket
 import stat
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -29,8 +28,8 @@ from rayscope.sources import raylet, trust
 from rayscope.sources.gcs import address as gcs_address
 from rayscope.sources.gcs import child as gcs_child
 from rayscope.sources.gcs import reader as gcs
-from tests.conftest import REPO, base_env
-from tests.support import fake_server
+from tests.conftest import base_env, run_captured
+from tests.support import dirs, fake_server
 from tests.waiting import eventually
 
 NOBODY = 65534
@@ -41,19 +40,8 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="setpriv to another ui
 @pytest.fixture
 def shared_dir() -> Iterator[Path]:
     """A directory every user can enter (as /tmp/x would be), owned by the test's user."""
-    path = Path(tempfile.mkdtemp(prefix="rayscope-trust-"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def fake_gcs() -> Iterator[str]:
-    """A listening port that never answers: enough for the port check to pass."""
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen(8)
-        yield f"127.0.0.1:{server.getsockname()[1]}"
+    with dirs.open_dir("rayscope-trust-", 0o755) as path:
+        yield path
 
 
 def _marker_script(path: Path, marker: Path, owner: int) -> None:
@@ -315,15 +303,8 @@ def _in_own_pid_namespace(
     """``sh -c script sh args...`` as root in a pid namespace of its own (``/proc`` mounted
     for it): its processes are the only ones rayscope sees, so the raylets of clusters
     running on this machine for other tests do not count; all of them die with it."""
-    return subprocess.run(
-        ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "sh", "-c", script, "sh", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        check=False,
-    )
+    unshare = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"]
+    return run_captured([*unshare, "sh", "-c", script, "sh", *args], env, timeout_s)
 
 
 def _status_env(shared_dir: Path, **extra: str) -> dict[str, str]:

@@ -7,14 +7,13 @@ The scenarios run without a Ray cluster (``--gcs`` names a closed port), so book
 
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests import fake_nvml as fake
-from tests.conftest import REPO, base_env, free_port, run_rayscope
+from tests.conftest import base_env, free_port, run_rayscope
 from tests.schemas import parsed
 
 NO_DRIVER = "  NVML: NVML library (libnvidia-ml.so.1) not found: no NVIDIA driver on this node"
@@ -35,17 +34,7 @@ def run_node(
     path.write_text(scenario)
     env = lib.env(base_env(RAY_AUTH_MODE="disabled"), path)
     command = ["node", "--gpus", "--gcs", f"127.0.0.1:{free_port()}", *args]
-    if prefix:  # run under another command (unshare): the same as run_rayscope, wrapped
-        return subprocess.run(
-            [*prefix, sys.executable, "-m", "rayscope", *command],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-    return run_rayscope(*command, env=env)
+    return run_rayscope(*command, env=env, prefix=prefix)
 
 
 def gpu_block(stdout: str) -> list[str]:

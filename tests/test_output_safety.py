@@ -19,6 +19,7 @@ from rayscope.errors import AgentError
 from rayscope.sinks import files
 from tests.conftest import REPO
 from tests.reliability_plugin import FaultRecord
+from tests.support import dirs
 
 NOBODY = 65534
 
@@ -151,10 +152,8 @@ def _append_in_child(path: Path, lock_wait_s: float = 1.0, timeout_s: float = 10
 @pytest.fixture
 def shared() -> Iterator[Path]:
     """A directory like /tmp: world-writable and sticky, where uid 65534 plants things."""
-    base = Path(tempfile.mkdtemp(prefix="rayscope-shared-"))
-    base.chmod(0o1777)
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
+    with dirs.open_dir("rayscope-shared-", 0o1777) as base:
+        yield base
 
 
 def _plant_fifo(path: Path) -> None:

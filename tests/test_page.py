@@ -7,8 +7,6 @@ tests/test_live_page.py, reads the same page through Chromium)."""
 import base64
 import hashlib
 import re
-from html.parser import HTMLParser
-from typing import Optional
 
 import msgspec
 
@@ -29,8 +27,9 @@ from rayscope.schema.status import ClusterStatus
 from tests.golden import check_golden
 from tests.page_scenarios import VM, big_status, first_hour_status, first_hour_usage
 from tests.scenarios import EUROPA, T4, mixed_status, seed_status
-from tests.test_attribution import seed_with_gpus
-from tests.test_placement import fragmented_status
+from tests.support.page import cells
+from tests.support.placement import fragmented_status
+from tests.support.seeds import seed_with_gpus
 
 
 def head_seed() -> ClusterStatus:
@@ -38,54 +37,6 @@ def head_seed() -> ClusterStatus:
     scheduler view read 1 s ago."""
     status, _ = seed_with_gpus()
     return msgspec.structs.replace(status, gcs_address="172.17.0.3:6379", scheduler_age_s=1.0)
-
-
-class Cells(HTMLParser):
-    """Per GPU cell (``data-gpu``): the text of its ``booked``, ``fraction``, ``measured``
-    spans, its marks, and every hover title inside it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.cells: dict[str, dict[str, list[str]]] = {}
-        self._cell: Optional[str] = None
-        self._depth = 0
-        self._field: Optional[str] = None
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, Optional[str]]]) -> None:
-        a = dict(attrs)
-        if tag == "div" and a.get("data-gpu"):
-            self._cell, self._depth = a["data-gpu"], 0
-            self.cells[str(self._cell)] = {
-                "booked": [],
-                "fraction": [],
-                "measured": [],
-                "mark": [],
-                "title": [],
-            }
-        if self._cell is None:
-            return
-        self._depth += tag == "div"
-        classes = (a.get("class") or "").split()
-        self._field = next((c for c in ("booked", "fraction", "measured", "mark") if c in classes), None)
-        if tag == "title":
-            self._field = "title"
-
-    def handle_endtag(self, tag: str) -> None:
-        if self._cell is not None and tag == "div":
-            self._depth -= 1
-            if self._depth == 0:
-                self._cell = None
-        self._field = None
-
-    def handle_data(self, data: str) -> None:
-        if self._cell is not None and self._field is not None:
-            self.cells[self._cell][self._field].append(data)
-
-
-def cells(html: str) -> dict[str, dict[str, list[str]]]:
-    parser = Cells()
-    parser.feed(html)
-    return parser.cells
 
 
 def test_the_seed_page_golden_shows_the_three_numbers_per_gpu() -> None:
@@ -187,7 +138,7 @@ def test_an_unhealthy_gpu_and_an_unreliable_measurement_are_marked() -> None:
 def test_a_device_fuller_than_the_node_sum_is_marked() -> None:
     """Two 0.6 replicas on a 2-GPU node: 1.2/2 by the sum, 0.6 on each device: not fuller.
     One whole-GPU actor on a 4-GPU node booked 1.5: GPU1 is full, the node reads 0.38."""
-    from tests.test_placement import FOUR, booking, node, raylet
+    from tests.support.placement import FOUR, booking, node, raylet
 
     status = node(4, 1.5, total_vram=4 * 40960, used_vram=20480)
     actors = [booking("b" * 32, [(1, 1.0)]), booking("a" * 32, [(0, 0.5)], vram_mb=20480)]

@@ -17,7 +17,7 @@ from rayscope.render.page.document import PageQuery, page_html
 from tests.browser import Browser
 from tests.page_scenarios import first_hour_status, first_hour_usage
 from tests.scenarios import T4
-from tests.test_live_page import BADGES, LAYOUT
+from tests.support.page import BADGES, LAYOUT
 
 
 def test_the_page_reads_at_1400_and_700_pixels(tmp_path: Path) -> None:

@@ -11,7 +11,6 @@ exactly its complaint about ``rayscope_cpus_total`` and ``rayscope_gpus_total``
 """
 
 import re
-import subprocess
 from pathlib import Path
 
 import msgspec
@@ -21,29 +20,16 @@ from rayscope.core.isolation import unreadable
 from rayscope.render.metrics import RENAMED, family_names, metrics_text
 from rayscope.schema.report import GpuDevice, GpuHealth
 from rayscope.schema.status import ClusterStatus, DeviceFree, NodePlacement
-from tests import debian_deps
 from tests.golden import GOLDEN
 from tests.scenarios import a100_worker, pending_status
+from tests.support.deploy import RULES_DIR
+from tests.support.promtool import lint, promtool
 
-REPO = Path(__file__).resolve().parent.parent
-RULES_DIR = REPO / "deploy" / "prometheus"
 NODE = "4a" * 28
 BROKEN = "b0" * 28
 """A node whose report could not be merged or rendered (rayscope.core.isolation)."""
 UUID = "GPU-00000000-5f1c-4d3e-9a7b-000000000000"
 GIB = 1024**3
-
-
-def promtool(*args: str, stdin: str = "", cwd: Path = REPO) -> "subprocess.CompletedProcess[str]":
-    """``promtool ARGS`` with ``stdin``; a failure (not a skip) when it is not installed."""
-    path = debian_deps.need("promtool")
-    return subprocess.run(
-        [path, *args], input=stdin, capture_output=True, text=True, timeout=60, cwd=cwd, check=False
-    )
-
-
-def lint(text: str) -> "subprocess.CompletedProcess[str]":
-    return promtool("check", "metrics", stdin=text)
 
 
 def every_family_status() -> ClusterStatus:

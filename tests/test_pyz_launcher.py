@@ -4,10 +4,8 @@ it refuses, which builds it prunes. (tests/test_pyz.py runs the real file.)"""
 import fcntl
 import importlib.util
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -16,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO
+from tests.support import dirs
 
 LAUNCHER = REPO / "build" / "launcher.py"
 INFO: dict[str, Any] = {
@@ -201,10 +200,8 @@ def _as_nobody(*argv: str) -> None:
 @pytest.fixture
 def open_dir() -> Iterator[Path]:
     """A directory every user can enter (pytest's own are root's and private)."""
-    path = Path(tempfile.mkdtemp(prefix="rayscope-cache-"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    with dirs.open_dir("rayscope-cache-", 0o755) as path:
+        yield path
 
 
 @needs_root

@@ -8,11 +8,10 @@ two arrays (``values = [EMPTY] * n``) and the RSS bound fails; drop the clearing
 
 import json
 import re
-import subprocess
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.conftest import REPO, run_captured
+
 MIB = 1024**2
 RSS_BOUND_MIB = 16
 STATE_FILE_BOUND_MIB = 16
@@ -24,14 +23,7 @@ def test_docs_state_the_bound_this_test_holds() -> None:
 
 
 def test_a_thousand_actors_over_a_full_window_stay_within_the_bound() -> None:
-    done = subprocess.run(
-        [sys.executable, str(REPO / "tests" / "usage_memory.py"), "1000"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    done = run_captured([sys.executable, str(REPO / "tests" / "usage_memory.py"), "1000"], timeout=300)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     print(result)  # the figures docs/usage.md quotes (pytest -s shows them)

@@ -32,7 +32,7 @@ from rayscope.schema.usage import UsageDocument
 from rayscope.sinks.logs import LogThrottle
 from tests.conftest import free_port, run_rayscope
 from tests.schemas import parsed
-from tests.test_promtool import lint
+from tests.support.promtool import lint
 
 GIB = 1024**3
 MIB = 1024**2

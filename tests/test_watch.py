@@ -8,7 +8,7 @@ import re
 import sys
 import termios
 import time
-from typing import Any
+from typing import Any, Callable
 
 import msgspec
 import pexpect
@@ -87,6 +87,22 @@ def test_an_error_line_is_wrapped_whole_not_cut() -> None:
     assert all(len(line) <= 40 for line in wrapped) and " ".join(wrapped) == error
 
 
+def watched(read: Callable[[], ClusterStatus], frames: int) -> tuple[int, str]:
+    """``watch.run`` of ``read`` for ``frames`` frames on a 120x40 screen, without sleeping:
+    its exit code and what it drew."""
+    screen = io.StringIO()
+    code = watch.run(
+        read,
+        status_lines,
+        2.0,
+        stream=screen,
+        frames=frames,
+        sleep=lambda s: None,
+        screen_size=lambda: os.terminal_size((120, 40)),
+    )
+    return code, screen.getvalue()
+
+
 def test_a_failed_reads_peer_text_reaches_the_screen_printable() -> None:
     """An error may quote a peer (Ray's first line, a head's answer): before, it was drawn as
     it came, escape sequences included (here one that retitles the terminal)."""
@@ -94,17 +110,7 @@ def test_a_failed_reads_peer_text_reaches_the_screen_printable() -> None:
     def read() -> ClusterStatus:
         raise AgentError("GCS at x:1 failed: \x1b]0;owned\x07boom", 2)
 
-    screen = io.StringIO()
-    watch.run(
-        read,
-        status_lines,
-        2.0,
-        stream=screen,
-        frames=1,
-        sleep=lambda s: None,
-        screen_size=lambda: os.terminal_size((120, 40)),
-    )
-    out = screen.getvalue()
+    _, out = watched(read, frames=1)
     assert "\x1b]0;" not in out and "\x07" not in out
     assert "GCS at x:1 failed: ]0;ownedboom (retrying every 2 s)" in out
 
@@ -140,17 +146,7 @@ def test_loop_draws_frames_in_place_and_survives_a_failed_read() -> None:
         assert isinstance(answer, ClusterStatus)
         return answer
 
-    screen = io.StringIO()
-    code = watch.run(
-        read,
-        status_lines,
-        2.0,
-        stream=screen,
-        frames=3,
-        sleep=lambda s: None,
-        screen_size=lambda: os.terminal_size((120, 40)),
-    )
-    out = screen.getvalue()
+    code, out = watched(read, frames=3)
     assert code == 0
     assert out.startswith(watch.ENTER) and out.endswith(watch.LEAVE)
     frames = out[len(watch.ENTER) : -len(watch.LEAVE)].split(watch.HOME)[1:]

@@ -12,10 +12,10 @@ which source a figure came from.
 """
 
 import shutil
-import subprocess
 from pathlib import Path
 
 from tests import debian_deps
+from tests.support import cbuild
 
 SOURCE = Path(__file__).resolve().with_name("fake_cuda.c")
 LIBRARY = "libcuda.so.1"
@@ -48,24 +48,8 @@ def build(lib_dir: Path) -> FakeCuda:
     if cc is None:
         raise RuntimeError(f"the fake CUDA library cannot be built: {debian_deps.why_missing('cc')}")
     lib_dir.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        [
-            cc,
-            "-shared",
-            "-fPIC",
-            "-O1",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-o",
-            str(lib_dir / LIBRARY),
-            str(SOURCE),
-            "-ldl",  # dladdr: in libc itself only from glibc 2.34
-        ],
-        check=True,
-        timeout=120,
-        capture_output=True,
-    )
+    # dladdr: in libc itself only from glibc 2.34
+    cbuild.shared_library(cc, SOURCE, lib_dir / LIBRARY, libraries=["-ldl"])
     return FakeCuda(lib_dir)
 
 

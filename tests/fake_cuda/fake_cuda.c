@@ -56,8 +56,9 @@ struct CUctx_st {
     int device;
 };
 
-static char *keys[MAX_ENTRIES], *values[MAX_ENTRIES];
-static int entries, loaded, initialised;
+#include "../support/scenario_entries.h"
+
+static int loaded, initialised;
 static struct CUctx_st contexts[MAX_DEVICES];
 static int retained[MAX_DEVICES];
 static CUcontext current;
@@ -82,28 +83,13 @@ static void load(void) {
     FILE *f = path ? fopen(path, "r") : NULL;
     if (!f) return;
     char line[512];
-    while (entries < MAX_ENTRIES && fgets(line, sizeof line, f)) {
-        line[strcspn(line, "\r\n")] = 0;
-        char *key = line;
-        while (*key == ' ' || *key == '\t') key++;
-        if (!*key || *key == '#') continue;
-        char *value = strchr(key, ' ');
-        if (value) {
-            *value++ = 0;
-            while (*value == ' ') value++;
-        }
-        keys[entries] = strdup(key);
-        values[entries] = strdup(value ? value : "");
-        entries++;
-    }
+    read_entries(f, line, (int)sizeof line);
     fclose(f);
 }
 
 static const char *get(const char *key) {
     load();
-    for (int i = entries - 1; i >= 0; i--)
-        if (!strcmp(keys[i], key)) return values[i];
-    return NULL;
+    return lookup(key);
 }
 
 static const char *device_value(CUdevice d, const char *field) {

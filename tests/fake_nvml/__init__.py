@@ -8,12 +8,12 @@ scenario file (format: the comment at the top of ``fake_nvml.c``).
 
 import os
 import shutil
-import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Optional
 
 from tests import debian_deps
+from tests.support import cbuild
 
 SOURCE = Path(__file__).resolve().with_name("fake_nvml.c")
 LIBRARY = "libnvidia-ml.so.1"
@@ -63,24 +63,7 @@ def build(lib_dir: Path, era: str = "current") -> FakeNvml:
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         raise RuntimeError(f"the fake NVML library cannot be built: {debian_deps.why_missing('cc')}")
-    subprocess.run(
-        [
-            cc,
-            "-shared",
-            "-fPIC",
-            "-O1",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            *ERAS[era],
-            "-o",
-            str(lib_dir / LIBRARY),
-            str(SOURCE),
-        ],
-        check=True,
-        timeout=120,
-        capture_output=True,
-    )
+    cbuild.shared_library(cc, SOURCE, lib_dir / LIBRARY, ERAS[era])
     return FakeNvml(lib_dir)
 
 
@@ -328,19 +311,21 @@ def mps(server_pid: int, client_pids: tuple[int, int]) -> str:
 def modes_not_supported() -> str:
     """A driver that answers Not Supported for virtualization mode, compute mode and the MPS
     list (the entry points exist): each field absent, none guessed."""
-    return (
-        HEADER
-        + "count 1\n"
-        + gpu(0, RTX_3090, pci="00000000:01:00.0", total_gib=24, used_gib=1.0)
-        + "gpu0.error.mps 3\n"
-    )
+    return rtx_3090_scenario(1.0, {}) + "gpu0.error.mps 3\n"
 
 
 def modes_failing() -> str:
     """Each of the three reads fails with Unknown Error (999): absent, with the reason kept."""
     return (
-        HEADER
-        + "count 1\n"
-        + gpu(0, RTX_3090, pci="00000000:01:00.0", total_gib=24, used_gib=1.0)
+        rtx_3090_scenario(1.0, {})
         + "gpu0.error.virtualization 999\ngpu0.error.compute_mode 999\ngpu0.error.mps 999\n"
     )
+
+
+def rtx_3090_scenario(used_gib: float, processes: Mapping[int, float]) -> str:
+    """One RTX 3090 of 24 GiB, ``used_gib`` of it used, holding ``processes`` (pid: GiB) in order."""
+    lines = HEADER + "count 1\n"
+    lines += gpu(0, RTX_3090, pci="00000000:01:00.0", total_gib=24, used_gib=used_gib)
+    for pid, gib in processes.items():
+        lines += process("gpu0", pid, gib)
+    return lines

@@ -95,8 +95,8 @@ typedef struct {
 } nvmlProcessInfo_t;
 
 static struct nvmlDevice_st devices[MAX_GPUS * (MAX_MIG + 1)];
-static char *keys[MAX_ENTRIES], *values[MAX_ENTRIES];
-static int entries;
+#include "../support/scenario_entries.h"
+
 static struct stat seen; /* the scenario file as last read: dev, ino, size, mtime */
 static int have_seen;
 
@@ -126,28 +126,13 @@ static void load(void) {
     seen = now;
     have_seen = 1;
     char line[1024];
-    while (entries < MAX_ENTRIES && fgets(line, sizeof line, f)) {
-        line[strcspn(line, "\r\n")] = 0;
-        char *key = line;
-        while (*key == ' ' || *key == '\t') key++;
-        if (!*key || *key == '#') continue;
-        char *value = strchr(key, ' ');
-        if (value) {
-            *value++ = 0;
-            while (*value == ' ') value++;
-        }
-        keys[entries] = strdup(key);
-        values[entries] = strdup(value ? value : "");
-        entries++;
-    }
+    read_entries(f, line, (int)sizeof line);
     fclose(f);
 }
 
 static const char *get(const char *key) {
     load();
-    for (int i = entries - 1; i >= 0; i--)
-        if (!strcmp(keys[i], key)) return values[i];
-    return NULL;
+    return lookup(key);
 }
 
 /* Slot s < MAX_GPUS is GPU s; above, MIG instance (s - MAX_GPUS) % MAX_MIG of GPU (s - MAX_GPUS) / MAX_MIG. */

@@ -81,12 +81,7 @@ def interleaved_medians_s(fns: dict[str, Callable[[], object]], runs: int) -> di
     """Median wall time of each function, run in turn (a, b, a, b, ...): this machine's speed
     drifts within minutes, and a drift must hit a figure and its peer alike."""
     gc.collect()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(runs):
-        for name, fn in fns.items():
-            started = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - started)
+    times = bench_scale.interleaved(fns, runs)
     return {name: statistics.median(t) for name, t in times.items()}
 
 

@@ -31,7 +31,7 @@ from typing import Optional
 from rayscope.sources import dashboard
 from tests import fake_nvml
 from tests.conftest import REPO, LiveCluster, base_env, free_port, running_dashboard_cluster
-from tests.test_live_usage_load import full_window
+from tests.support.usage_state import full_window
 
 DASHBOARD_NODES = 1000
 USAGE_ACTORS = 1000

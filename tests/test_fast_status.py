@@ -28,12 +28,7 @@ from rayscope.schema.report import SourceStatus
 from rayscope.schema.status import ClusterStatus
 from tests import scenarios
 from tests.conftest import free_port
-
-# Also imported from here by tests/test_json_copy.py (mypy strict: explicit re-exports).
-from tests.support.fake_head import fake_head as fake_head  # noqa: PLC0414
-from tests.support.fake_head import planted
-from tests.support.fake_head import run_cli as run_cli  # noqa: PLC0414
-from tests.support.fake_head import run_entry as run_entry  # noqa: PLC0414
+from tests.support.fake_head import fake_head, planted, run_cli, run_entry
 
 Headers = list[tuple[str, str]]
 

@@ -25,8 +25,8 @@ from rayscope.cli import terminal_copy
 from rayscope.net import http as net_http
 from rayscope.schema import DOCUMENT_SCHEMA
 from tests import scenarios
+from tests.support.fake_head import fake_head, run_cli, run_entry
 from tests.support.fake_server import FakeServer
-from tests.test_fast_status import fake_head, run_cli, run_entry
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer

@@ -30,6 +30,6 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module 'rayscope' has no attribute {name!r}")
 
 
-def __dir__() -> list[str]:
+def __dir__() -> "list[str]":  # quoted: Python 3.6-3.8 import this file before the version check
     """The module's names and the API's, so that ``help(rayscope)`` and completion list them."""
     return sorted({*globals(), *_API})

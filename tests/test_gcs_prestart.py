@@ -186,7 +186,7 @@ def test_the_live_actor_table_is_read_only_when_something_waits(waiting: bool) -
         [*gcs_read.PENDING_ACTOR_STATES, *(["ALIVE"] if waiting else [])]
     )
     assert client.state_reads == 1 and answer["requests"] == (
-        [{"shape": {"GPU": 0.6}, "count": 1}] if waiting else []
+        [{"shape": {"GPU": 0.6}, "count": 1, "label_selectors": []}] if waiting else []
     )
     assert answer["device_use"] == {}
 

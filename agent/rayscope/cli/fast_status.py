@@ -110,7 +110,7 @@ def _status_words(args: Sequence[str]) -> Optional[tuple[bool, list[str]]]:
 
 
 def _names_a_head(words: Sequence[str], environ: Mapping[str, str]) -> bool:
-    given = any(w in names.HEAD.flags or w.partition("=")[0] in names.HEAD.flags for w in words)
+    given = any(w.partition("=")[0] in names.HEAD.flags for w in words)
     return given or bool(environ.get(HEAD_ENV))
 
 

@@ -345,19 +345,10 @@ class HeadDaemon(Daemon):
         return f"http://127.0.0.1:{self.http_port}"
 
     def get(self, path: str, token: Optional[str] = None) -> tuple[int, bytes]:
-        import urllib.error
-        import urllib.request
+        from tests.support import http_get
 
-        request = urllib.request.Request(self.url + path)
         bearer = self.token if token is None else token
-        if bearer:
-            request.add_header("Authorization", f"Bearer {bearer}")
-        try:
-            with urllib.request.urlopen(request, timeout=10) as response:
-                return int(response.status), bytes(response.read())
-        except urllib.error.HTTPError as err:
-            with err:  # its response holds the socket: closed, not left to the collector
-                return int(err.code), bytes(err.read())
+        return http_get.get(self.url + path, {"Authorization": f"Bearer {bearer}"} if bearer else {})
 
     def wait_ready(self, timeout_s: float = 30.0) -> None:
         def answers() -> bool:

@@ -29,9 +29,7 @@ import re
 import shutil
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
@@ -41,6 +39,7 @@ import pytest
 from tests import fake_nvml as fake
 from tests.browser import CHROMIUM, Browser, net_log_requests
 from tests.conftest import Daemon, HeadDaemon, LiveCluster, base_env, free_port, push_agent
+from tests.support import http_get
 from tests.support.page import BADGES, LAYOUT, cells
 
 pytestmark = pytest.mark.live
@@ -317,13 +316,7 @@ class OtherPort(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         cookies = self.headers.get("Cookie") or ""
-        replay = urllib.request.Request(self.head_url + "/", headers={"Cookie": cookies} if cookies else {})
-        try:
-            with urllib.request.urlopen(replay, timeout=10) as answer:
-                status = int(answer.status)
-        except urllib.error.HTTPError as err:
-            with err:
-                status = int(err.code)
+        status = http_get.get(self.head_url + "/", {"Cookie": cookies} if cookies else {})[0]
         self.asked.append((cookies, status))
         body = b"<!DOCTYPE html><html><body>another service on this host</body></html>"
         self.send_response(200)

@@ -20,7 +20,6 @@ import signal
 import subprocess
 import time
 import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple, Optional
@@ -30,6 +29,7 @@ import pytest
 from tests import debian_deps
 from tests import fake_nvml as fake
 from tests.conftest import Daemon, HeadDaemon, LiveCluster, base_env, free_port, push_agent
+from tests.support import http_get
 from tests.support.deploy import DASHBOARD, RULES_DIR
 from tests.support.promtool import lint, promtool
 from tests.waiting import eventually
@@ -83,8 +83,9 @@ class Prometheus:
         url = f"http://127.0.0.1:{self.port}{path}"
         if params:
             url += "?" + urllib.parse.urlencode(params)
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return json.loads(response.read())
+        code, body = http_get.get(url)
+        assert code == 200, (url, code, body[:500])
+        return json.loads(body)
 
     def query(self, expr: str) -> list[dict[str, Any]]:
         """``/api/v1/query`` now: the instant vector's series (an error fails the test)."""
@@ -99,8 +100,8 @@ class Prometheus:
                 raise RuntimeError(
                     f"prometheus exited {self.process.returncode}:\n{self.log_path.read_text()}"
                 )
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready", timeout=5) as response:
-                return bool(response.status == 200)
+            # 503 until it is ready: an answer, closed (a kept HTTPError would leak its socket)
+            return http_get.get(f"http://127.0.0.1:{self.port}/-/ready", timeout_s=5)[0] == 200
 
         eventually(
             ready, timeout_s, "prometheus ready", 0.2, retry=(OSError,), detail=self.log_path.read_text

@@ -7,8 +7,6 @@ part of a token is ever printed; ``bearer`` is accepted in any case; a read-only
 """
 
 import subprocess
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +15,7 @@ import pytest
 
 from rayscope.net import tokens
 from tests.conftest import HeadDaemon, base_env, free_port, push_agent, run_rayscope
+from tests.support import http_get
 from tests.waiting import eventually
 
 SECRET_LINES = (b"s3cr3t-first-line-AAAA", b"s3cr3t-second-line-BBBB")
@@ -102,13 +101,7 @@ def test_every_command_refuses_a_bad_token_in_one_line_and_never_prints_it(
 
 
 def _get(url: str, authorization: str) -> int:
-    request = urllib.request.Request(url, headers={"Authorization": authorization})
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as err:
-        with err:  # its response holds the socket: closed, not left to the collector
-            return int(err.code)
+    return http_get.get(url, {"Authorization": authorization})[0]
 
 
 def test_the_bearer_scheme_is_case_insensitive(head_daemon: HeadDaemon) -> None:

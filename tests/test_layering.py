@@ -14,6 +14,7 @@ circle of the second round: collect → sources/agents → ray_agents → push �
 """
 
 import ast
+import re
 from pathlib import Path
 
 AGENT = Path(__file__).resolve().parent.parent / "agent" / "rayscope"
@@ -203,3 +204,30 @@ def test_no_module_named_agent_is_importable_from_the_source_root() -> None:
         p.name for p in AGENT.parent.iterdir() if p.suffix == ".py" or (p / "__init__.py").is_file()
     ]
     assert importable == ["rayscope"]
+
+
+ISSUE_CITATION = re.compile(r"\bissues? \d+", re.IGNORECASE)
+
+
+def cites_an_issue(text: str) -> list[str]:
+    """The lines of ``text`` that cite a tracker's issue by number ("issue 20", "Issues 3")."""
+    return [line.strip() for line in text.splitlines() if ISSUE_CITATION.search(line)]
+
+
+def test_the_code_cites_no_issue_number() -> None:
+    """The repository has no issue tracker: "issue 20" in the code points nowhere. What a
+    line means is said in the line; the history is in the commit messages."""
+    cited = {
+        str(path.relative_to(AGENT)): lines
+        for path in sorted(AGENT.rglob("*.py"))
+        if (lines := cites_an_issue(path.read_text()))
+    }
+    assert cited == {}
+
+
+def test_the_citation_check_finds_a_citation() -> None:
+    assert cites_an_issue('x = 1\n"""Read as NVML\'s (issue 20)."""\n# Issues 3 and 4\n') == [
+        '"""Read as NVML\'s (issue 20)."""',
+        "# Issues 3 and 4",
+    ]
+    assert cites_an_issue("an issue with 20 GPUs\nissue-free\n") == []

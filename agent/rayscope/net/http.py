@@ -2,7 +2,7 @@
 one transport under every read of a peer over HTTP (a head agent, :mod:`rayscope.client.request`;
 Ray's dashboard, :mod:`rayscope.sources.dashboard_http`).
 
-A peer is hostile until shown otherwise (issue 30, rule 3): whatever it sends, the exchange
+A peer is hostile until shown otherwise (SECURITY.md, rule 3): whatever it sends, the exchange
 ends within its :class:`~rayscope.net.deadline.Deadline` and holds at most the caller's cap.
 
 * One deadline for the whole exchange: connect, TLS handshake, request, status line, headers,

@@ -1,5 +1,5 @@
 """The node agent's CUDA samples: which GPUs to ask CUDA about, and each GPU's trusted used
-figure from NVML's reading and CUDA's (issue 20).
+figure from NVML's reading and CUDA's.
 
 Off unless asked: ``RAYSCOPE_CUDA_SAMPLE_S`` in the node agent's environment (``rayscope
 push``, or the head's Ray-placed agents) is the seconds between two samples of one GPU. Even

@@ -61,7 +61,7 @@ ITEMS = msgspec.Meta(max_length=MAX_ITEMS)
 
 Unset = msgspec.UnsetType
 UNSET = msgspec.UNSET
-"""A field added after the document's goldens were cut (issue 20's) defaults to ``UNSET``:
+"""A field added after the document's goldens were cut (the device-mode fields) defaults to ``UNSET``:
 absent from the report and the JSON until an agent sets it, so an older agent's report (and
 every bare-metal document before) reads exactly as before; :func:`known` reads it."""
 
@@ -240,8 +240,8 @@ class GpuDevice(msgspec.Struct, kw_only=True, gc=False):
     process_list_version: Optional[Count] = None
     """The NVML process-list call version that answered: 3 (``_v3``, drivers >= 510.39) or
     2 (``_v2``, R450/R470)."""
-    # Issue 20: what kind of device NVML talks to, and which used figure to trust. Each is
-    # absent (UNSET) where the driver does not say, and in reports of agents before it.
+    # What kind of device NVML talks to, and which used figure to trust. Each is
+    # absent (UNSET) where the driver does not say, and in reports of agents older than these fields.
     virtualization_mode: Union[str, Unset] = UNSET
     """``nvmlDeviceGetVirtualizationMode``: ``none`` (bare metal), ``passthrough``,
     ``vgpu_guest`` (a VM on an NVIDIA vGPU: NVML's used memory is not the device's),
@@ -258,7 +258,7 @@ class GpuDevice(msgspec.Struct, kw_only=True, gc=False):
     memory_used_source: Union[str, Unset] = UNSET
     """Where ``memory_used_bytes`` comes from: ``nvml``, or ``cuda`` (a fresh
     ``cuMemGetInfo`` sample, total − free, on a GPU whose NVML figure is not trusted);
-    absent when it is ``None``. An agent before issue 20 sent NVML's figure (read as ``nvml``)."""
+    absent when it is ``None``. An agent older than this field sent NVML's figure (read as ``nvml``)."""
     memory_used_age_s: Union[Amount, Unset] = UNSET
     """Age of ``memory_used_bytes`` when the report was collected (0 for NVML's)."""
     memory_used_reason: Union[str, Unset] = UNSET

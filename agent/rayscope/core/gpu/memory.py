@@ -133,13 +133,13 @@ def gpu_used(gpu: GpuDevice) -> GpuUsed:
     agent's fresh sample (:func:`settle` judged its age), a ``ray-dashboard`` one Ray's
     dashboard's (``rayscope.core.gpu.precedence`` judged it); NVML's is trusted only where
     :func:`memory_used_reliable` says so for the GPU's virtualization mode, whatever the report
-    claims. A report of an agent before issue 20 carries NVML's figure in
+    claims. A report of an agent older than the mode fields carries NVML's figure in
     ``memory_used_bytes`` and no mode: read as NVML's, at age 0.
     """
     used, source = gpu.memory_used_bytes, known(gpu.memory_used_source)
     raw, reason = known(gpu.nvml_memory_used_bytes), known(gpu.memory_used_reason) or ""
     if source is None and raw is None and not reason:
-        raw, source = used, "nvml"  # an agent before issue 20: memory_used_bytes is NVML's own
+        raw, source = used, "nvml"  # an agent older than the mode fields: memory_used_bytes is NVML's own
     mode = known(gpu.virtualization_mode)
     reliable = memory_used_reliable(mode)[0]
     # A CUDA figure stands in only where NVML's is not trusted; a dashboard's GPU has no mode.
@@ -156,7 +156,7 @@ def gpu_used(gpu: GpuDevice) -> GpuUsed:
 def settled_used(gpu: GpuDevice) -> GpuUsed:
     """A settled GPU's used figure as its fields say it (``rayscope.core.gpu.settled`` wrote
     :func:`gpu_used`'s verdict there): no rule, a reading. A figure without a source is
-    NVML's, at age 0 (an agent before issue 20 sent it so)."""
+    NVML's, at age 0 (an agent older than the mode fields sent it so)."""
     used, source = gpu.memory_used_bytes, known(gpu.memory_used_source)
     raw, reason = known(gpu.nvml_memory_used_bytes), known(gpu.memory_used_reason) or ""
     if used is None or (source is None and (raw is not None or reason)):

@@ -88,7 +88,7 @@ def match_visible(
             out.append((entry, None, why))
         elif entries is not None and gpu_id >= len(entries):
             out.append((entry, None, f"ambiguous: Ray id {gpu_id} beyond CUDA_VISIBLE_DEVICES"))
-        elif is_count(entry):  # ASCII digits: CUDA reads "²" as no index (SECURITY.md, issue 30 rule 1)
+        elif is_count(entry):  # ASCII digits: CUDA reads "²" as no index (SECURITY.md, rule 1)
             out.append((entry, *_by_index(parse_count(entry, "CUDA_VISIBLE_DEVICES"), order, physical)))
         else:
             out.append((entry, *_by_uuid(entry, physical)))

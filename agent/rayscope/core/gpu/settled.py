@@ -12,7 +12,7 @@ Every output reads the verdict back with :func:`settled_used`, :func:`settled_tr
 :func:`settled_flags`, which judge nothing: the lines, ``--gpus``, the JSON, the metrics and
 the page, and a client that decoded the head's document (the head settled it), all say the
 same. A GPU whose fields already say the verdict is kept as it is (no copy), so a report of
-an agent that settled it (``rayscope.core.gpu.memory.settle``), or one before issue 20 (no
+an agent that settled it (``rayscope.core.gpu.memory.settle``), or one older than the mode fields (no
 source: NVML's figure), reads byte for byte as before.
 """
 

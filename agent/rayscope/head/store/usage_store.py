@@ -84,7 +84,7 @@ def report_samples(
     for device in leaf_devices(gpus):
         if device.attribution is None:
             continue
-        figure = gpu_memory.gpu_used(device)  # the one judge of a GPU's used figure (issue 20)
+        figure = gpu_memory.gpu_used(device)  # the one judge of a GPU's used figure
         for user in device.attribution.users:
             actor = by_id.get(user.actor_id or "")
             if actor is None:

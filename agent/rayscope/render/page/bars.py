@@ -8,7 +8,7 @@ then HTML (:func:`bar_html`). A bar has three lanes over the device's memory, ne
   of the device's memory. Free space is the lane's empty rest.
 * **handles**: Ray's ``GPU`` fraction booked on the device (0.04 on the seed's Europa).
 * **measured**: NVML's used memory, where rayscope trusts it (hatched where NVML answered but
-  is not trusted: a vGPU guest, issue 20; absent where unknown).
+  is not trusted, e.g. on a vGPU guest; absent where unknown).
 
 Every number shown is also text under the bar, so the page reads without hover or colour.
 """

@@ -6,7 +6,7 @@ Reads through the real ``pynvml`` binding, one GPU handle at a time, in the conv
 or a pynvml too old to name it) leaves the field absent (``None``) with no error, never a
 guess. Values are bounded strings, never NVML's raw codes.
 
-Why it matters (issue 20): on an NVIDIA vGPU guest, NVML's ``memory used`` is what the vGPU
+Why it matters: on an NVIDIA vGPU guest, NVML's ``memory used`` is what the vGPU
 manager hands the guest, not a measurement. BioEngine found an idle A40-16C time-sliced slice
 reporting about 14.5 GiB used of 16 GiB (a fixed phantom offset; the total stays right).
 This source only reports the mode; whether NVML's used figure may be shown as measured in

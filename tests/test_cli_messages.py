@@ -101,7 +101,7 @@ USAGE = [
         "status --head with --gcs: two sources, give one (--head reads a head agent, --gcs the GCS)",
     ),
     (
-        ["fit", "--gcs", "127.0.0.1:2", "--head", "127.0.0.1:1", "--gpu-memory-mb", "1"],
+        ["fit", "--gcs", "127.0.0.1:2", "--head", "127.0.0.1:1", "--gpu-memory-mb", "1024"],
         2,
         "fit --head with --gcs: two sources, give one (--head reads a head agent, --gcs the GCS)",
     ),
@@ -207,7 +207,7 @@ USAGE = [
     # before: the token file ignored without a word ("GCS unreachable at 127.0.0.1:1 ...")
     (["status", "--gcs", "127.0.0.1:1", "--token-file", "token"], 2, f"status {UNUSED_TOKEN}"),
     (
-        ["fit", "--token-file", "token", "--gcs", "127.0.0.1:1", "--gpu-memory-mb", "1"],
+        ["fit", "--token-file", "token", "--gcs", "127.0.0.1:1", "--gpu-memory-mb", "1024"],
         2,
         f"fit {UNUSED_TOKEN}",
     ),
@@ -620,3 +620,17 @@ def test_fit_for_a_whole_gpu_says_it_once() -> None:
         "--gpu-memory-mb -1, no VRAM_MB booked",
         {"GPU": 1.0},
     )
+
+
+@pytest.mark.parametrize(("mb", "warned"), [(4, True), (63, True), (64, False), (4096, False), (-1, False)])
+def test_a_gpu_memory_that_reads_like_gb_is_taken_with_a_warning(mb: int, warned: bool) -> None:
+    """``--gpu-memory-mb 4`` is 4 MB, as given, and said so with what 4 GB would be; sizes
+    from 64 MB on (and -1, a whole GPU) say nothing. The cluster is unreachable: the warning
+    comes before the read, and the exit code is the read's (2), not the warning's."""
+    done = run_rayscope("fit", "--gpu-memory-mb", str(mb), "--gcs", "127.0.0.1:1", "--timeout", "2")
+    assert done.returncode == 2, done.stderr
+    warning = f"rayscope: warning: --gpu-memory-mb {mb} is {mb} MB, as given; the option is in MB"
+    assert (warning in done.stderr) == warned, done.stderr
+    if warned:
+        assert f"(for {mb} GB give --gpu-memory-mb {mb * 1024})" in done.stderr
+        assert done.stderr.count("\n") == 2, done.stderr  # the warning, then the read's one line

@@ -53,7 +53,7 @@ COMMANDS = {
     "status": ["status"],
     "status --json": ["status", "--json"],
     "usage": ["usage"],
-    "fit": ["fit", "--gpu-memory-mb", "1"],
+    "fit": ["fit", "--gpu-memory-mb", "1024"],
 }
 LATE = "did not send its whole answer within --timeout 3 s"
 SAID = {

@@ -196,11 +196,14 @@ def fit(
     from rayscope.client import api
     from rayscope.core.capacity import fit as fitting
     from rayscope.core.capacity.fit_labels import label_options, with_label_selector
-    from rayscope.core.capacity.sizing import fit_request
+    from rayscope.core.capacity.sizing import fit_request, size_warning
     from rayscope.render.fit import fit_json, fit_lines
 
     with one_line_errors(_verbose):
         request = fit_request(gpu_memory_mb, shape, replicas, num_cpus, memory_mb, gpu_total_mb, sizing.value)
+        warning = size_warning(request.gpu_memory_mb)
+        if warning:
+            sys.stderr.write(f"rayscope: warning: {warning}\n")
         request = with_label_selector(request, label_options(label_selector or []))
         result = api.fit_result(request, api.Source(head, gcs, dashboard), token_file, timeout)
         output.to_stdout((fit_json(result) if json_out else "\n".join(fit_lines(result))) + "\n")

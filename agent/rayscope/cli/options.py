@@ -295,7 +295,7 @@ GpuMemoryOption = Annotated[
         metavar="MB",
         callback=within(limits.GPU_MEMORY_MB),
         parser=as_given,
-        help="GPU memory per replica, as a BioEngine app declares it; -1 = a whole GPU.",
+        help="GPU memory per replica in MB, as a BioEngine app declares it (4 GB = 4096); -1 = a whole GPU.",
     ),
 ]
 

@@ -39,6 +39,10 @@ GPU_HANDLE = 0.01
 
 WHOLE_GPU = -1
 
+LIKELY_GB_BELOW_MB = 64
+"""A ``--gpu-memory-mb`` under this many MB is more likely GB typed as MB (no model fits a
+GPU in 4 MB): it is taken as given, with a warning that says what GB would be."""
+
 GRACE = 0.1
 """BioEngine's ``_GPU_FRACTION_GRACE``: a rounded fraction up to 1 + 0.1 is booked as one
 GPU; more is refused."""
@@ -176,6 +180,17 @@ def request_sizing(status: ClusterStatus, request: FitRequest) -> Sizing:
     if request.memory_mb > 0:
         sizing.shape["memory"] = request.memory_mb * MIB
     return sizing
+
+
+def size_warning(gpu_memory_mb: Optional[int]) -> Optional[str]:
+    """The one-line warning for a ``--gpu-memory-mb`` that reads like GB (see
+    :data:`LIKELY_GB_BELOW_MB`); ``None`` for any other value."""
+    if gpu_memory_mb is None or not 0 < gpu_memory_mb < LIKELY_GB_BELOW_MB:
+        return None
+    return (
+        f"--gpu-memory-mb {gpu_memory_mb} is {gpu_memory_mb} MB, as given; the option is in MB"
+        f" (for {gpu_memory_mb} GB give --gpu-memory-mb {gpu_memory_mb * 1024})"
+    )
 
 
 def fit_request(

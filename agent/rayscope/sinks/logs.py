@@ -13,35 +13,37 @@ from contextlib import contextmanager
 from typing import Any
 
 from rayscope.labels import printable
+from rayscope.units import seconds
 
 THROTTLE_S = 10.0
 
 
 class LogThrottle:
     """One log line per event kind per interval; the repeats are counted and reported with
-    the next line of that kind (or by :meth:`flush`)."""
+    the next line of that kind (or by :meth:`flush`). A kind is a key, never shown: what the
+    log says of the repeats is the line they repeat."""
 
     def __init__(self, logger: logging.Logger, interval_s: float = THROTTLE_S) -> None:
         self._log, self._interval_s = logger, interval_s
-        self._windows: dict[str, tuple[float, int]] = {}  # kind -> (window start, suppressed)
+        self._windows: dict[str, tuple[float, int, str]] = {}  # kind -> (start, suppressed, line)
 
     def note(self, kind: str, message: str, *args: Any, level: int = logging.WARNING) -> None:
         now = time.monotonic()
-        start, suppressed = self._windows.get(kind, (float("-inf"), 0))
+        start, suppressed, line = self._windows.get(kind, (float("-inf"), 0, ""))
         if now - start < self._interval_s:
-            self._windows[kind] = (start, suppressed + 1)
+            self._windows[kind] = (start, suppressed + 1, line)
             return
-        self._windows[kind] = (now, 0)
-        more = f" (and {suppressed} more like it in the last {now - start:.0f} s)" if suppressed else ""
+        self._windows[kind] = (now, 0, message % args if args else message)
+        more = f" (and {suppressed} more like it in the last {seconds(now - start)} s)" if suppressed else ""
         self._log.log(level, message + "%s", *args, more)
 
     def flush(self) -> None:
         """Say how many lines were held back in windows that have ended."""
         now = time.monotonic()
-        for kind, (start, suppressed) in list(self._windows.items()):
+        for kind, (start, suppressed, line) in list(self._windows.items()):
             if suppressed and now - start >= self._interval_s:
-                self._log.warning("%s: %d more in the last %.0f s", kind, suppressed, now - start)
-                self._windows[kind] = (now, 0)
+                self._log.warning("%d more in the last %s s like: %s", suppressed, seconds(now - start), line)
+                self._windows[kind] = (now, 0, line)
 
 
 def daemon_logging(verbose: bool) -> None:

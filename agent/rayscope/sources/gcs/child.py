@@ -57,8 +57,9 @@ def gcs_python(
 
 def _no_ray_reason() -> str:
     return (
-        f"ray is not importable by this Python ({sys.executable}) and no local raylet"
-        " names the Ray node's Python: run rayscope with a Python that has ray"
+        f"ray is not importable by this Python ({sys.executable}), and no raylet this user may"
+        " use names the Ray node's Python (rayscope node names those refused or unreadable): run"
+        " rayscope as root or as the raylet's user, or with a Python that has ray"
     )
 
 

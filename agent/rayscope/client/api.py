@@ -174,7 +174,8 @@ def cluster_state(
     (``http://HOST:7532``) instead, with its ``token_file``; give one of the two.
     ``dashboard``: Ray's dashboard URL, read for every node no agent measures (``None``: where
     the GCS publishes it; ``"none"``: not read).
-    ``timeout``: seconds for the whole read. Raises :class:`RayscopeError`.
+    ``timeout``: seconds for the whole read. Raises :class:`RayscopeError` (a bad argument:
+    before anything is read, naming it; :mod:`rayscope.client.arguments`).
     """
     with _one_error():
         from rayscope.render.status import status_json
@@ -203,8 +204,9 @@ def fit(
 
     ``gpu_memory_mb``: GPU memory per replica as a BioEngine app declares it (-1: a whole
     GPU), sized the way BioEngine books it (``VRAM_MB`` where nodes advertise it, else a GPU
-    fraction); or ``shape``: a raw Ray resource shape (``{"GPU": 0.5, "CPU": 1}``, memory in
-    bytes). ``num_cpus``, ``memory_mb`` (MB): what each replica books besides (0: as declared).
+    fraction); or ``shape``: a raw Ray resource shape, a dict (``{"GPU": 0.5, "CPU": 1}``,
+    memory in bytes; a list of pairs is refused). ``num_cpus``, ``memory_mb`` (MB): what each
+    replica books besides (0: as declared).
     ``label_selector``: Ray's (``{"zone": "!in(a,b)"}``): only the nodes it admits are
     candidates (``admitted_nodes`` counts them; none: ``fits`` is false and ``label_miss``
     says why; a Ray before 2.49 has no labels: :class:`RayscopeError`, exit 2).

@@ -358,3 +358,16 @@ def test_append_checks_the_links_of_what_it_opened(shared: Path, monkeypatch: py
         monkeypatch.undo()
         assert "it has 2 hard links" in str(caught.value)
         assert target.read_text() == "kept\n"
+
+
+def test_the_heads_usage_state_refuses_a_hard_link(linked: tuple[Path, Path]) -> None:
+    """``head --usage-state FILE`` is written as ``--output`` is: a FILE that is a second name
+    of a file elsewhere stops the head at its start (the first save), the file untouched."""
+    from rayscope.head.store.usage_store import open_store
+
+    link, target = linked
+    before = target.read_bytes()
+    with pytest.raises(AgentError) as caught:
+        open_store(3600.0, 5.0, str(link), 0.0, 1_800_000_000.0)
+    assert caught.value.exit_code == files.EXIT_CANNOT_WRITE and "it has 2 hard links" in str(caught.value)
+    assert target.read_bytes() == before and os.stat(target).st_nlink == 2

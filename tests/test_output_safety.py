@@ -277,3 +277,97 @@ def test_output_keeps_the_permissions_of_its_own_file_but_never_set_uid(tmp_path
     target.chmod(0o6755)
     files.write_atomic(str(target), "new\n")
     assert stat.S_IMODE(target.stat().st_mode) == 0o755 and target.read_text() == "new\n"
+
+
+# --- a hard link planted in the output directory -------------------------------------------
+# A hard link is not a symlink: O_NOFOLLOW and lstat see a regular file root owns, and the
+# name in the shared directory is one more name of root's file elsewhere (/etc/..., a log).
+
+
+@pytest.fixture
+def linked(shared: Path) -> Iterator[tuple[Path, Path]]:
+    """(link, target): ``target`` is root's file outside ``shared``; ``link`` its second
+    name in ``shared``, where the cron job writes."""
+    with dirs.open_dir("rayscope-elsewhere-", 0o700) as elsewhere:
+        target = elsewhere / "passwd-like"
+        target.write_text("root:x:0:0::/root:/bin/sh\n")
+        target.chmod(0o644)
+        link = shared / "status.ndjson"
+        os.link(target, link)
+        yield link, target
+
+
+def _status_through_fake_head(*words: str) -> "subprocess.CompletedProcess[str]":
+    from tests import scenarios
+    from tests.conftest import run_rayscope
+    from tests.support.fake_head import fake_head
+
+    with fake_head(scenarios.seed_status()) as head:
+        return run_rayscope("status", "--json", "--head", head.url, *words, timeout=30)
+
+
+@pytest.mark.parametrize("option", ["--append", "--output"])
+def test_status_never_writes_through_a_planted_hard_link(option: str, linked: tuple[Path, Path]) -> None:
+    """``status --json --append LINK`` (and ``--output``) where LINK is a second name of a
+    file elsewhere: refused in one line naming the path and the reason, exit 3, the target
+    untouched and LINK still its second name. Before: ``--append`` added root's line to the
+    target, and ``--output`` replaced LINK (exit 0)."""
+    link, target = linked
+    before = target.read_bytes()
+    done = _status_through_fake_head(option, str(link))
+    verb = "append to" if option == "--append" else "write"
+    assert done.returncode == files.EXIT_CANNOT_WRITE, done.stderr
+    assert done.stderr == (
+        f"rayscope: cannot {verb} {link}: it has 2 hard links, so it is also a file of another name"
+        " elsewhere (rayscope writes a file of one name only: remove it, or name a new file)\n"
+    )
+    assert target.read_bytes() == before and done.stdout == ""
+    assert os.lstat(link).st_ino == os.stat(target).st_ino and os.stat(target).st_nlink == 2
+
+
+@pytest.mark.parametrize("option", ["--append", "--output"])
+def test_status_writes_a_file_of_one_name(option: str, tmp_path: Path) -> None:
+    """Positive control for the hard-link refusal: a file with one link (and a new one) is
+    written."""
+    for target in (tmp_path / "new", tmp_path / "old"):
+        if target.name == "old":
+            target.write_text("")
+        done = _status_through_fake_head(option, str(target))
+        assert done.returncode in (0, 1), done.stderr
+        assert json.loads(target.read_text().splitlines()[0] if option == "--append" else target.read_text())
+
+
+def test_append_checks_the_links_of_what_it_opened(shared: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race: nothing is at the path when rayscope looks, a hard link is there when it
+    opens. A check by path before the open (``lstat``) passes; the check of the opened
+    descriptor (``fstat``) refuses."""
+    with dirs.open_dir("rayscope-elsewhere-", 0o700) as elsewhere:
+        target = elsewhere / "log"
+        target.write_text("kept\n")
+        link = shared / "status.ndjson"
+        real_open = os.open
+
+        def plant_then_open(path: "str | os.PathLike[str]", *args: object, **kwargs: object) -> int:
+            if os.fspath(path) == str(link) and not os.path.lexists(link):
+                os.link(target, link)  # the planter wins the race
+            return real_open(path, *args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(os, "open", plant_then_open)
+        with pytest.raises(AgentError) as caught:
+            files.append_line(str(link), '{"a": 1}')
+        monkeypatch.undo()
+        assert "it has 2 hard links" in str(caught.value)
+        assert target.read_text() == "kept\n"
+
+
+def test_the_heads_usage_state_refuses_a_hard_link(linked: tuple[Path, Path]) -> None:
+    """``head --usage-state FILE`` is written as ``--output`` is: a FILE that is a second name
+    of a file elsewhere stops the head at its start (the first save), the file untouched."""
+    from rayscope.head.store.usage_store import open_store
+
+    link, target = linked
+    before = target.read_bytes()
+    with pytest.raises(AgentError) as caught:
+        open_store(3600.0, 5.0, str(link), 0.0, 1_800_000_000.0)
+    assert caught.value.exit_code == files.EXIT_CANNOT_WRITE and "it has 2 hard links" in str(caught.value)
+    assert target.read_bytes() == before and os.stat(target).st_nlink == 2

@@ -16,9 +16,10 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Union
 
+from rayscope.client import arguments as check
 from rayscope.core import limits
 from rayscope.defaults import DEFAULT_TIMEOUT_S
-from rayscope.errors import EXIT_INTERNAL, EXIT_USAGE, AgentError, RayscopeError
+from rayscope.errors import EXIT_INTERNAL, AgentError, RayscopeError
 from rayscope.net.addresses import parse_gcs_address
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 __all__ = ["RayscopeError", "cluster_state", "fit", "usage"]
 
 NO_DASHBOARD = "none"
-"""``dashboard=`` that reads no Ray dashboard (as ``None``)."""
+"""``dashboard=`` that reads no Ray dashboard (any case, as ``--dashboard`` takes it)."""
 
 
 class Source(NamedTuple):
@@ -56,30 +57,22 @@ def _one_error() -> Iterator[None]:
         raise RayscopeError(f"internal error: {type(err).__name__}: {err}", EXIT_INTERNAL) from err
 
 
-def _usage(message: str) -> RayscopeError:
-    return RayscopeError(message, EXIT_USAGE)
+_usage = check.usage
 
 
-def _number(name: str, value: object, limit: limits.Limit) -> float:
-    """``value`` checked as the command line checks its option (:func:`rayscope.core.limits.check`)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _usage(f"{name}={value!r}: not a number: {limits.wanted(limit)}")
-    try:
-        return limits.check(name, value, limit)
-    except ValueError as err:
-        raise _usage(str(err)) from None
-
-
-def _source(gcs: Optional[str], head: Optional[str], dashboard: Optional[str]) -> Source:
+def _source(gcs: object, head: object, dashboard: object) -> Source:
     """The arguments that say where to read, checked as the command line checks ``--gcs``,
     ``--head`` (one of them) and ``--dashboard``."""
     from rayscope.client.request import parse_head_url
 
+    gcs = check.text("gcs", gcs, check.MAX_ADDRESS_CHARS)
+    head = check.text("head", head, check.MAX_ADDRESS_CHARS)
+    dashboard = check.text("dashboard", dashboard, check.MAX_ADDRESS_CHARS)
     if head is not None and gcs is not None:
         raise _usage("head= with gcs=: two sources, give one (head= reads a head agent, gcs= the GCS)")
     if dashboard is not None and head is not None:
         raise _usage("dashboard= with head=: a head reads the dashboard itself, give one")
-    if dashboard is not None and dashboard != NO_DASHBOARD:
+    if dashboard is not None and dashboard.strip().lower() != NO_DASHBOARD:
         from rayscope.sources.dashboard import parse_url
 
         try:
@@ -97,14 +90,48 @@ def _source(gcs: Optional[str], head: Optional[str], dashboard: Optional[str]) -
 
 
 def _selector(selector: object) -> Optional[dict[str, str]]:
-    """``label_selector=`` checked as a mapping of strings (Ray's own type for it)."""
+    """``label_selector=`` checked as a mapping of strings (Ray's own type for it), then as
+    Ray would parse it."""
+    from rayscope.core.capacity import selectors
+
     if selector is None:
         return None
-    if not isinstance(selector, Mapping) or not all(
-        isinstance(x, str) for item in selector.items() for x in item
-    ):
-        raise _usage(f"label_selector={selector!r}: give a dict of str to str, e.g. {{'zone': '!in(a,b)'}}")
-    return dict(selector)
+    checked = check.mapping(
+        "label_selector", selector, check.label_value, "a dict of str to str, e.g. {'zone': '!in(a,b)'}"
+    )
+    try:
+        selectors.parse(checked)
+    except ValueError as err:
+        raise _usage(f"label_selector=: {err}") from None
+    return checked
+
+
+def _shape(shape: object, num_cpus: float, memory_mb: float) -> Optional[dict[str, float]]:
+    """``shape=`` checked as a dict of Ray resource names to amounts, then as ``--shape``
+    is (:func:`rayscope.core.capacity.sizing.validate_shape`); with ``num_cpus`` and
+    ``memory_mb``, each resource given once."""
+    from rayscope.core.capacity.sizing import validate_shape
+
+    if shape is None:
+        return None
+    example = "{'GPU': 0.5, 'CPU': 1}, memory in bytes"
+    try:
+        checked = validate_shape(check.mapping("shape", shape, check.amount, example))
+    except ValueError as err:
+        raise _usage(f"shape=: {err}") from None
+    if num_cpus > 0 and "CPU" in checked:
+        raise _usage("num_cpus= and a CPU in shape=: give CPUs once")
+    if memory_mb > 0 and "memory" in checked:
+        raise _usage("memory_mb= and a memory in shape=: give memory once")
+    return checked
+
+
+def _token_file(token_file: object) -> Optional[str]:
+    return check.text("token_file", token_file, check.MAX_PATH_CHARS, path=True)
+
+
+def _timeout(timeout: object) -> float:
+    return float(check.number("timeout", timeout, limits.SECONDS))
 
 
 def _document(text: str) -> dict[str, Any]:
@@ -147,13 +174,15 @@ def cluster_state(
     (``http://HOST:7532``) instead, with its ``token_file``; give one of the two.
     ``dashboard``: Ray's dashboard URL, read for every node no agent measures (``None``: where
     the GCS publishes it; ``"none"``: not read).
-    ``timeout``: seconds for the whole read. Raises :class:`RayscopeError`.
+    ``timeout``: seconds for the whole read. Raises :class:`RayscopeError` (a bad argument:
+    before anything is read, naming it; :mod:`rayscope.client.arguments`).
     """
     with _one_error():
         from rayscope.render.status import status_json
 
         source = _source(gcs, head, dashboard)
-        seconds = _number("timeout", timeout, limits.SECONDS)
+        token_file = _token_file(token_file)
+        seconds = _timeout(timeout)
         return _document(status_json(read_status(source, token_file, seconds, gpus=False)))
 
 
@@ -175,8 +204,9 @@ def fit(
 
     ``gpu_memory_mb``: GPU memory per replica as a BioEngine app declares it (-1: a whole
     GPU), sized the way BioEngine books it (``VRAM_MB`` where nodes advertise it, else a GPU
-    fraction); or ``shape``: a raw Ray resource shape (``{"GPU": 0.5, "CPU": 1}``, memory in
-    bytes). ``num_cpus``, ``memory_mb`` (MB): what each replica books besides (0: as declared).
+    fraction); or ``shape``: a raw Ray resource shape, a dict (``{"GPU": 0.5, "CPU": 1}``,
+    memory in bytes; a list of pairs is refused). ``num_cpus``, ``memory_mb`` (MB): what each
+    replica books besides (0: as declared).
     ``label_selector``: Ray's (``{"zone": "!in(a,b)"}``): only the nodes it admits are
     candidates (``admitted_nodes`` counts them; none: ``fits`` is false and ``label_miss``
     says why; a Ray before 2.49 has no labels: :class:`RayscopeError`, exit 2).
@@ -190,13 +220,21 @@ def fit(
         from rayscope.render.fit import fit_json
 
         source = _source(gcs, head, None)
-        seconds = _number("timeout", timeout, limits.SECONDS)
+        token_file = _token_file(token_file)
+        seconds = _timeout(timeout)
+        if gpu_memory_mb is not None and shape is not None:
+            raise _usage(
+                "gpu_memory_mb= with shape=: give one (a size as BioEngine declares it, or a raw shape)"
+            )
+        if gpu_memory_mb is None and shape is None:
+            raise _usage("give gpu_memory_mb= (MB per replica, -1: a whole GPU) or shape= (a raw Ray shape)")
         if gpu_memory_mb is not None:
-            gpu_memory_mb = int(_number("gpu_memory_mb", gpu_memory_mb, limits.GPU_MEMORY_MB))
-        count = int(_number("replicas", replicas, limits.REPLICAS))
-        cpus = _number("num_cpus", num_cpus, limits.CPUS)
-        mebibytes = _number("memory_mb", memory_mb, limits.MEBIBYTES)
-        shape_json = None if shape is None else json.dumps(dict(shape))
+            gpu_memory_mb = int(check.number("gpu_memory_mb", gpu_memory_mb, limits.GPU_MEMORY_MB))
+        count = int(check.number("replicas", replicas, limits.REPLICAS))
+        cpus = float(check.number("num_cpus", num_cpus, limits.CPUS))
+        mebibytes = float(check.number("memory_mb", memory_mb, limits.MEBIBYTES))
+        checked_shape = _shape(shape, cpus, mebibytes)
+        shape_json = None if checked_shape is None else json.dumps(checked_shape)
         request = with_label_selector(
             fit_request(gpu_memory_mb, shape_json, count, cpus, mebibytes), _selector(label_selector)
         )
@@ -223,9 +261,14 @@ def usage(
         source = _source(None, head, None)
         if source.head is None:
             raise _usage("usage needs head=, the head agent's URL: only the head remembers")
-        seconds = _number("timeout", timeout, limits.SECONDS)
+        token_file = _token_file(token_file)
+        seconds = _timeout(timeout)
+        window_s: Optional[float] = None
+        if window is not None and not isinstance(window, str):
+            window_s = float(check.number("window", window, check.window_limit()))
+        window_text = None if window_s is not None else check.text("window", window, check.MAX_WINDOW_CHARS)
         try:
-            window_s = None if window is None else parse_window(str(window))
+            window_s = window_s if window_text is None else parse_window(window_text)
         except ValueError as err:
             raise _usage(f"window=: {err}") from None
         doc = client.read_usage(

@@ -15,10 +15,12 @@ exclusive ``flock`` so that the truncation cuts only this writer's bytes.
 Files in shared directories (SECURITY.md, rule 1): root's cron job writes where other users
 can plant things, so neither function follows a symlink at FILE, writes anything but a
 regular file, writes into a file another user owns (root or the user running rayscope must
-own it), or waits for ever: ``append_line`` opens with ``O_NOFOLLOW | O_NONBLOCK`` (a FIFO
-without a reader is an error at once, not a wait) and checks what it opened (``fstat``)
-before writing a byte, and waits at most :data:`LOCK_WAIT_S` for the lock (anyone who can
-read the file can ``flock`` it); ``write_atomic`` never opens the target at all (it renames
+own it), writes a file with more than one hard link (another user's second name, in the
+shared directory, for root's file elsewhere), or waits for ever: ``append_line`` opens with
+``O_NOFOLLOW | O_NONBLOCK`` (a FIFO without a reader is an error at once, not a wait) and
+checks what it opened (``fstat``: its kind, owner and links) before writing a byte, and
+waits at most :data:`LOCK_WAIT_S` for the lock (anyone who can read the file can ``flock``
+it); ``write_atomic`` never opens the target at all (it renames
 over it), checks it with ``lstat``, and gives the new file this user's mode: the old file's
 permission bits when it was this user's, else what the umask gives a new file, never set-uid,
 set-gid or sticky bits.
@@ -59,8 +61,8 @@ def _kind(mode: int) -> str:
 
 
 def _refusal(path: str, verb: str, st: os.stat_result, me: int) -> Optional[AgentError]:
-    """Why rayscope must not write ``path`` (its ``lstat``/``fstat``): not a regular file, or
-    another user's; ``None`` when it may."""
+    """Why rayscope must not write ``path`` (its ``lstat``/``fstat``): not a regular file,
+    another user's, or one with more than one name (hard links); ``None`` when it may."""
     if stat.S_ISLNK(st.st_mode):
         return _fail(path, verb, "it is a symlink, and rayscope never follows one (name the real file)")
     if not stat.S_ISREG(st.st_mode):
@@ -72,6 +74,13 @@ def _refusal(path: str, verb: str, st: os.stat_result, me: int) -> Optional[Agen
             path,
             verb,
             f"it belongs to uid {st.st_uid}, not to root or uid {me} (remove it, or name a file of your own)",
+        )
+    if st.st_nlink > 1:  # a hard link another user made to root's file elsewhere: no symlink to see
+        return _fail(
+            path,
+            verb,
+            f"it has {st.st_nlink} hard links, so it is also a file of another name elsewhere"
+            " (rayscope writes a file of one name only: remove it, or name a new file)",
         )
     return None
 

@@ -60,7 +60,10 @@ def validate_shape(shape: Mapping[str, object]) -> dict[str, float]:
             raise ValueError(f"unknown resource {name!r}: rayscope places {known}")
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{name}: {value!r} is not a number")
-        amount = float(value)
+        try:
+            amount = float(value)
+        except OverflowError:  # a JSON integer of 400 digits: no float holds it
+            raise ValueError(f"{name}: not a finite number") from None
         if not math.isfinite(amount) or amount < 0:
             raise ValueError(f"{name}: {value!r} must be a number of at least 0")
         if name == "GPU" and amount > 1 and amount != int(amount):

@@ -2,12 +2,15 @@
 screen), and the real thing in a pseudo-terminal against the live cluster: frames redraw in
 place, a booking made meanwhile lights up, Ctrl-C leaves the terminal as it was."""
 
+import contextlib
 import io
 import os
 import re
+import signal
 import sys
 import termios
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import msgspec
@@ -163,7 +166,9 @@ FRAME = re.compile(r"\x1b\[H(.*?)\x1b\[J", re.DOTALL)
 
 @pytest.mark.live
 def test_watch_in_a_terminal(live_cluster: LiveCluster, rayscope_env: dict[str, str]) -> None:
-    env = {**rayscope_env, "TERM": "xterm", "PYTHONUNBUFFERED": "1"}
+    # PYTHONFAULTHANDLER: a watch that outlives Ctrl-C is sent SIGABRT and prints where each
+    # of its threads was (seen once under CI's load, never alone: the dump says why).
+    env = {**rayscope_env, "TERM": "xterm", "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
     script = (
         "stty -g; "
         f"{sys.executable} -m rayscope status --watch 0.5 --gcs {live_cluster.gcs_address}; "
@@ -203,7 +208,8 @@ def test_watch_in_a_terminal(live_cluster: LiveCluster, rayscope_env: dict[str, 
 
         started = time.monotonic()
         child.sendintr()
-        child.expect_exact(watch.LEAVE)
+        left = child.expect_exact([watch.LEAVE, pexpect.TIMEOUT], timeout=30)
+        assert left == 0, f"Ctrl-C did not end the watch within 30 s:\n{stuck_watch(child)}"
         child.expect(r"EXIT=(\d+)\r\n")
         assert child.match.group(1) == "0"
         child.expect(r"(\S+)\r\n")
@@ -212,6 +218,26 @@ def test_watch_in_a_terminal(live_cluster: LiveCluster, rayscope_env: dict[str, 
         child.expect(pexpect.EOF)
     finally:
         child.close(force=True)
+
+
+def stuck_watch(child: Any) -> str:
+    """What a watch that did not end was doing: its processes (state, kernel wait) and, after
+    SIGABRT, the Python stack of each of its threads (faulthandler, on the terminal)."""
+    import psutil
+
+    shell = psutil.Process(child.pid)
+    tree = [shell, *shell.children(recursive=True)]
+    rows, watcher = [], None
+    for proc in tree:
+        with contextlib.suppress(psutil.Error, OSError):
+            argv, wchan = proc.cmdline(), Path(f"/proc/{proc.pid}/wchan").read_text()
+            rows.append(f"{proc.pid} {proc.status()} {wchan} {' '.join(argv)[:160]}")
+            watcher = proc if "--watch" in argv else watcher
+    if watcher is not None:
+        watcher.send_signal(signal.SIGABRT)
+        with contextlib.suppress(pexpect.TIMEOUT, pexpect.EOF):
+            child.expect(pexpect.EOF, timeout=10)
+    return "\n".join(rows) + "\n" + str(child.before)[-6000:]
 
 
 def termios_echo(child: Any) -> bool:

@@ -1,9 +1,9 @@
 """Who listens on a TCP port of this host, and whether it may be handed a secret
-(:func:`untrusted`): the owner (uid) of every listening socket that a
-connection to an address of this host and a port could reach, from the kernel's tables
-``/proc/net/tcp`` and ``/proc/net/tcp6`` (the rows in state ``0A``, LISTEN; their ``uid``
-column), and whether an address is this host's at all (loopback, or one of its interfaces'
-addresses, as ``psutil`` lists them).
+(:func:`untrusted`): the owner (uid) of every listening socket that a connection to an
+address of this host and a port could reach, from the kernel's tables ``/proc/net/tcp`` and
+``/proc/net/tcp6`` (the rows in state ``0A``, LISTEN; their ``uid`` column), and whether an
+address is this host's at all (loopback, or one of its interfaces' addresses, as ``psutil``
+lists them).
 
 Both read this process's network namespace: the one a connection from here goes through.
 Bounded: each table is read line by line, at most :data:`MAX_TABLE_BYTES`. Never raises: a

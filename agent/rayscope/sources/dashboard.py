@@ -354,11 +354,9 @@ def fetch(address: Address, timeout_s: float, environ: Mapping[str, str] = os.en
     except Unanswered as err:
         return Fetched(failed=_failed(str(err)), withheld=withheld)
     refused = refused_token(status, address.url, token_source, withheld)
-    return (
-        Fetched(failed=_failed(refused), withheld=withheld)
-        if refused
-        else Fetched(status, body, None, withheld)
-    )
+    if refused:
+        return Fetched(failed=_failed(refused), withheld=withheld)
+    return Fetched(status, body, withheld=withheld)
 
 
 def read_nodes(

@@ -50,7 +50,7 @@ def test_the_get_starts_from_the_childs_early_line(tmp_path: Path, fake_gcs: str
     python.write_text(f'#!/bin/sh\necho \'{mark}\' >&2\nsleep 1.5\necho \'{{"ok": false, "error": "x"}}\'\n')
     python.chmod(0o755)
     deadline = Deadline(10.0)
-    early = ParallelRead(None, deadline, "127.0.0.1", {})
+    early = ParallelRead(None, deadline, {})
     gcs_child.read_cluster(fake_gcs, 10.0, str(python), watch=gcs_child.Watch(deadline, early.on_child_line))
     answered = time.monotonic()
     assert asked and asked[0] < answered - 1.0, "the dashboard was asked after the GCS read"
@@ -62,7 +62,7 @@ def test_the_get_starts_from_the_childs_early_line(tmp_path: Path, fake_gcs: str
 def test_an_address_the_operator_named_is_asked_at_once(serving: Serving) -> None:
     asked: list[float] = []
     server = serving(timed(asked))
-    early = ParallelRead(server.url, Deadline(5.0), "127.0.0.1", {})
+    early = ParallelRead(server.url, Deadline(5.0), {})
     deadline = time.monotonic() + 5
     while not asked and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -73,16 +73,14 @@ def test_an_address_the_operator_named_is_asked_at_once(serving: Serving) -> Non
 
 def test_the_environment_names_it_too(serving: Serving) -> None:
     server = serving(timed([]))
-    read = ParallelRead(None, Deadline(5.0), None, {dashboard.DASHBOARD_ENV: server.url}).result(
-        None, None, ""
-    )
+    read = ParallelRead(None, Deadline(5.0), {dashboard.DASHBOARD_ENV: server.url}).result(None, None, "")
     assert read is not None and read.status.ok and "address from $RAYSCOPE_DASHBOARD" in read.status.detail
 
 
 def test_a_hanging_dashboard_costs_nothing_past_the_deadline(serving: Serving) -> None:
     server = serving(hangs)
     started = time.monotonic()
-    early = ParallelRead(server.url, Deadline(1.0), None, {})
+    early = ParallelRead(server.url, Deadline(1.0), {})
     read = early.result("2.60.0", None, "")
     assert time.monotonic() - started < 1.6
     assert read is not None and not read.status.ok and "did not answer in time" in read.status.reason
@@ -90,7 +88,7 @@ def test_a_hanging_dashboard_costs_nothing_past_the_deadline(serving: Serving) -
 
 def test_a_child_whose_line_never_came_leaves_the_address_to_its_answer(serving: Serving) -> None:
     server = serving(timed([]))
-    early = ParallelRead(None, Deadline(5.0), "127.0.0.1", {})
+    early = ParallelRead(None, Deadline(5.0), {})
     early.on_child_line("rayscope: ray imported\n")
     early.on_child_line(gcs_read.DASHBOARD_MARK + "not json\n")
     read = early.result("2.60.0", host_port(server.url), "")
@@ -98,7 +96,7 @@ def test_a_child_whose_line_never_came_leaves_the_address_to_its_answer(serving:
 
 
 def test_no_published_address_says_the_fix() -> None:
-    early = ParallelRead(None, Deadline(5.0), None, {})
+    early = ParallelRead(None, Deadline(5.0), {})
     early.on_child_line(gcs_read.DASHBOARD_MARK + "null\n")
     read = early.result(None, None, "the cluster published no dashboard address")
     assert read is not None and not read.status.ok
@@ -109,15 +107,15 @@ def test_no_published_address_says_the_fix() -> None:
 
 @pytest.mark.parametrize("off", ["none", "NONE", " none "])
 def test_none_reads_nothing(off: str) -> None:
-    early = ParallelRead(off, Deadline(5.0), None, {})
+    early = ParallelRead(off, Deadline(5.0), {})
     assert early.result(None, "127.0.0.1:1", "") is None
     assert early.off_status().ok and early.off_status().detail == "not read (--dashboard none)"
 
 
 def test_a_bad_address_is_a_usage_error_before_anything_starts(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="--dashboard"):
-        ParallelRead("ftp://x", Deadline(5.0), None, {})
+        ParallelRead("ftp://x", Deadline(5.0), {})
     monkeypatch.setenv(dashboard.DASHBOARD_ENV, "http://")
     with pytest.raises(AgentError) as caught:
-        collect.start_dashboard(None, Deadline(5.0), "127.0.0.1:6379")
+        collect.start_dashboard(None, Deadline(5.0))
     assert caught.value.exit_code == EXIT_USAGE and "$RAYSCOPE_DASHBOARD" in str(caught.value)

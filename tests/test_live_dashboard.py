@@ -109,7 +109,7 @@ def test_every_node_reads_its_own_gpus_from_the_dashboard(
     assert address is not None, why
     before = time.time()
     version = child_answer["cluster_ray_version"]
-    nodes, status = dashboard.read_nodes(address, 30.0, version, {}, "127.0.0.1")
+    nodes, status = dashboard.read_nodes(address, 30.0, version, {})
     assert status.ok, status.reason
     head, denbi = nodes[dashboard_cluster.node_id("head")], nodes[dashboard_cluster.node_id("denbi")]
     assert head.gpus is not None and denbi.gpus is not None

@@ -23,15 +23,20 @@ def answer(*nodes: dict[str, Any]) -> bytes:
 
 
 class FakeDashboard:
-    """A listening socket on 127.0.0.1 whose every connection is handed to ``serve``; over
-    TLS with the server ``context`` given (its URL then https)."""
+    """A listening socket on 127.0.0.1 (or the ``listener`` given) whose every connection is
+    handed to ``serve``; over TLS with the server ``context`` given (its URL then https)."""
 
     def __init__(
-        self, serve: Callable[[socket.socket, bytes], None], context: Optional[ssl.SSLContext] = None
+        self,
+        serve: Callable[[socket.socket, bytes], None],
+        context: Optional[ssl.SSLContext] = None,
+        listener: Optional[socket.socket] = None,
     ) -> None:
-        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener = listener if listener is not None else socket.create_server(("127.0.0.1", 0))
         scheme = "https" if context is not None else "http"
-        self.url = f"{scheme}://127.0.0.1:{self.listener.getsockname()[1]}"
+        host, port = self.listener.getsockname()[:2]
+        shown = f"[{host}]" if ":" in host else host
+        self.url = f"{scheme}://{shown}:{port}"
         self.serve, self.context = serve, context
         self.requests: list[bytes] = []
         self.stop = threading.Event()

@@ -15,7 +15,7 @@ from rayscope.core.gpu.attribution import attribute_cluster, attribute_node, lea
 from rayscope.core.gpu.settled import settle_gpus as settle_gpus_once
 from rayscope.core.rollup import merge, scheduler_nodes
 from rayscope.errors import EXIT_NO_DATA, EXIT_USAGE, AgentError
-from rayscope.net.addresses import parse_address, split_address
+from rayscope.net.addresses import parse_address
 from rayscope.net.deadline import Deadline
 from rayscope.node.cuda_samples import CudaSamples, settle_gpus
 from rayscope.schema.node import NodeDiagnostics
@@ -137,12 +137,12 @@ def resolve_gcs_here(explicit: Optional[str]) -> str:
     return resolve_gcs(explicit, raylets, raylet_status=status)
 
 
-def start_dashboard(option: Optional[str], deadline: Deadline, gcs_address: str) -> ParallelRead:
+def start_dashboard(option: Optional[str], deadline: Deadline) -> ParallelRead:
     """Ray's dashboard read of one command (``--dashboard``, ``$RAYSCOPE_DASHBOARD``, else
     the address the GCS published), begun as early as its address is known; a bad address the
     operator gave is a usage error (exit 2)."""
     try:
-        return ParallelRead(option, deadline, split_address(gcs_address)[0])
+        return ParallelRead(option, deadline)
     except ValueError as err:
         raise AgentError(str(err), EXIT_USAGE) from None
 
@@ -176,7 +176,7 @@ def cluster_here(
     ``ask_dashboard=False``: no dashboard read, and no word of it. An :class:`AgentError`
     (exit 2) when the GCS does not answer."""
     deadline = Deadline(timeout_s)
-    early = start_dashboard(dashboard if ask_dashboard else "none", deadline, address)
+    early = start_dashboard(dashboard if ask_dashboard else "none", deadline)
     python = gcs_child.gcs_python(raylets, address, gcs.ray_importable())
     answer: list[dict[str, Any]] = []
     watch = gcs_child.Watch(deadline, early.on_child_line)

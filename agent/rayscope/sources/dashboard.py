@@ -11,7 +11,8 @@ from its ``Content-Length`` (:mod:`rayscope.sources.dashboard_http`); every numb
 msgspec's bounds or :func:`rayscope.units.parse_count`, every string through
 :func:`rayscope.labels.printable`; a node whose entry breaks a rule is left out and counted, the
 others stand. Ray token auth (:func:`ray_token`) is honoured the way Ray's own clients find
-the token. What each Ray release answers: ``docs/dashboard.md`` (recorded answers in
+the token, and the token goes only to a listener that is the dashboard
+(:func:`token_withheld`). What each Ray release answers: ``docs/dashboard.md`` (recorded answers in
 ``tests/data/dashboard/``). Never raises past :func:`read_nodes`: failure is a
 ``SourceStatus``.
 """
@@ -34,6 +35,7 @@ from rayscope.schema.dashboard import (
     DashboardProcess,
 )
 from rayscope.schema.report import MAX_DEVICES, MAX_PROCESSES_PER_GPU, Amount, SourceStatus
+from rayscope.sources import listeners
 from rayscope.sources.dashboard_http import DEFAULT_PORT, Unanswered, get
 from rayscope.sources.gcs import read as gcs_read
 from rayscope.units import MIB, parse_count
@@ -193,13 +195,16 @@ def ray_token(environ: Mapping[str, str]) -> tuple[Optional[bytes], str]:
     return read_token_file(path, shared_read=True, min_bytes=RAY_TOKEN_MIN_BYTES), found
 
 
-def sends_token(address: Address, gcs_host: Optional[str]) -> bool:
-    """Whether the token goes to ``address``: always to one the operator named; to one the
-    GCS published only on the GCS's own host (anyone who can write the GCS's KV could name
-    another host and collect the token)."""
+def token_withheld(address: Address, me: Optional[int] = None, proc_net: str = listeners.PROC_NET) -> str:
+    """Why Ray's token must not go to ``address`` (``""``: it may): the one rule of every
+    read that sends it (``status``, ``fit``, ``rayscope.cluster_state()``, the head's polls).
+    To an address the operator named, always; to one the GCS published (which it keeps after
+    the dashboard is gone), only when root or ``me`` (default: this process's effective uid)
+    listens there on this host (:func:`rayscope.sources.listeners.untrusted`)."""
     if address.origin != "GCS":
-        return True
-    return gcs_host is not None and urlsplit(address.url).hostname == gcs_host.strip("[]")
+        return ""
+    url = urlsplit(address.url)
+    return listeners.untrusted(url.hostname or "", url.port or DEFAULT_PORT, me, proc_net)
 
 
 def _number(value: Union[int, str], what: str, maximum: int) -> int:
@@ -309,12 +314,13 @@ def _failed(reason: str) -> SourceStatus:
     return SourceStatus(name=SOURCE, ok=False, reason=reason)
 
 
-def refused_token(status: int, url: str, token_source: str, withheld: bool) -> Optional[str]:
-    """The reason of a 401 or 403, naming the fix; ``None`` for any other status."""
-    if status == 401 and withheld:
+def refused_token(status: int, url: str, token_source: str, withheld: str) -> Optional[str]:
+    """The reason of a 401 or 403, naming the fix (``withheld``: why the token was not sent,
+    :func:`token_withheld`); ``None`` for any other status."""
+    if status in (401, 403) and withheld:
         return (
-            f"the Ray dashboard at {url} requires a token: the one from {token_source} goes only to"
-            " a dashboard on the GCS's host; name this one with --dashboard to send it"
+            f"the Ray dashboard at {url} requires a token: the one from {token_source} was withheld"
+            f" ({withheld}); to send it, name this dashboard: --dashboard {url} (or ${DASHBOARD_ENV})"
         )
     if status == 401:
         return f"the Ray dashboard at {url} requires a token: set RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH"
@@ -330,27 +336,27 @@ class Fetched(NamedTuple):
     status: int = 0
     body: bytes = b""
     failed: Optional[SourceStatus] = None
+    withheld: str = ""
+    """Why Ray's token was not sent (:func:`token_withheld`); ``""``: sent, or none to send."""
 
 
-def fetch(
-    address: Address,
-    timeout_s: float,
-    environ: Mapping[str, str] = os.environ,
-    gcs_host: Optional[str] = None,
-) -> Fetched:
+def fetch(address: Address, timeout_s: float, environ: Mapping[str, str] = os.environ) -> Fetched:
     """The one GET under ``timeout_s``, with Ray's token where it may go
-    (:func:`sends_token`); a refused token is a failure naming its fix; never raises."""
+    (:func:`token_withheld`: else without it); a refused token is a failure naming its fix;
+    never raises."""
     try:
         token, token_source = ray_token(environ)
     except ValueError as err:
         return Fetched(failed=_failed(str(err)))
-    withheld = token is not None and not sends_token(address, gcs_host)
+    withheld = token_withheld(address) if token is not None else ""
     try:
         status, body = get(address.url, None if withheld else token, timeout_s)
     except Unanswered as err:
-        return Fetched(failed=_failed(str(err)))
+        return Fetched(failed=_failed(str(err)), withheld=withheld)
     refused = refused_token(status, address.url, token_source, withheld)
-    return Fetched(failed=_failed(refused)) if refused else Fetched(status, body)
+    if refused:
+        return Fetched(failed=_failed(refused), withheld=withheld)
+    return Fetched(status, body, withheld=withheld)
 
 
 def read_nodes(
@@ -358,11 +364,10 @@ def read_nodes(
     timeout_s: float,
     cluster_ray_version: Optional[str],
     environ: Mapping[str, str] = os.environ,
-    gcs_host: Optional[str] = None,
 ) -> tuple[dict[str, DashboardNode], SourceStatus]:
     """One read of the dashboard at ``address`` under ``timeout_s``: its nodes by node id and
     the source's status; never raises."""
-    return parsed(fetch(address, timeout_s, environ, gcs_host), address, cluster_ray_version)
+    return parsed(fetch(address, timeout_s, environ), address, cluster_ray_version)
 
 
 def parsed(
@@ -371,4 +376,7 @@ def parsed(
     """:func:`fetch`'s answer read (:func:`parse_summary`), or its failure."""
     if fetched.failed is not None:
         return {}, fetched.failed
-    return parse_summary(fetched.status, fetched.body, address.url, cluster_ray_version)
+    nodes, status = parse_summary(fetched.status, fetched.body, address.url, cluster_ray_version)
+    if status.ok and fetched.withheld:
+        status.detail += f"; Ray's token withheld: {fetched.withheld}"
+    return nodes, status

@@ -37,13 +37,12 @@ class ParallelRead:
         self,
         option: Optional[str],
         deadline: Deadline,
-        gcs_host: Optional[str],
         environ: Mapping[str, str] = os.environ,
     ) -> None:
         """``option``: ``--dashboard``'s value (``None``: not given); ``deadline``: the
-        command's; ``gcs_host``: the GCS's host (the token goes to a published dashboard
-        only there). A bad URL the operator named is a ``ValueError``, before anything starts."""
-        self._deadline, self._gcs_host, self._environ = deadline, gcs_host, environ
+        command's (Ray's token goes where :func:`dashboard.token_withheld` allows). A bad URL
+        the operator named is a ``ValueError``, before anything starts."""
+        self._deadline, self._environ = deadline, environ
         self._lock = threading.Lock()
         self._thread: Optional[threading.Thread] = None
         self._address: Optional[dashboard.Address] = None
@@ -73,7 +72,7 @@ class ParallelRead:
         if left <= 0:
             self._fetched = dashboard.Fetched(failed=_failed("not read: the command's deadline had passed"))
             return
-        self._fetched = dashboard.fetch(self._address, left, self._environ, self._gcs_host)
+        self._fetched = dashboard.fetch(self._address, left, self._environ)
 
     def on_published(self, published: Optional[str], published_error: str = "") -> None:
         """The address the cluster published (the GCS child's early line, or its answer):

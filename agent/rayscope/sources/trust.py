@@ -9,7 +9,9 @@ Pure checks on ``stat`` results and uids; :func:`raylet_python_refusal`, which r
 one raylet, and :func:`process_refusal`, which :func:`rayscope.sources.raylet.find_raylets` and
 :mod:`rayscope.sources.procs` apply to every raylet process (another user's raylet is no source
 of anything: GCS address, node id, session directory, Python); :func:`open_trusted`, which
-opens a file such as ``ray_current_cluster`` only through directories nobody else can change.
+opens a file such as ``ray_current_cluster`` only through directories nobody else can change;
+:func:`listener_refusal`, which :func:`rayscope.sources.dashboard.token_withheld` applies to
+the sockets listening at a published dashboard address before Ray's token goes there.
 A refusal is a sentence naming the object and the reason; ``None`` means trusted.
 
 Also the environment of a child process (:func:`child_env`): only what Ray's client needs.
@@ -18,7 +20,7 @@ Also the environment of a child process (:func:`child_env`): only what Ray's cli
 import importlib.util
 import os
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Optional
 
 CHILD_ENV_NAMES = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR")
@@ -52,6 +54,15 @@ def process_refusal(pid: int, uids: Sequence[int], me: int) -> Optional[str]:
     for uid in uids:
         if not _trusted_uid(uid, me):
             return f"pid {pid} runs as uid {uid}, not as root or uid {me}"
+    return None
+
+
+def listener_refusal(where: str, uids: Iterable[int], me: int) -> Optional[str]:
+    """Why what listens at ``where`` (the owners of its listening sockets) cannot be
+    trusted with a secret: one is neither root nor ``me``."""
+    for uid in sorted(uids):
+        if not _trusted_uid(uid, me):
+            return f"{where} is listened on by uid {uid}, not by root or uid {me}"
     return None
 
 

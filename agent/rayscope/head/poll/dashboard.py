@@ -11,7 +11,6 @@ from collections.abc import Mapping
 from typing import Optional
 
 from rayscope.head.store.state import HeadState
-from rayscope.net.addresses import split_address
 from rayscope.schema.dashboard import DASHBOARD_STATUS, DashboardRead
 from rayscope.schema.report import SourceStatus
 from rayscope.sources import dashboard
@@ -44,8 +43,7 @@ def poll_dashboard(state: HeadState, reader: Optional[gcs.GcsReader], setting: D
     if address is None:
         state.set_dashboard(DashboardRead(status=SourceStatus(name=DASHBOARD_STATUS, ok=False, reason=why)))
         return
-    gcs_host = split_address(reader.address)[0]
     nodes, status = dashboard.read_nodes(
-        address, reader.timeout_s, reader.cluster_ray_version, setting.environ, gcs_host
+        address, reader.timeout_s, reader.cluster_ray_version, setting.environ
     )
     state.set_dashboard(DashboardRead(nodes=nodes, status=status))

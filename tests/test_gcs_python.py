@@ -1,6 +1,7 @@
 """Which interpreter runs the one-shot GCS read: this one if it has ray, else the Ray
 node's own (a local raylet's worker command), this cluster's raylets first."""
 
+import socket
 import sys
 from typing import Optional
 
@@ -47,7 +48,10 @@ def test_without_ray_the_reason_says_where_refused_raylets_are_named(monkeypatch
     (root's raylets may have been skipped for their owner, or unreadable to this user); it
     says where those are named and what to run as. A silent peer stands in for a GCS port."""
     monkeypatch.setattr(gcs_reader, "ray_importable", lambda: False)
-    with FakeServer(lambda conn: conn.recv(1)) as server:
+    def silent(conn: socket.socket) -> None:
+        conn.recv(1)
+
+    with FakeServer(silent) as server:
         views, actors, statuses = child.read_cluster(f"127.0.0.1:{server.port}", 2.0, None)
     assert (views, actors) == ([], None)
     reason = statuses[0].reason

@@ -102,7 +102,8 @@ def test_stale_unmeasured_and_no_agent_nodes_are_marked() -> None:
     assert 'class="old"' in html  # the stale figure in grey, not as a fresh measurement
     assert "not measured" in found[f"{EUROPA}:1"]["mark"]
     assert (
-        '10.0.0.11 [worker] A100 GPU: 0.50/2 VRAM: NA/NA GB  CPU: 0/4 <span class="mark node"'
+        '10.0.0.11 [worker] A100 GPU: 0.50/2 VRAM: NA/NA GB  CPU: 0/4 <span class="who" title="node id'
+        f' {"0a" * 28}">host-10.0.0.11 · node 0a0a0a0a</span> <span class="mark node"'
         ' title="no rayscope agent reports this node: its GPU memory is not measured (run rayscope push'
         ' on it, or rayscope head --agents ray)">no agent</span></summary>'
     ) in html

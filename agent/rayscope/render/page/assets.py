@@ -8,7 +8,7 @@ import base64
 import hashlib
 
 CSS = """
-:root{--b0:#2f6db5;--b1:#5c93d6;--b2:#1f4f8a;--b3:#7fb0e8;--h:#2a9d8f;--u:#d9822b;--lane:#e6e8eb;
+:root{--b0:#2f6db5;--b1:#5c93d6;--b2:#1f4f8a;--b3:#7fb0e8;--h:#2a9d8f;--s:#8e5bb5;--u:#d9822b;--lane:#e6e8eb;
 --bad:#c0392b;--warn:#b7791f;--ink:#1d2733;--dim:#5d6b7a}
 *{box-sizing:border-box}
 body{margin:0;font:13px/1.35 system-ui,sans-serif;color:var(--ink);background:#f6f7f9}
@@ -40,19 +40,19 @@ overflow:hidden;text-overflow:ellipsis}
 svg.bar{display:block;width:100%;height:22px}
 .gpus.few svg.bar{height:30px}
 .lane{fill:var(--lane)}.seg{stroke:#fff;stroke-width:.3}
-.s0{fill:var(--b0)}.s1{fill:var(--b1)}.s2{fill:var(--b2)}.s3{fill:var(--b3)}
-.handles{fill:var(--h)}.used{fill:var(--u)}.old{fill:#a9b1ba}.untrusted{fill:url(#hatch)}
+.s0{fill:var(--b0)}.s1{fill:var(--b1)}.s2{fill:var(--b2)}.s3{fill:var(--b3)}.f0{fill:var(--h)}.f1{fill:#5cc2b5}
+.handles{fill:var(--h)}.suggest{fill:var(--s)}.used{fill:var(--u)}.old{fill:#a9b1ba}.untrusted{fill:url(#hatch)}
 .mark{font:11px system-ui,sans-serif;padding:0 4px;border-radius:3px;background:var(--warn);color:#fff;
 white-space:nowrap}
 .mark.unhealthy,.mark.unmeasured,.mark.full{background:var(--bad)}
 .mark.unreliable{background:#6b4fa0}
-.labels{font-size:11px;opacity:.75}
+.labels{font-size:11px;opacity:.75}.who{font-size:12px;color:var(--dim)}.actors{color:var(--dim)}
 ul.cpu{list-style:none;padding:0;margin:0;font-family:ui-monospace,monospace}
 nav.pages a{margin-right:6px}nav.pages a.here{font-weight:bold;text-decoration:none;color:var(--ink)}
 .legend{display:flex;flex-wrap:wrap;gap:2px 14px;color:var(--dim);font-size:12px;margin:6px 0}
 .legend span{display:inline-flex;align-items:center;white-space:nowrap}
 .key{flex:none;display:inline-block;width:10px;height:10px;margin-right:4px}
-.kb{background:var(--b0)}.kh{background:var(--h)}.ku{background:var(--u)}.kf{background:var(--lane)}
+.kb{background:var(--b0)}.kh{background:var(--h)}.ks{background:var(--s)}.ku{background:var(--u)}.kf{background:var(--lane)}
 .pending li{margin:2px 0}.pending .why{color:var(--dim)}
 form.login{max-width:420px;margin:60px auto;background:#fff;padding:16px;border:1px solid #d5dae0}
 form.login input[type=password]{width:100%;padding:4px;margin:6px 0}

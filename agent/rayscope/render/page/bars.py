@@ -270,8 +270,9 @@ def _svg(bar: GpuBar) -> str:
         for i, seg in enumerate(bar.segments):
             width = float(percent(seg.mib, cap))
             width = min(width, 100.0 - x)
+            shade = f"s{i % 4}" if bar.vram_node else f"f{i % 2}"  # a fraction: the handles' teal
             rects.append(
-                f'<rect class="seg s{i % 4}" x="{x:.2f}" y="0" width="{width:.2f}" height="8">'
+                f'<rect class="seg {shade}" x="{x:.2f}" y="0" width="{width:.2f}" height="8">'
                 f"<title>{esc(seg.hover)}</title></rect>"
             )
             x += width
@@ -352,5 +353,20 @@ def bar_html(bar: GpuBar) -> str:
         f"{_free(_free_booking(bar))}</div>"
         f'<div class="n">GPU <span class="fraction">{handles}</span>'
         f' · used <span class="measured">{esc(_measured_text(bar))}</span>{_free(_free_measured(bar))}</div>'
-        "</div>"
+        f"{_actors_html(bar)}</div>"
     )
+
+
+ACTORS_SHOWN = 4
+"""Actors named under a bar; the rest are counted (every one stays on its segment's hover)."""
+
+
+def _actors_html(bar: GpuBar) -> str:
+    """The bar's actors in words, in the order of their segments: names on the page, not only
+    on hover; ``""`` when nothing is booked here."""
+    if not bar.segments:
+        return ""
+    named = [esc(seg.hover) for seg in bar.segments[:ACTORS_SHOWN]]
+    more = len(bar.segments) - ACTORS_SHOWN
+    named += [f"and {more} more (hover the bar)"] if more > 0 else []
+    return f'<div class="n actors">{"; ".join(named)}</div>'

@@ -108,7 +108,14 @@ def _line_html(n: _Node) -> str:
     )
     labels = labels_text(n.node)
     shown = f' <span class="labels" title="Ray labels">{esc(labels)}</span>' if labels else ""
-    return f"{esc(n.line)}{shown}{badges}"
+    return f"{esc(n.line)}{_identity_html(n.node)}{shown}{badges}"
+
+
+def _identity_html(node: NodeStatus) -> str:
+    """Who the node is beside its IP (two nodes can share one): its host name where an agent
+    or Ray said it, and the start of its node id (the whole id on hover)."""
+    who = " · ".join(filter(None, (node.hostname or "", f"node {node.node_id[:8]}")))
+    return f' <span class="who" title="node id {esc(node.node_id)}">{esc(who)}</span>'
 
 
 def _tile(title: str, value: str, detail: str = "") -> str:
@@ -197,7 +204,8 @@ def _nav(query: PageQuery, pages: list[list[_Node]], marked_total: int) -> str:
 
 LEGEND = (
     '<div class="legend"><span><i class="key kb"></i>VRAM_MB booked: a segment per actor'
-    ' (hover: who)</span><span><i class="key kh"></i>GPU fraction booked (handles)</span>'
+    ' (named under the bar)</span><span><i class="key kh"></i>GPU fraction booked (handles;'
+    " on a node without VRAM_MB, also the booked lane)</span>"
     '<span><i class="key ku"></i>NVML measured</span><span><i class="key kf"></i>free</span></div>'
 )
 

@@ -19,7 +19,7 @@ def _app_svg(app: AppUsage) -> str:
     rects = ['<rect class="lane" x="0" y="0" width="100" height="8"/>']
     lanes = (
         (app.booked_mb, "seg s0", 0.0, 8.0, "booked per replica"),
-        (app.suggested_vram_mb, "handles", 9.5, 2.5, "the booking to ask for"),
+        (app.suggested_vram_mb, "suggest", 9.5, 2.5, "the booking to ask for"),
         (peak_mib, "used", 13.5, 4.5, "the most one replica held in the window"),
     )
     for value, css, y, height, what in lanes:
@@ -53,5 +53,8 @@ def apps_html(doc: Optional[UsageDocument]) -> str:
     return (
         f'<h2>Bookings beside use</h2><p class="note">{esc(header(doc))} booked per replica (top),'
         f" the booking to ask for (middle), the most one replica held (bottom)</p>"
+        '<div class="legend"><span><i class="key kb"></i>booked per replica</span>'
+        '<span><i class="key ks"></i>the booking to ask for</span>'
+        '<span><i class="key ku"></i>the most one replica held</span></div>'
         f'<div class="gpus apps">{"".join(cells)}</div>'
     )

@@ -48,6 +48,7 @@ def test_without_ray_the_reason_says_where_refused_raylets_are_named(monkeypatch
     (root's raylets may have been skipped for their owner, or unreadable to this user); it
     says where those are named and what to run as. A silent peer stands in for a GCS port."""
     monkeypatch.setattr(gcs_reader, "ray_importable", lambda: False)
+
     def silent(conn: socket.socket) -> None:
         conn.recv(1)
 

@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import queue
+import re
 import shutil
 import signal
 import subprocess
@@ -321,6 +322,10 @@ class Daemon:
         self._log.close()
 
 
+STARTED_LINE = re.compile(r"head agent: reports on [^ ]+:(\d+), HTTP on [^ ]+:(\d+),")
+"""The head's start-up line, which names the ports it listens on (the OS's, for port 0)."""
+
+
 class HeadDaemon(Daemon):
     """A ``rayscope head`` on free loopback ports, with a way to query its HTTP side."""
 
@@ -333,9 +338,12 @@ class HeadDaemon(Daemon):
         listen_port: Optional[int] = None,
         http_port: Optional[int] = None,
     ) -> None:
-        self.listen_port, self.http_port = listen_port or free_port(), http_port or free_port()
+        # Port 0 where none is given: the OS picks, and the start-up line names it (a port
+        # probed free here could be taken by another process before the head binds it).
+        self.listen_port, self.http_port = listen_port or 0, http_port or 0
         args = ["head", "--listen", f"127.0.0.1:{self.listen_port}", "--http", f"127.0.0.1:{self.http_port}"]
         args += ["--token-file", str(token_file)] if token_file else []
+        self._log_start = log_path.stat().st_size if log_path.exists() else 0  # a log may be shared
         super().__init__(args + extra, env, log_path)
         self.token = token_file.read_text().strip() if token_file else ""
         self.wait_ready()
@@ -354,6 +362,11 @@ class HeadDaemon(Daemon):
         def answers() -> bool:
             if self.process.poll() is not None:
                 raise RuntimeError(f"head agent exited {self.process.returncode}:\n{self.log_text()}")
+            if not (self.listen_port and self.http_port):
+                bound = STARTED_LINE.search(self.log_text()[self._log_start :])
+                if bound is None:
+                    return False
+                self.listen_port, self.http_port = int(bound.group(1)), int(bound.group(2))
             return self.get("/healthz")[0] == 200
 
         eventually(

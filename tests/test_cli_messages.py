@@ -112,6 +112,17 @@ USAGE = [
         2,
         "status --gcs: '127.0.0.1:': port must be a number from 1 to 65535",
     ),
+    # port 0 is an address to listen on (the OS picks), never one to connect to
+    (
+        ["status", "--gcs", "127.0.0.1:0"],
+        2,
+        "status --gcs: '127.0.0.1:0': port must be a number from 1 to 65535",
+    ),
+    (
+        ["head", "--listen", "127.0.0.1:65536"],
+        2,
+        "head --listen: '127.0.0.1:65536': port must be a number from 1 to 65535, or 0 for any free port",
+    ),
     # before: text written into the .json file
     (
         ["status", "--format", "text", "--output", "x.json", "--gcs", "127.0.0.1:1"],

@@ -16,8 +16,8 @@ ListenOption = Annotated[
     typer.Option(
         "--listen",
         metavar="HOST:PORT",
-        callback=endpoint(DEFAULT_REPORT_PORT),
-        help="Where node agents connect.",
+        callback=endpoint(DEFAULT_REPORT_PORT, any_port=True),
+        help="Where node agents connect. Port 0: one the OS picks, named in the start-up log line.",
     ),
 ]
 
@@ -26,8 +26,11 @@ HttpOption = Annotated[
     typer.Option(
         "--http",
         metavar="HOST:PORT",
-        callback=endpoint(DEFAULT_HTTP_PORT),
-        help="GET /v1/status, /v1/usage, /metrics, /healthz.",
+        callback=endpoint(DEFAULT_HTTP_PORT, any_port=True),
+        help=(
+            "GET /v1/status, /v1/usage, /metrics, /healthz."
+            " Port 0: one the OS picks, named in the start-up log line."
+        ),
     ),
 ]
 

@@ -58,9 +58,10 @@ def _parsed(value: Optional[str], parse: Callable[[str], str]) -> Optional[str]:
         raise typer.BadParameter(str(err)) from None
 
 
-def endpoint(default_port: int) -> Callable[[Optional[str]], Optional[str]]:
-    """A callback for ``HOST[:PORT]``: the port defaults to ``default_port``."""
-    return lambda value: _parsed(value, lambda text: parse_address(with_port(text, default_port)))
+def endpoint(default_port: int, any_port: bool = False) -> Callable[[Optional[str]], Optional[str]]:
+    """A callback for ``HOST[:PORT]``: the port defaults to ``default_port``; ``any_port``:
+    an address to listen on (port 0: the OS picks one)."""
+    return lambda value: _parsed(value, lambda text: parse_address(with_port(text, default_port), any_port))
 
 
 def _one_source(ctx: typer.Context, given: str) -> None:

@@ -63,6 +63,13 @@ def remove_agents(agents: RayAgents, strict: bool = False) -> int:
     return removed
 
 
+def _bound(server: asyncio.AbstractServer, address: tuple[str, int]) -> tuple[str, int]:
+    """``address`` with the port the OS gave where it was 0 (``--listen 127.0.0.1:0``)."""
+    if address[1] != 0 or not server.sockets:
+        return address
+    return address[0], int(server.sockets[0].getsockname()[1])
+
+
 def cannot_listen(err: OSError, address: tuple[str, int], option: str) -> AgentError:
     """The head could not take ``address`` (its ``option``: ``--listen`` or ``--http``), in
     one line: a port in use names who may hold it and how to find them (exit 1)."""
@@ -150,6 +157,7 @@ class Head:
             server = await self._start_reports(max_total, agents)
         except OSError as err:
             raise cannot_listen(err, self.listen, "--listen") from None
+        self.listen = _bound(server, self.listen)
         try:
             http_server = await self._start_http()
         except OSError as err:
@@ -158,6 +166,7 @@ class Head:
         except BaseException:
             server.close()
             raise
+        self.http = _bound(http_server, self.http)
         try:
             await self._run(loop, server, http_server, max_total, agents)
         finally:  # stopped, both ports closed, whatever ends the run (an error left them listening)

@@ -13,9 +13,10 @@ def with_port(text: str, default_port: int) -> str:
     return stripped
 
 
-def parse_address(text: str) -> str:
+def parse_address(text: str, any_port: bool = False) -> str:
     """Validate ``host:port`` (``[v6]:port`` too); raise ``ValueError`` saying what is wrong
-    (a URL, as Ray's dashboard address is written: its scheme named, the address without it)."""
+    (a URL, as Ray's dashboard address is written: its scheme named, the address without it).
+    ``any_port``: an address to listen on, where port 0 asks the OS for a free one."""
     scheme, sep, rest = text.strip().partition("://")
     if sep and scheme.isalpha():
         bare = rest.split("/", 1)[0]
@@ -23,8 +24,9 @@ def parse_address(text: str) -> str:
     host, sep, port = text.strip().rpartition(":")
     if not sep or not host:
         raise ValueError(f"{text!r} is not HOST:PORT")
-    if not is_count(port) or not 0 < parse_count(port, "port") < 65536:
-        raise ValueError(f"{text!r}: port must be a number from 1 to 65535")
+    if not is_count(port) or not (0 if any_port else 1) <= parse_count(port, "port") < 65536:
+        free = ", or 0 for any free port" if any_port else ""
+        raise ValueError(f"{text!r}: port must be a number from 1 to 65535{free}")
     if any(c.isspace() for c in host) or "/" in host:
         raise ValueError(f"{text!r}: not a host name or IP address")
     return f"{host}:{parse_count(port, 'port')}"

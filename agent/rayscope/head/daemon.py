@@ -16,7 +16,7 @@ from rayscope.defaults import DEFAULT_TIMEOUT_S
 from rayscope.errors import EXIT_FAILED, EXIT_USAGE, AgentError
 from rayscope.head.access import admission
 from rayscope.head.access.origin import Hosts
-from rayscope.head.poll.dashboard import DashboardSetting
+from rayscope.head.poll.dashboard import DashboardSetting, DashboardWorker
 from rayscope.head.poll.poller import PollerGuard
 from rayscope.head.serve import ingest
 from rayscope.head.serve.http import HTTP_WORKERS, REQUEST_DEADLINE_S, HttpPort
@@ -175,9 +175,12 @@ class Head:
         agents: "weakref.WeakSet[ingest.ReportProtocol]",
     ) -> None:
         """Poll, flush and serve until :meth:`stop`, then hang up on every agent."""
-        poller = PollerGuard(self.state, self._reader, self._stop, self.agents, dashboard=self.dashboard)
+        # The dashboard beside the poller, not in its round: a silent one never ages the view.
+        reader = DashboardWorker(self.state, self.dashboard, self._stop)
+        reader.start()
+        poller = PollerGuard(self.state, self._reader, self._stop, self.agents, dashboard=reader)
         poller.start()
-        _every(loop, self.state.interval_s, poller.check, self._stop)
+        _every(loop, self.state.interval_s, lambda: (poller.check(), reader.check()), self._stop)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         log.info(

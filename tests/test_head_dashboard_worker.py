@@ -65,11 +65,20 @@ def healthz(state: HeadState) -> dict[str, Any]:
     return document
 
 
-def test_a_silent_dashboard_never_delays_or_ages_the_gcs_view(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.fault
+def test_a_silent_dashboard_never_delays_or_ages_the_gcs_view(
+    monkeypatch: pytest.MonkeyPatch, fault: Any
+) -> None:
     """A head at a 0.5 s interval (GCS deadline 3 s) whose cluster publishes a dashboard that
     accepts and never answers: its GCS rounds keep their interval, ``/healthz`` stays ok,
     and its ``dashboard`` entry says failing, with why. Before: one round per 3.5 s, the
     view 3 s old, ``ok`` false."""
+    fault.expect(
+        "Ray's dashboard accepts and never answers; the head at --interval 0.5, GCS deadline 3 s"
+        " (before: 2 GCS rounds in 3.6 s, 3.5 s apart; /healthz false between them: view old)",
+        "GCS rounds keep their interval; /healthz ok all along (asked every 0.1 s), its dashboard"
+        " entry failing with why",
+    )
     silent = FakeDashboard(hangs)
     reader = Reader(silent.url.removeprefix("http://"), timeout_s=3.0)
     monkeypatch.setattr(gcs, "GcsReader", lambda address, timeout_s: reader)
@@ -78,7 +87,16 @@ def test_a_silent_dashboard_never_delays_or_ages_the_gcs_view(monkeypatch: pytes
 
     def watch() -> None:
         try:
-            time.sleep(3.6)  # the first dashboard read has run out of its 3 s by now
+            began = time.monotonic()
+            while not reader.reads and time.monotonic() - began < 5:
+                time.sleep(0.02)
+            time.sleep(0.1)  # the first round's view is kept
+            seen["not ok"] = []
+            while time.monotonic() - began < 3.6:  # the first dashboard read runs out of its 3 s
+                health = healthz(head.state)
+                if not health["ok"]:
+                    seen["not ok"].append(health["problems"])
+                time.sleep(0.1)
             seen["reads"] = list(reader.reads)
             seen["health"] = healthz(head.state)
         except BaseException as err:  # pragma: no cover - shown by the assertions below
@@ -94,6 +112,7 @@ def test_a_silent_dashboard_never_delays_or_ages_the_gcs_view(monkeypatch: pytes
         watcher.join(10)
         silent.close()
     assert "error" not in seen, seen.get("error")
+    assert seen["not ok"] == [], seen["not ok"][:1]
     reads = seen["reads"]
     gaps = [b - a for a, b in zip(reads, reads[1:])]
     assert len(reads) >= 5 and max(gaps) < 1.2, f"GCS rounds {len(reads)}, gaps {gaps}"
@@ -104,6 +123,10 @@ def test_a_silent_dashboard_never_delays_or_ages_the_gcs_view(monkeypatch: pytes
     assert silent.url.removeprefix("http://") in entry["reason"] and entry["last_ok_s_ago"] is None, entry
     assert entry["last_read_s_ago"] is not None and entry["last_read_s_ago"] < 1.0, entry
     assert len(silent.requests) >= 1
+    fault.observe(
+        f"{len(reads)} GCS rounds in 3.6 s, longest gap {max(gaps):.2f} s; /healthz ok, dashboard"
+        f" {entry['state']}: {entry['reason']}"
+    )
 
 
 class Blocking:

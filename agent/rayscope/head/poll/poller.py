@@ -10,6 +10,7 @@ from rayscope.head.store.state import FORGET_INTERVALS, HeadState
 from rayscope.node.placed_agents import RayAgents
 from rayscope.schema.report import SourceStatus
 from rayscope.schema.status import RayNode
+from rayscope.sinks.logs import LogThrottle
 from rayscope.sources.gcs import reader as gcs
 
 log = logging.getLogger("rayscope.head")
@@ -61,14 +62,23 @@ def poll_gcs(
     ``agents``: keep one node agent on every alive node of that view (``--agents ray``);
     ``dashboard``: offer Ray's dashboard's read to its worker, for nodes no agent measures
     (:func:`poll_once`). A
-    round that raises is logged and counted (``/healthz``), and the next one runs."""
+    round that raises is counted (``/healthz``) and logged once per kind per 10 s (the
+    traceback with ``--verbose``), and the next one runs."""
     was_ok: Optional[bool] = None
+    throttle = LogThrottle(log)  # a round that fails every interval: one line per kind per 10 s
     while not stop.is_set():
         try:
             status = poll_once(state, reader, agents, dashboard)
         except Exception as err:
             state.poller.failed(f"{type(err).__name__}: {err}")
-            log.exception("GCS poller: round failed; the scheduler view ages until a round succeeds")
+            throttle.note(
+                f"poller:{type(err).__name__}",
+                "GCS poller: round failed (%s: %s); the scheduler view ages until a round succeeds",
+                type(err).__name__,
+                str(err)[:200],
+                level=logging.ERROR,
+            )
+            log.debug("GCS poller: where the round failed", exc_info=True)
         else:
             if status.ok != was_ok:
                 if status.ok:

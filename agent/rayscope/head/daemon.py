@@ -183,11 +183,11 @@ class Head:
     ) -> None:
         """Poll, flush and serve until :meth:`stop`, then hang up on every agent."""
         # The dashboard beside the poller, not in its round: a silent one never ages the view.
-        reader = DashboardWorker(self.state, self.dashboard, self._stop)
-        reader.start()
-        poller = PollerGuard(self.state, self._reader, self._stop, self.agents, dashboard=reader)
+        dashboard = DashboardWorker(self.state, self.dashboard, self._stop)
+        dashboard.start()
+        poller = PollerGuard(self.state, self._reader, self._stop, self.agents, dashboard=dashboard)
         poller.start()
-        _every(loop, self.state.interval_s, lambda: (poller.check(), reader.check()), self._stop)
+        _every(loop, self.state.interval_s, lambda: (poller.check(), dashboard.check()), self._stop)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         log.info(

@@ -10,6 +10,7 @@ import msgspec
 
 from rayscope.head.access.admission import ConnectionGuard
 from rayscope.head.serve import ingest
+from rayscope.head.serve.callbacks import ProtocolErrors, loop_exception_handler
 from rayscope.head.store.state import HeadState
 from rayscope.net import wire
 from rayscope.schema.report import NodeReport
@@ -21,14 +22,19 @@ TOKEN = b"0123456789abcdef0123456789abcdef"
 class Port:
     """An in-process report port (the head's real protocol and guard) on a loopback port."""
 
-    def __init__(self, max_total: int = 100, max_unauth_per_host: int = 10) -> None:
+    def __init__(self, max_total: int = 100, max_unauth_per_host: int = 10, throttle_s: float = 60) -> None:
+        """``throttle_s``: the log throttle's window (the head's is 10 s)."""
         self.state = HeadState(1.0, None)
-        self.throttle = LogThrottle(logging.getLogger("rayscope.head"), interval_s=60)
+        self.throttle = LogThrottle(logging.getLogger("rayscope.head"), interval_s=throttle_s)
         self.guard = ConnectionGuard(max_total, max_unauth_per_host, self.throttle, self.state.count_rejected)
+        self.errors = ProtocolErrors()
         self.loop = asyncio.new_event_loop()
+        self.loop.set_exception_handler(loop_exception_handler(self.throttle))  # as the head's
         self.server = self.loop.run_until_complete(
             self.loop.create_server(
-                lambda: ingest.ReportProtocol(self.state, TOKEN, 60.0, self.guard), "127.0.0.1", 0
+                lambda: ingest.ReportProtocol(self.state, TOKEN, 60.0, self.guard, self.errors),
+                "127.0.0.1",
+                0,
             )
         )
         self.port = self.server.sockets[0].getsockname()[1]

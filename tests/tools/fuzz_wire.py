@@ -209,6 +209,8 @@ async def run_one(rng: random.Random, counts: "Counter[str]") -> Optional[str]:
         protocol.connection_lost(None)
     except Exception as err:  # the invariant under test: nothing escapes
         return f"{kind}: {type(err).__name__}: {err} on {data[:64].hex()}"
+    if protocol.protocol_errors.by_kind:  # nor is caught by the callbacks' guard: a bug
+        return f"{kind}: a callback raised {protocol.protocol_errors.by_kind} on {data[:64].hex()}"
     rejected = sum(guard.counters.rejected.values())
     if transport.closed and rejected != 1:
         return f"{kind}: closed with {rejected} counted rejections"

@@ -10,15 +10,16 @@ import signal
 import threading
 import time
 import weakref
-from typing import Callable, Optional
+from typing import Callable, NoReturn, Optional
 
 from rayscope.defaults import DEFAULT_TIMEOUT_S
-from rayscope.errors import EXIT_FAILED, EXIT_USAGE, AgentError
+from rayscope.errors import EXIT_FAILED, EXIT_INTERNAL, EXIT_USAGE, AgentError
 from rayscope.head.access import admission
 from rayscope.head.access.origin import Hosts
-from rayscope.head.poll.dashboard import DashboardSetting
+from rayscope.head.poll.dashboard import DashboardSetting, DashboardWorker
 from rayscope.head.poll.poller import PollerGuard
 from rayscope.head.serve import ingest
+from rayscope.head.serve.callbacks import ProtocolErrors, loop_exception_handler
 from rayscope.head.serve.http import HTTP_WORKERS, REQUEST_DEADLINE_S, HttpPort
 from rayscope.head.serve.routes import Routes
 from rayscope.head.store.state import HeadState
@@ -65,9 +66,10 @@ def remove_agents(agents: RayAgents, strict: bool = False) -> int:
 
 def _bound(server: asyncio.AbstractServer, address: tuple[str, int]) -> tuple[str, int]:
     """``address`` with the port the OS gave where it was 0 (``--listen 127.0.0.1:0``)."""
-    if address[1] != 0 or not server.sockets:
+    sockets = getattr(server, "sockets", ()) or ()  # asyncio.Server's; AbstractServer has none
+    if address[1] != 0 or not sockets:
         return address
-    return address[0], int(server.sockets[0].getsockname()[1])
+    return address[0], int(sockets[0].getsockname()[1])
 
 
 def cannot_listen(err: OSError, address: tuple[str, int], option: str) -> AgentError:
@@ -123,6 +125,12 @@ class Head:
         self._stop = threading.Event()
         self.http_port: Optional[HttpPort] = None
         self.throttle = LogThrottle(log)
+        self.protocol_errors = ProtocolErrors()
+        """Callbacks of either port that raised (each closed its connection), for ``/healthz``."""
+        self.state.more_health.append(self.protocol_errors.as_dict)
+        self.fatal = ""
+        """Why the head stopped because it cannot go on (a ``MemoryError`` outside any
+        connection); ``""``: it did not."""
         self.agents = agents
         self.dashboard = dashboard if dashboard is not None else DashboardSetting(None, {})
         if agents is not None:
@@ -134,7 +142,7 @@ class Head:
         read_tokens = tuple(t for t in (self.token, self.read_token) if t)
         tls = self.ssl_context is not None
         routes = Routes(self.state, read_tokens, self.throttle, tls=tls, hosts=self.hosts)
-        port = HttpPort(routes, self.throttle)
+        port = HttpPort(routes, self.throttle, self.protocol_errors)
         self.http_port = port
         self.state.more_health.append(port.counters.as_dict)
         self.state.more_health.append(routes.counters)
@@ -149,7 +157,7 @@ class Head:
     async def serve(self) -> None:
         """Run until :meth:`stop` (or SIGTERM/SIGINT): ingest, poll, answer queries."""
         loop = asyncio.get_running_loop()
-        loop.set_exception_handler(ingest.fd_exception_handler(self.throttle))
+        loop.set_exception_handler(loop_exception_handler(self.throttle, self.cannot_go_on))
         nofile = raise_fd_limit()
         max_total = max(16, min(admission.MAX_CONNECTIONS, nofile - ingest.FD_RESERVE - HTTP_WORKERS))
         agents: weakref.WeakSet[ingest.ReportProtocol] = weakref.WeakSet()
@@ -184,9 +192,12 @@ class Head:
         agents: "weakref.WeakSet[ingest.ReportProtocol]",
     ) -> None:
         """Poll, flush and serve until :meth:`stop`, then hang up on every agent."""
-        poller = PollerGuard(self.state, self._reader, self._stop, self.agents, dashboard=self.dashboard)
+        # The dashboard beside the poller, not in its round: a silent one never ages the view.
+        dashboard = DashboardWorker(self.state, self.dashboard, self._stop)
+        dashboard.start()
+        poller = PollerGuard(self.state, self._reader, self._stop, self.agents, dashboard=dashboard)
         poller.start()
-        _every(loop, self.state.interval_s, poller.check, self._stop)
+        _every(loop, self.state.interval_s, lambda: (poller.check(), dashboard.check()), self._stop)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         log.info(
@@ -221,7 +232,7 @@ class Head:
         idle = max(60.0, 10 * self.state.interval_s)
 
         def accept() -> ingest.ReportProtocol:
-            agent = ingest.ReportProtocol(self.state, self.token, idle, guard)
+            agent = ingest.ReportProtocol(self.state, self.token, idle, guard, self.protocol_errors)
             agents.add(agent)
             return agent
 
@@ -254,6 +265,11 @@ class Head:
         log.info("head agent stopped")
 
     def stop(self) -> None:
+        self._stop.set()
+
+    def cannot_go_on(self, why: str) -> None:
+        """Stop the head for good (:func:`run` exits 70 with ``why``): the first reason kept."""
+        self.fatal = self.fatal or why
         self._stop.set()
 
 
@@ -327,8 +343,26 @@ def run(
                 dashboard=setting,
             )
             asyncio.run(server.serve())
+    except MemoryError:  # outside the event loop's reach, or again while it stopped
+        out_of_memory()
     except ValueError as err:
         raise AgentError(str(err), EXIT_USAGE) from None
     except OSError as err:
         raise AgentError(f"head agent cannot start: {err.strerror or err}", EXIT_FAILED) from None
+    if server.fatal:
+        raise AgentError(f"the head cannot go on: {server.fatal}; stopped", EXIT_INTERNAL)
     return None
+
+
+OUT_OF_MEMORY = b"rayscope: the head cannot go on: MemoryError (out of memory); stopped\n"
+"""The one line of a head that ran out of memory where nothing could catch it."""
+
+
+def out_of_memory() -> NoReturn:
+    """Exit 70 with :data:`OUT_OF_MEMORY` on stderr, at once: nothing here allocates (the
+    line is written as it is), and the interpreter's shutdown is skipped (it joins the HTTP
+    workers, and may need memory the head does not have)."""
+    try:
+        os.write(2, OUT_OF_MEMORY)
+    finally:
+        os._exit(EXIT_INTERNAL)

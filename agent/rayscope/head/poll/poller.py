@@ -5,11 +5,12 @@ import threading
 import time
 from typing import Callable, Optional
 
-from rayscope.head.poll.dashboard import DashboardSetting, poll_dashboard
+from rayscope.head.poll.dashboard import DashboardWorker
 from rayscope.head.store.state import FORGET_INTERVALS, HeadState
 from rayscope.node.placed_agents import RayAgents
 from rayscope.schema.report import SourceStatus
 from rayscope.schema.status import RayNode
+from rayscope.sinks.logs import LogThrottle
 from rayscope.sources.gcs import reader as gcs
 
 log = logging.getLogger("rayscope.head")
@@ -19,11 +20,12 @@ def poll_once(
     state: HeadState,
     reader: Optional[gcs.GcsReader],
     agents: Optional[RayAgents] = None,
-    dashboard: Optional[DashboardSetting] = None,
+    dashboard: Optional[DashboardWorker] = None,
 ) -> SourceStatus:
-    """One read of the scheduler's view (the actor table, the pending demand; Ray's
-    dashboard where a node needs it: ``dashboard``, ``None``: never), kept in ``state``;
-    ``agents``: keep one node agent on every alive node of that view."""
+    """One read of the scheduler's view (the actor table, the pending demand), kept in
+    ``state``; ``dashboard``: hand Ray's dashboard's read to its worker (its own thread and
+    deadline; ``None``: never read); ``agents``: keep one node agent on every alive node of
+    that view."""
     views: list[RayNode] = []
     if reader is None:
         status = SourceStatus(name="gcs", ok=False, reason="no GCS address")
@@ -36,7 +38,7 @@ def poll_once(
     state.poller.read(status)
     state.set_view(views, status)
     if dashboard is not None and status.ok:
-        poll_dashboard(state, reader, dashboard)
+        dashboard.offer_round(reader)  # never waits on the dashboard
     if agents is not None and status.ok:
         agents.reconcile(v.node_id for v in views if v.alive)
     for node_id in state.forget_gone(time.monotonic()):
@@ -54,19 +56,29 @@ def poll_gcs(
     reader: Optional[gcs.GcsReader],
     stop: threading.Event,
     agents: Optional[RayAgents] = None,
-    dashboard: Optional[DashboardSetting] = None,
+    dashboard: Optional[DashboardWorker] = None,
 ) -> None:
     """Read the scheduler's view once per interval; log only when reachability changes.
     ``agents``: keep one node agent on every alive node of that view (``--agents ray``);
-    ``dashboard``: read Ray's dashboard for nodes no agent measures (:func:`poll_once`). A
-    round that raises is logged and counted (``/healthz``), and the next one runs."""
+    ``dashboard``: offer Ray's dashboard's read to its worker, for nodes no agent measures
+    (:func:`poll_once`). A
+    round that raises is counted (``/healthz``) and logged once per kind per 10 s (the
+    traceback with ``--verbose``), and the next one runs."""
     was_ok: Optional[bool] = None
+    throttle = LogThrottle(log)  # a round that fails every interval: one line per kind per 10 s
     while not stop.is_set():
         try:
             status = poll_once(state, reader, agents, dashboard)
         except Exception as err:
             state.poller.failed(f"{type(err).__name__}: {err}")
-            log.exception("GCS poller: round failed; the scheduler view ages until a round succeeds")
+            throttle.note(
+                f"poller:{type(err).__name__}",
+                "GCS poller: round failed (%s: %s); the scheduler view ages until a round succeeds",
+                type(err).__name__,
+                str(err)[:200],
+                level=logging.ERROR,
+            )
+            log.debug("GCS poller: where the round failed", exc_info=True)
         else:
             if status.ok != was_ok:
                 if status.ok:
@@ -89,7 +101,7 @@ class PollerGuard:
         stop: threading.Event,
         agents: Optional[RayAgents] = None,
         target: Callable[..., None] = poll_gcs,
-        dashboard: Optional[DashboardSetting] = None,
+        dashboard: Optional[DashboardWorker] = None,
     ) -> None:
         self._state, self._reader, self._stop, self._target = state, reader, stop, target
         self._agents, self._dashboard = agents, dashboard

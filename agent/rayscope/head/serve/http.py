@@ -37,6 +37,7 @@ from typing import Any, Optional, Union
 from urllib.parse import urlsplit
 
 from rayscope.defaults import SERVER_NAME
+from rayscope.head.serve.callbacks import Guarded, ProtocolErrors, guarded
 from rayscope.head.serve.routes import Request, Response, Routes, text
 from rayscope.sinks.logs import LogThrottle
 from rayscope.units import parse_count
@@ -152,8 +153,11 @@ def response_bytes(response: Response, head_only: bool = False) -> bytes:
 class HttpPort:
     """Admission, the workers and the counters of one head's HTTP port."""
 
-    def __init__(self, routes: Routes, throttle: LogThrottle) -> None:
+    def __init__(
+        self, routes: Routes, throttle: LogThrottle, errors: Optional[ProtocolErrors] = None
+    ) -> None:
         self.routes, self.throttle = routes, throttle
+        self.errors = errors if errors is not None else ProtocolErrors()  # callbacks that raised
         self.counters = HttpCounters()
         self.pool = ThreadPoolExecutor(max_workers=HTTP_WORKERS, thread_name_prefix="rayscope-http")
         self.health_pool = ThreadPoolExecutor(
@@ -209,7 +213,7 @@ class HttpPort:
 
         def done(finished: "asyncio.Future[Response]") -> None:
             self._in_flight -= 1
-            if not finished.cancelled():
+            if not finished.cancelled():  # routes.answer never raises; send is guarded
                 conn.send(finished.result(), request.method == "HEAD")
 
         future.add_done_callback(done)
@@ -225,7 +229,7 @@ class HttpPort:
 
         def done(finished: "asyncio.Future[Response]") -> None:
             self._health_in_flight -= 1
-            if not finished.cancelled():
+            if not finished.cancelled():  # routes.answer never raises; send is guarded
                 conn.send(finished.result(), request.method == "HEAD")
 
         future.add_done_callback(done)
@@ -237,11 +241,13 @@ class HttpPort:
         self.health_pool.shutdown(wait=False)
 
 
-class HttpConnection(asyncio.Protocol):
+class HttpConnection(asyncio.Protocol, Guarded):
     """One client: its request read under the deadline, then handed to the port."""
 
+    port_name = "HTTP"
+
     def __init__(self, port: HttpPort) -> None:
-        self.port = port
+        self.port, self.log_throttle, self.protocol_errors = port, port.throttle, port.errors
         self.host = "?"
         self._buffer = bytearray()
         self._transport: Optional[asyncio.Transport] = None
@@ -253,6 +259,7 @@ class HttpConnection(asyncio.Protocol):
         """The answer's body not yet handed to the transport."""
         self._paused = False
 
+    @guarded
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
@@ -261,11 +268,14 @@ class HttpConnection(asyncio.Protocol):
         self.port.admit(self)
         self._timer = asyncio.get_running_loop().call_later(REQUEST_DEADLINE_S, self._late)
 
+    @guarded
     def data_received(self, data: bytes) -> None:
         if not self._reading:
             return
         try:
             self._take(data)
+        except MemoryError:  # the head's, not the request's: the callback's guard closes
+            raise
         except Exception as err:  # a bug of ours on a stranger's bytes: a 400, never a traceback
             self.port.throttle.note(
                 f"http:unreadable:{type(err).__name__}",
@@ -323,6 +333,7 @@ class HttpConnection(asyncio.Protocol):
         self._finish_reading()
         self._write(response_bytes(response))
 
+    @guarded
     def _late(self) -> None:
         if self._reading:
             self.port.counters.timed_out += 1
@@ -335,6 +346,7 @@ class HttpConnection(asyncio.Protocol):
             self.port.read_done(self)
             self.abort()
 
+    @guarded
     def send(self, response: Response, head_only: bool) -> None:
         self._write(response_bytes(response, head_only=True), b"" if head_only else response.body)
 
@@ -362,9 +374,10 @@ class HttpConnection(asyncio.Protocol):
         if not self._unsent:
             transport.close()  # after what the transport still holds is sent
 
-    def pause_writing(self) -> None:
+    def pause_writing(self) -> None:  # no allocation, nothing to guard
         self._paused = True
 
+    @guarded
     def resume_writing(self) -> None:
         self._paused = False
         self._feed()
@@ -376,6 +389,7 @@ class HttpConnection(asyncio.Protocol):
         if self._transport is not None:
             self._transport.abort()
 
+    @guarded
     def connection_lost(self, exc: Optional[Exception]) -> None:
         self._unsent = memoryview(b"")
         if self._reading:

@@ -15,21 +15,22 @@ What a peer without the token can hold is bounded:
 * memory: a version-2 header is checked (MAC) before its body is buffered; a version-1 frame
   may announce at most 64 KiB until one has authenticated on its connection;
 * logs: per-connection events go through a :class:`LogThrottle` (one line per kind per
-  interval, with counts), so a flood or running out of file descriptors cannot flood the log.
+  interval, with counts), so a flood or running out of file descriptors cannot flood the log;
+  a callback that raises (``MemoryError`` under a memory limit) closes its connection and is
+  logged the same way (:mod:`rayscope.head.serve.callbacks`).
 """
 
 import asyncio
-import errno
 import logging
 import os
 import socket
 import time
 from collections.abc import Hashable
-from typing import Any, Callable, Optional, Protocol
+from typing import Optional, Protocol
 
 from rayscope.head.access.admission import ConnectionGuard
+from rayscope.head.serve.callbacks import Guarded, ProtocolErrors, guarded
 from rayscope.net import wire
-from rayscope.sinks.logs import LogThrottle
 
 log = logging.getLogger("rayscope.head")
 
@@ -69,15 +70,27 @@ class ReportSink(Protocol):
         """``conn`` is gone."""
 
 
-class ReportProtocol(asyncio.Protocol):
+class ReportProtocol(asyncio.Protocol, Guarded):
     """One agent's connection: greeting, frames (version 2, or version 1 for old agents),
     acknowledgements. Closed on a bad frame (after saying why), at EOF, after a silence, or
     when a frame is not complete ``FRAME_DEADLINE_S`` after its first byte."""
 
-    def __init__(self, sink: ReportSink, token: bytes, idle_timeout_s: float, guard: ConnectionGuard) -> None:
+    port_name = "report"
+
+    def __init__(
+        self,
+        sink: ReportSink,
+        token: bytes,
+        idle_timeout_s: float,
+        guard: ConnectionGuard,
+        errors: Optional[ProtocolErrors] = None,
+    ) -> None:
         """``sink`` takes the reports (with this connection as their owner), a goodbye (an
-        empty payload: the agent stops cleanly) and the news that the connection is gone."""
+        empty payload: the agent stops cleanly) and the news that the connection is gone;
+        ``errors`` counts the callbacks that raised (the head's, for ``/healthz``)."""
         self._sink, self._token, self._idle_timeout_s, self._guard = sink, token, idle_timeout_s, guard
+        self.log_throttle = guard.throttle
+        self.protocol_errors = errors if errors is not None else ProtocolErrors()
         self._buffer = bytearray()
         self._opener: Optional[wire.Opener] = None
         self._version = 0  # 1 or 2 once the first frame byte says
@@ -92,6 +105,7 @@ class ReportProtocol(asyncio.Protocol):
         self._timer: Optional[asyncio.TimerHandle] = None
         self._closed = False
 
+    @guarded
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
@@ -110,6 +124,7 @@ class ReportProtocol(asyncio.Protocol):
             min(self._idle_timeout_s, FRAME_DEADLINE_S), self._check_time
         )
 
+    @guarded
     def data_received(self, data: bytes) -> None:
         if self._closed:
             return
@@ -163,6 +178,8 @@ class ReportProtocol(asyncio.Protocol):
             return
         try:
             node = self._sink.take(payload, received_at, self, self.host)
+        except MemoryError:  # the head's, not the report's: the callback's guard closes
+            raise
         except Exception as err:  # the state's ReportError (its reason), or a bug: never a crash
             raise wire.FrameError(str(err), getattr(err, "reason", wire.BAD_REPORT)) from None
         self._authenticated()
@@ -225,6 +242,7 @@ class ReportProtocol(asyncio.Protocol):
             self._transport.write(wire.rejection(self._seq, err.reason))
         self.close()
 
+    @guarded
     def eof_received(self) -> bool:
         if self._buffer or self._need is not None:
             self._guard.rejected(wire.BAD_FRAME)
@@ -233,6 +251,7 @@ class ReportProtocol(asyncio.Protocol):
             )
         return False  # close our side too
 
+    @guarded
     def connection_lost(self, exc: Optional[Exception]) -> None:
         self._closed = True
         self._guard.gone(self)  # a no-op for one never admitted
@@ -243,6 +262,7 @@ class ReportProtocol(asyncio.Protocol):
         if self._authed:
             log.info("agent %s disconnected%s", self.peer, f": {exc}" if exc else "")
 
+    @guarded
     def _check_time(self) -> None:
         """Drop a peer silent for the idle timeout, or whose frame is late (from its first byte)."""
         if self._closed:
@@ -286,29 +306,3 @@ class ReportProtocol(asyncio.Protocol):
         self._closed = True
         if self._transport is not None:
             self._transport.abort()
-
-
-def fd_exception_handler(
-    throttle: LogThrottle,
-) -> Callable[[asyncio.AbstractEventLoop, dict[str, Any]], None]:
-    """An event-loop exception handler that throttles what a flood makes asyncio report
-    (``accept`` out of file descriptors above all) and passes everything else on."""
-
-    def handle(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        exc = context.get("exception")
-        if isinstance(exc, OSError) and exc.errno in (
-            errno.EMFILE,
-            errno.ENFILE,
-            errno.ENOBUFS,
-            errno.ENOMEM,
-        ):
-            throttle.note(
-                f"accept:{errno.errorcode.get(exc.errno, exc.errno)}", "report port: %s", exc.strerror
-            )
-            return
-        if isinstance(exc, (ConnectionError, TimeoutError)) or "SSL" in type(exc).__name__:
-            throttle.note("connection error", "report port: %s", context.get("message", exc))
-            return
-        loop.default_exception_handler(context)
-
-    return handle

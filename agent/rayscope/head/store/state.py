@@ -23,6 +23,7 @@ from rayscope.core.rollup import STALE_INTERVALS, merge, scheduler_nodes, schedu
 from rayscope.core.validate import ReportError
 from rayscope.defaults import DEFAULT_TIMEOUT_S
 from rayscope.head.access.admission import IngestCounters
+from rayscope.head.store.dashboard_health import DashboardHealth
 from rayscope.head.store.failures import NodeFailures
 from rayscope.head.store.reports import ReportTable, SharedGpuWatch
 from rayscope.head.store.usage_store import DEFAULT_WINDOW_S, UsageStore
@@ -108,6 +109,8 @@ class HeadState:
         self._actors_status = SourceStatus(name="gcs_actors", ok=False, reason="not read yet")
         self._view_read_at: Optional[float] = None  # monotonic clock at the last good GCS read
         self.poller = PollerHealth()
+        self.dashboard_health = DashboardHealth()
+        """The dashboard's reader (``/healthz``'s ``dashboard``): apart from the poller's."""
         self._pending: Optional[PendingRead] = None
         self._pending_status: Optional[SourceStatus] = None
         self.ray_versions: Optional[SourceStatus] = None  # the GCS reader's, once connected
@@ -201,6 +204,7 @@ class HeadState:
         counts["scheduler_view_stale"] = stale
         counts["scheduler_view_error"] = "" if gcs.ok else gcs.reason
         counts["gcs_poller"] = self.poller.snapshot(time.monotonic(), self.interval_s)
+        counts["dashboard"] = self.dashboard_health.snapshot(time.monotonic())  # never a problem
         counts.update(self.failures.snapshot())
         problems = health_problems(counts, self.interval_s)
         ok = all(p == UNREADABLE_PROBLEM for p in problems)  # one node's problem is not the head's

@@ -408,3 +408,33 @@ def test_the_sidecar_runs_the_single_file_with_every_privilege_dropped(
     assert on_disk.copy_token().returncode == 0
     done = on_disk.sidecar_status()
     assert done.returncode != 0 and "writable by group or others" in done.stderr, done.stderr
+
+
+# -- the head sidecar's memory limit, from the head's measured memory at its caps -----------
+
+
+def quantity_mib(text: str) -> float:
+    """A Kubernetes memory quantity (``256Mi``, ``2Gi``, ``1G``, bytes) in MiB."""
+    units = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024, "K": 1e3 / 2**20, "M": 1e6 / 2**20, "G": 1e9 / 2**20}
+    number = re.fullmatch(r"(\d+)([KMG]i?)?", text)
+    assert number is not None, text
+    return int(number.group(1)) * (units[number.group(2)] if number.group(2) else 1 / 2**20)
+
+
+def test_the_head_sidecars_memory_limit_holds_the_measured_peak_at_the_cap(manifest: dict[str, Any]) -> None:
+    """The limit is at least the head's peak RSS SECURITY.md states for its 256 unknown nodes
+    of the largest report, plus the memory volume (a tmpfs counts against the limit). Before:
+    256Mi, below even the 512 MiB the unknown nodes' reports alone may hold."""
+    security = (REPO / "SECURITY.md").read_text()
+    stated = re.search(r"at most ([\d,]+) to ([\d,]+) MiB \(peak\s+RSS", security)
+    assert stated is not None
+    peak_mib = int(stated.group(2).replace(",", ""))
+    head, *_ = sidecars(manifest)
+    spec = pod_specs(manifest)[0]
+    tmpfs_mib = sum(
+        quantity_mib(str(v["emptyDir"]["sizeLimit"]))
+        for v in spec["volumes"]
+        if v.get("emptyDir", {}).get("medium") == "Memory"
+        and any(m["name"] == v["name"] for m in head["volumeMounts"])
+    )
+    assert quantity_mib(head["resources"]["limits"]["memory"]) >= peak_mib + tmpfs_mib

@@ -8,6 +8,7 @@ under the lock; ages followed the wall clock; a clean stop looked like a crash.
 """
 
 import logging
+import re
 import time
 import tracemalloc
 from email.message import Message
@@ -27,16 +28,17 @@ from rayscope.schema.report import (
     GpuProcess,
     HostInfo,
     NodeReport,
-    ProcessInfo,
-    RayletInfo,
     SourceStatus,
 )
 from rayscope.schema.status import RayNode
 from rayscope.sinks.logs import LogThrottle
+from tests.conftest import REPO
+from tests.support.largest_report import largest_report
 from tests.support.report_port import Agent, Port, closed_by_head
 
 NODE = "ab" * 28
 GIB = 1024**3
+SECURITY = (REPO / "SECURITY.md").read_text()
 
 
 def a_report(node_id: str = NODE, used_gib: int = 1, hostname: str = "gpu-1") -> NodeReport:
@@ -114,52 +116,7 @@ def test_a_clean_stop_drops_the_node_at_once_and_a_crash_leaves_it_to_go_stale(p
 
 def the_largest_report() -> NodeReport:
     """A report at every bound at once: the most a token holder can make the head hold."""
-    letters = iter(range(10**9))
-
-    def word(chars: int = 8) -> str:
-        return f"{next(letters):0{chars}d}"
-
-    per_device = schema.MAX_PROCESSES // schema.MAX_DEVICES
-    devices_per_gpu = schema.MAX_MIG_DEVICES
-    gpus_with_mig = schema.MAX_DEVICES // (devices_per_gpu + 1)
-
-    def device(index: int, parent: Any = None) -> GpuDevice:
-        return GpuDevice(
-            index=index,
-            parent_index=parent,
-            name=word(),
-            uuid=word(),
-            errors={word(): word() for _ in range(schema.MAX_ERRORS)},
-            processes=[
-                GpuProcess(pid=p, used_memory_bytes=p, kinds=["compute", "graphics", "mps", "x"])
-                for p in range(per_device)
-            ],
-        )
-
-    gpus = []
-    for g in range(gpus_with_mig):
-        parent = device(g)
-        parent.mig_devices = [device(m, g) for m in range(devices_per_gpu)]
-        gpus.append(parent)
-    items = schema.MAX_ITEMS
-    report = NodeReport(
-        node_id=NODE,
-        collected_at=1.0,
-        gpus=gpus,
-        raylet=RayletInfo(
-            pid=1,
-            node_id=NODE,
-            node_ip="10.0.0.5",
-            static_resources={word(): 1.0 for _ in range(items)},
-            labels={word(): word() for _ in range(items)},
-        ),
-        host=HostInfo(hostname="h"),
-        sources=[SourceStatus(name=word(), ok=False, reason=word()) for _ in range(items)],
-        processes=[ProcessInfo(pid=p, name=word(), title=word()) for p in range(schema.MAX_PROCESSES)],
-    )
-    budget = schema.MAX_REPORT_CHARS - 8 * 20_000  # the strings above, give or take
-    report.host = HostInfo(hostname="h" * min(4096, max(1, budget // 64)))
-    return report
+    return largest_report(NODE)
 
 
 def test_a_report_at_every_bound_decodes_within_the_stated_memory() -> None:
@@ -249,6 +206,26 @@ def test_eviction_at_the_cap_never_walks_the_table(monkeypatch: pytest.MonkeyPat
         state.ingest(msgspec.msgpack.encode(a_report(node_id=f"{i:056x}")), float(i))
     assert len(table.reports) == 50
     assert f"{9:056x}" not in table.reports and f"{10:056x}" in table.reports
+
+
+def test_the_unknown_node_cap_is_securitys_256_at_its_real_value() -> None:
+    """The cap SECURITY.md states, unpatched (the test above patches it for speed): 257
+    made-up ids hold 256, the oldest evicted, and the node the scheduler knows stays. Before:
+    the code held 1,024 while SECURITY.md said 256, and every test patched the cap, so 1,200
+    made-up ids of the largest report took a head from 85 MiB to 2.4 GiB unnoticed."""
+    stated = re.search(r"of which at most (\d+) for\s+nodes the scheduler does not know", SECURITY)
+    assert stated is not None
+    assert report_table.MAX_UNKNOWN_HELD == int(stated.group(1)) == 256
+    state = HeadState(1.0, None)
+    known = "f" * 56
+    state.set_view([RayNode(node_id=known, node_ip="10.0.0.1")], SourceStatus(name="gcs", ok=True))
+    state.ingest(msgspec.msgpack.encode(a_report(node_id=known)), 0.0)
+    made_up = [f"{i:056x}" for i in range(257)]
+    for i, node_id in enumerate(made_up):
+        state.ingest(msgspec.msgpack.encode(a_report(node_id=node_id)), 1.0 + i)
+    held = set(state._table.reports)
+    assert len(held) == 257 and known in held
+    assert held - {known} == set(made_up[1:])  # the 257th evicted the oldest made-up id
 
 
 def test_ages_follow_the_heads_monotonic_clock_not_the_wall_clock(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,6 +11,7 @@ the API server, and the cluster would not be what docs/deploy.md says).
 """
 
 import copy
+import json
 import re
 import shutil
 import stat
@@ -41,10 +42,17 @@ CONTAINER: dict[str, Schema] = {
     "imagePullPolicy": STR,
     "command": [STR],
     "args": [STR],
-    "env": [{"name": STR, "value": STR}],
+    "env": [{"name": STR, "value": STR, "valueFrom": {"fieldRef": {"fieldPath": STR}}}],
     "ports": [{"containerPort": INT, "name": STR, "protocol": STR}],
     "resources": {"limits": MAP_OF_QUANTITY, "requests": MAP_OF_QUANTITY},
     "volumeMounts": [{"name": STR, "mountPath": STR, "readOnly": BOOL}],
+    "livenessProbe": {
+        "exec": {"command": [STR]},
+        "initialDelaySeconds": INT,
+        "periodSeconds": INT,
+        "timeoutSeconds": INT,
+        "failureThreshold": INT,
+    },
     "securityContext": {
         "runAsNonRoot": BOOL,
         "runAsUser": INT,
@@ -163,13 +171,18 @@ def sidecars(manifest: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def test_sidecars_run_commands_rayscope_accepts(manifest: dict[str, Any]) -> None:
-    """Every option a sidecar passes is in its command's ``--help`` (a renamed option fails)."""
+    """Every option a sidecar passes is in its command's ``--help`` (a renamed option fails),
+    the ones the worker's node-id script adds included (``push --node-id``, ``status ...``)."""
     for container in sidecars(manifest):
         command, *args = container["args"]
-        done = run_rayscope(command, "--help")
-        assert done.returncode == 0, done.stderr
-        for option in (a for a in args if a.startswith("--")):
-            assert re.search(rf"{re.escape(option)}\b", done.stdout), f"{command} has no {option}"
+        script = container["command"][2] if container["command"][:2] == ["sh", "-c"] else ""
+        calls = [(command, args + re.findall(r'"\$@" (--[a-z-]+)', script))]
+        calls += [("status", words.split()) for words in re.findall(r'"\$0" status ([^|]*)\|', script)]
+        for name, words in calls:
+            done = run_rayscope(name, "--help")
+            assert done.returncode == 0, done.stderr
+            for option in (a for a in words if a.startswith("--")):
+                assert re.search(rf"{re.escape(option)}\b", done.stdout), f"{name} has no {option}"
 
 
 def test_workers_report_to_the_head_service_on_a_port_it_exposes(manifest: dict[str, Any]) -> None:
@@ -193,11 +206,13 @@ def test_the_deploy_page_shows_this_manifest() -> None:
 # -- issue 36: the sidecar drops every privilege ---------------------------------------------
 
 RAY_IMAGE_USER, RAY_IMAGE_GROUP = 1000, 100
-"""The Ray image's user (``ray``, uid 1000, group ``users``): its raylet's, and the sidecar's."""
+"""The Ray image's user (``ray``, uid 1000, group ``users``): its raylet's, and every Ray task's."""
+SIDECAR_USER = SIDECAR_GROUP = 10001
+"""The sidecar's own user and group: not the Ray image's, nor a group its user is in."""
 DROPPED_EVERYTHING = {
     "runAsNonRoot": True,
-    "runAsUser": RAY_IMAGE_USER,
-    "runAsGroup": RAY_IMAGE_GROUP,
+    "runAsUser": SIDECAR_USER,
+    "runAsGroup": SIDECAR_GROUP,
     "allowPrivilegeEscalation": False,
     "readOnlyRootFilesystem": True,
     "capabilities": {"drop": ["ALL"]},
@@ -232,7 +247,8 @@ def mount_of(container: dict[str, Any], path: str) -> dict[str, Any]:
 
 
 def env_of(container: dict[str, Any]) -> dict[str, str]:
-    return {e["name"]: e["value"] for e in container.get("env", [])}
+    """The container's plain variables (not those the downward API fills)."""
+    return {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
 
 
 def test_the_sidecar_cache_is_a_private_directory_in_a_memory_volume(manifest: dict[str, Any]) -> None:
@@ -250,7 +266,7 @@ def test_the_sidecar_cache_is_a_private_directory_in_a_memory_volume(manifest: d
 def test_the_token_is_copied_to_the_sidecars_user_by_a_step_that_holds_only_chown(
     manifest: dict[str, Any],
 ) -> None:
-    """A Secret's files are root's (mode 0400 here): the sidecar, uid 1000, could not read
+    """A Secret's files are root's (mode 0400 here): the sidecar, uid 10001, could not read
     its token. An init container copies it, owned by the sidecar's user and group, mode
     0400, into a memory volume the sidecar mounts read-only at its --token-file; it runs as
     root with CAP_CHOWN alone, no escalation, a read-only root file system."""
@@ -265,7 +281,7 @@ def test_the_token_is_copied_to_the_sidecars_user_by_a_step_that_holds_only_chow
         }
         shell, flag, script, source, target = init["command"]
         assert (shell, flag) == ("sh", "-c")
-        assert script == f'umask 0377 && cp "$0" "$1" && chown {RAY_IMAGE_USER}:{RAY_IMAGE_GROUP} "$1"'
+        assert script == f'umask 0377 && cp "$0" "$1" && chown {SIDECAR_USER}:{SIDECAR_GROUP} "$1"'
         assert "secret" in volume(spec, mount_of(init, source)["name"])
         token_file = container["args"][container["args"].index("--token-file") + 1]
         assert target == token_file
@@ -276,7 +292,8 @@ def test_the_token_is_copied_to_the_sidecars_user_by_a_step_that_holds_only_chow
 
 class Pod:
     """The worker group's pod, emulated on this host as its containers' securityContext
-    asks (bwrap: the root file system read-only, the volumes bound; setpriv: the user,
+    asks (bwrap: the root file system read-only, a /dev of the standard nodes, the volumes
+    bound; setpriv: the user,
     the capability bounding set, no new privileges; the seccomp profile is the runtime's
     and not emulated). Each volume is a directory here, root's, with the mode kubelet gives
     it: 1777 for a memory emptyDir (a tmpfs), 0777 for a disk one, 0400 files for a Secret
@@ -316,10 +333,22 @@ class Pod:
     def run(
         self, container: dict[str, Any], command: list[str], env: dict[str, str]
     ) -> "subprocess.CompletedProcess[str]":
+        return subprocess.run(
+            self.argv(container, command), env=env, capture_output=True, text=True, timeout=120, check=False
+        )
+
+    def start(
+        self, container: dict[str, Any], command: list[str], env: dict[str, str]
+    ) -> "subprocess.Popen[str]":
+        """``command`` left running in ``container`` (its first line of output read by the caller)."""
+        return subprocess.Popen(self.argv(container, command), env=env, stdout=subprocess.PIPE, text=True)
+
+    def argv(self, container: dict[str, Any], command: list[str]) -> list[str]:
         context = container["securityContext"]
         assert set(context) <= set(DROPPED_EVERYTHING), set(context)
         argv = ["bwrap", "--die-with-parent"]
         argv += ["--ro-bind", "/", "/"] if context["readOnlyRootFilesystem"] else ["--bind", "/", "/"]
+        argv += ["--dev", "/dev"]  # a container's /dev: the standard nodes (/dev/null) only
         for mount in container["volumeMounts"]:
             path = str(self.paths[mount["name"]])
             argv += ["--ro-bind" if mount.get("readOnly") else "--bind", path, path]
@@ -330,9 +359,7 @@ class Pod:
         argv += ["--", "setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups"]
         argv += [f"--bounding-set={bounding}", "--inh-caps=-all", "--ambient-caps=-all"]
         argv += ["--no-new-privs"] if context["allowPrivilegeEscalation"] is False else []
-        return subprocess.run(
-            [*argv, "--", *command], env=env, capture_output=True, text=True, timeout=120, check=False
-        )
+        return [*argv, "--", *command]
 
     def copy_token(self) -> "subprocess.CompletedProcess[str]":
         (init,) = self.spec["initContainers"]
@@ -378,7 +405,7 @@ def test_the_sidecar_runs_the_single_file_with_every_privilege_dropped(
     manifest: dict[str, Any], pod_of: Callable[..., Pod]
 ) -> None:
     """The worker group's pod as the manifest writes it: the token step gives the token to
-    uid 1000, mode 0400; the sidecar, uid 1000 with nothing else, reads it and unpacks the
+    uid 10001, mode 0400; the sidecar, uid 10001 with nothing else, reads it and unpacks the
     single file in its memory volume (it then finds the head closed, the test's doing).
     Controls: without the token step the sidecar cannot read root's 0400 token; with the
     cache on a disk emptyDir (0777, not sticky) the launcher refuses it."""
@@ -387,13 +414,13 @@ def test_the_sidecar_runs_the_single_file_with_every_privilege_dropped(
     assert copied.returncode == 0, copied.stderr
     token = pod.paths["rayscope-token"] / "token"
     st = token.stat()
-    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (RAY_IMAGE_USER, RAY_IMAGE_GROUP, 0o400)
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (SIDECAR_USER, SIDECAR_GROUP, 0o400)
     done = pod.sidecar_status()
     assert (done.returncode, done.stderr.split(" at ")[0]) == (2, "rayscope: head agent unreachable"), (
         done.stderr
     )
     unpacked = [p for p in pod.paths["rayscope-cache"].rglob("site-packages") if p.is_dir()]
-    assert unpacked and all(p.stat().st_uid == RAY_IMAGE_USER for p in unpacked)
+    assert unpacked and all(p.stat().st_uid == SIDECAR_USER for p in unpacked)
 
     without_copy = pod_of()  # the Secret's file itself, as the sidecar mounted it before
     shutil.copy2(
@@ -408,3 +435,200 @@ def test_the_sidecar_runs_the_single_file_with_every_privilege_dropped(
     assert on_disk.copy_token().returncode == 0
     done = on_disk.sidecar_status()
     assert done.returncode != 0 and "writable by group or others" in done.stderr, done.stderr
+
+
+# -- the head sidecar's memory limit, from the head's measured memory at its caps -----------
+
+
+def quantity_mib(text: str) -> float:
+    """A Kubernetes memory quantity (``256Mi``, ``2Gi``, ``1G``, bytes) in MiB."""
+    units = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024, "K": 1e3 / 2**20, "M": 1e6 / 2**20, "G": 1e9 / 2**20}
+    number = re.fullmatch(r"(\d+)([KMG]i?)?", text)
+    assert number is not None, text
+    return int(number.group(1)) * (units[number.group(2)] if number.group(2) else 1 / 2**20)
+
+
+def test_the_head_sidecars_memory_limit_holds_the_measured_peak_at_the_cap(manifest: dict[str, Any]) -> None:
+    """The limit is at least the head's peak RSS SECURITY.md states for its 256 unknown nodes
+    of the largest report, plus the memory volume (a tmpfs counts against the limit). Before:
+    256Mi, below even the 512 MiB the unknown nodes' reports alone may hold."""
+    security = (REPO / "SECURITY.md").read_text()
+    stated = re.search(r"at most ([\d,]+) to ([\d,]+) MiB \(peak\s+RSS", security)
+    assert stated is not None
+    peak_mib = int(stated.group(2).replace(",", ""))
+    head, *_ = sidecars(manifest)
+    spec = pod_specs(manifest)[0]
+    tmpfs_mib = sum(
+        quantity_mib(str(v["emptyDir"]["sizeLimit"]))
+        for v in spec["volumes"]
+        if v.get("emptyDir", {}).get("medium") == "Memory"
+        and any(m["name"] == v["name"] for m in head["volumeMounts"])
+    )
+    assert quantity_mib(head["resources"]["limits"]["memory"]) >= peak_mib + tmpfs_mib
+
+
+# -- the token is the sidecar's alone: a user of its own, no shared process namespace -----
+
+
+def ray_containers(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    return [c for c in spec["containers"] if c["name"] != "rayscope"]
+
+
+def test_no_ray_container_can_reach_the_sidecars_token(manifest: dict[str, Any]) -> None:
+    """Before: the sidecar ran as the Ray image's user in the Ray container's process
+    namespace, so any Ray task could read its token at /proc/PID/root/etc/rayscope/token.
+    Now, in every group: no shared process namespace (the Ray image's user has sudo, so a
+    Ray task can be root in its container and take any uid: only not seeing the sidecar's
+    processes keeps their /proc entries out of its reach, which the emulation below shows);
+    the sidecar's user and group are its own; the Ray container mounts neither the Secret nor
+    the token's volume; the token step gives the file to the sidecar's user and group alone.
+    The pod template has no securityContext (the schema walk refuses one), so no fsGroup adds
+    a group to the Ray container's processes."""
+    for spec, sidecar in zip(pod_specs(manifest), sidecars(manifest)):
+        assert not spec.get("shareProcessNamespace")
+        context = sidecar["securityContext"]
+        assert context["runAsUser"] not in (0, RAY_IMAGE_USER)
+        assert context["runAsGroup"] not in (0, RAY_IMAGE_GROUP)
+        (init,) = spec["initContainers"]
+        token_volumes = {m["name"] for m in init["volumeMounts"]}
+        assert token_volumes == {"rayscope-secret", "rayscope-token"}
+        for ray in ray_containers(spec):
+            assert not token_volumes & {m["name"] for m in ray.get("volumeMounts", [])}, ray["name"]
+            assert ray.get("securityContext", {}).get("runAsUser", RAY_IMAGE_USER) == RAY_IMAGE_USER
+
+
+def as_ray_user(command: list[str]) -> "subprocess.CompletedProcess[str]":
+    """``command`` as a Ray task runs: the Ray image's user and group, no other group, no
+    capability (a non-root process in the Ray container)."""
+    setpriv = ["setpriv", f"--reuid={RAY_IMAGE_USER}", f"--regid={RAY_IMAGE_GROUP}", "--clear-groups"]
+    return subprocess.run(
+        [*setpriv, "--inh-caps=-all", "--", *command], capture_output=True, text=True, timeout=30, check=False
+    )
+
+
+def holding_its_token(pod: Pod, spec: dict[str, Any]) -> tuple["subprocess.Popen[str]", int, str]:
+    """The sidecar of ``spec`` running (as its securityContext says) with its token open: the
+    process, its pid, and its token's path as its own mount namespace holds it."""
+    sidecar = next(c for c in spec["containers"] if c["name"] == "rayscope")
+    token = pod.here(sidecar, sidecar["args"][sidecar["args"].index("--token-file") + 1])
+    script = f"import os, time; open({token!r}).read(); print(os.getpid(), flush=True); time.sleep(60)"
+    process = pod.start(sidecar, ["/usr/bin/python3", "-c", script], {"PATH": "/usr/bin:/bin"})
+    assert process.stdout is not None
+    return process, int(process.stdout.readline()), token
+
+
+def stop(process: "subprocess.Popen[str]") -> None:
+    process.kill()
+    process.wait(30)
+    if process.stdout is not None:
+        process.stdout.close()
+
+
+def test_the_ray_containers_user_cannot_read_the_token_nor_the_sidecars_proc_entries(
+    manifest: dict[str, Any], pod_of: Callable[..., Pod]
+) -> None:
+    """The worker's pod as the manifest writes it, the token copied: a process of the Ray
+    image's user opens neither the token (uid 10001's, mode 0400, group 10001) nor the
+    sidecar's /proc/PID/root or /proc/PID/environ (another uid: the kernel's ptrace check).
+    Controls, the holes the manifest closes: a sidecar of the Ray image's user (the manifest
+    before) gives the Ray user its token through /proc/PID/root; and one of its own user is
+    read that way by root holding only CAP_SETUID and CAP_SETGID (a Ray task through the Ray
+    image's sudo, had the pod shared its process namespace)."""
+    spec = pod_specs(manifest)[1]
+    pod = pod_of(spec)
+    assert pod.copy_token().returncode == 0
+    process, pid, token = holding_its_token(pod, spec)
+    try:
+        for path in (token, f"/proc/{pid}/root{token}", f"/proc/{pid}/environ"):
+            done = as_ray_user(["cat", path])
+            assert done.returncode != 0 and "Permission denied" in done.stderr, (path, done)
+        setuid = ["setpriv", f"--reuid={SIDECAR_USER}", f"--regid={SIDECAR_GROUP}", "--clear-groups"]
+        sudo = subprocess.run(
+            [*setuid, "--bounding-set=-all,+setuid,+setgid", "--", "cat", f"/proc/{pid}/root{token}"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert (sudo.returncode, sudo.stdout) == (0, "0123456789abcdef0123456789abcdef\n"), sudo.stderr
+    finally:
+        stop(process)
+
+    before = copy.deepcopy(spec)  # the sidecar as the Ray image's user, as the manifest had it
+    sidecar = next(c for c in before["containers"] if c["name"] == "rayscope")
+    sidecar["securityContext"].update(runAsUser=RAY_IMAGE_USER, runAsGroup=RAY_IMAGE_GROUP)
+    (init,) = before["initContainers"]
+    init["command"][2] = init["command"][2].replace(
+        f"{SIDECAR_USER}:{SIDECAR_GROUP}", f"{RAY_IMAGE_USER}:{RAY_IMAGE_GROUP}"
+    )
+    old = pod_of(before)
+    assert old.copy_token().returncode == 0
+    process, pid, token = holding_its_token(old, before)
+    try:
+        done = as_ray_user(["cat", f"/proc/{pid}/root{token}"])
+        assert (done.returncode, done.stdout) == (0, "0123456789abcdef0123456789abcdef\n"), done.stderr
+    finally:
+        stop(process)
+
+
+STUB_PYTHON = """#!/bin/sh
+# python for the node-id script: `status` answers the GCS's view from a file, `push` says
+# what it was given; the rest (the script's `python -c`) is the real one.
+case "$2" in
+  status) cat "$STUB_STATUS"; exit 1 ;;
+  push) shift; echo "$*"; exit 0 ;;
+esac
+exec /usr/bin/python3 "$@"
+"""
+
+
+def test_the_worker_sidecar_reports_for_the_alive_ray_node_at_its_pod_ip(
+    manifest: dict[str, Any], pod_of: Callable[..., Pod]
+) -> None:
+    """Without the raylet in sight, the worker's sidecar takes its node id from the GCS: the
+    one alive node at the pod's IP (a dead one of an earlier raylet there, and another pod's,
+    are not it), then runs its push with --node-id. The liveness check passes while that node
+    lives or the GCS cannot be read, and fails once another alive node has the pod's IP (the
+    Ray container restarted in place), so the sidecar restarts to report for that one. Run in
+    the pod's emulation, ``python`` a stub that answers ``status`` from a file."""
+    spec = pod_specs(manifest)[1]
+    sidecar = next(c for c in spec["containers"] if c["name"] == "rayscope")
+    shell, flag, script, pyz = sidecar["command"]
+    assert sidecar["livenessProbe"]["exec"]["command"] == [shell, flag, script, pyz, "--check"]
+    env_names = {e["name"]: e for e in sidecar["env"]}
+    assert env_names["RAYSCOPE_POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env_of(sidecar)["RAYSCOPE_GCS"] == f"{manifest['metadata']['name']}-head-svc:6379"
+    pod = pod_of(spec)
+    stub = pod.root / "bin"
+    stub.mkdir(mode=0o755)
+    (stub / "python").write_text(STUB_PYTHON)
+    (stub / "python").chmod(0o755)
+    status = pod.root / "status.json"
+
+    def gcs_says(*nodes: tuple[str, str, bool]) -> None:
+        document = {
+            "nodes": {n: {"node_ip": ip, "alive": alive, "in_scheduler": True} for n, ip, alive in nodes}
+        }
+        status.write_text(json.dumps(document))
+        status.chmod(0o644)
+
+    env = {
+        "PATH": f"{stub}:/usr/bin:/bin",
+        "RAYSCOPE_CACHE": pod.here(sidecar, env_of(sidecar)["RAYSCOPE_CACHE"]),
+        "RAYSCOPE_POD_IP": "10.1.2.3",
+        "STUB_STATUS": str(status),
+    }
+    mine, earlier, other = "a" * 56, "b" * 56, "c" * 56
+    gcs_says((earlier, "10.1.2.3", False), (other, "10.1.2.4", True), (mine, "10.1.2.3", True))
+    done = pod.run(sidecar, [shell, flag, script, str(pod.pyz), *sidecar["args"]], env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == " ".join([*sidecar["args"], "--node-id", mine]) + "\n"
+
+    def check() -> int:
+        return pod.run(sidecar, [shell, flag, script, str(pod.pyz), "--check"], env).returncode
+
+    assert check() == 0
+    status.write_text("")  # the GCS not read: no restart for that
+    assert check() == 0
+    gcs_says((mine, "10.1.2.3", False), ("d" * 56, "10.1.2.3", True))
+    assert check() != 0

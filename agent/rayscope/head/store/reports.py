@@ -34,9 +34,11 @@ from rayscope.net.wire import CLAIMED, FULL, WRONG_PEER
 from rayscope.schema.status import ReceivedReport
 
 MAX_NODES_HELD = 16_384
-MAX_UNKNOWN_HELD = 1024
+MAX_UNKNOWN_HELD = 256
 """Nodes the scheduler does not know (hosts without a raylet, nodes just gone): a few per
-login node and a few gone per interval; more is someone sending made-up ids."""
+login node and a few gone per interval; more is someone sending made-up ids. SECURITY.md
+states this number and the head's memory at it, filled with the largest reports
+(``tests/tools/measure_unknown_cap.py``); a test holds it at its real value."""
 
 
 def bare_address(host: str) -> str:

@@ -47,7 +47,7 @@ REPLY = "@@"
 HEAD = {"num_cpus": 8, "num_gpus": 1, "resources": {"VRAM_MB": 24576, "accelerator_type:G": 1}}
 DENBI = {"num_cpus": 8, "num_gpus": 1, "resources": {"accelerator_type:T4": 1}}
 CPU_ONLY = {"num_cpus": 16, "num_gpus": 0}
-# Multi-GPU nodes beside the seed's head (issue 15), all on the one fake NVML of this host
+# Multi-GPU nodes beside the seed's head, all on the one fake NVML of this host
 # (four A100s, UUIDs GPU-0000000<i>-...): a 4-GPU node as Ray sees all of them; a 2-GPU
 # node whose raylet sees GPUs 1 and 3 by index (PCI bus order); a 2-GPU node whose raylet
 # sees GPUs 2 and 0 by UUID. ``env`` is the raylet's environment (tests/test_live_multigpu.py).

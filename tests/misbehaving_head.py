@@ -1,5 +1,5 @@
 """A head that misbehaves on purpose: what ``status``, ``usage`` and ``fit`` with ``--head``
-must survive (issue 30, rule 3). Each mode answers every connection the same way:
+must survive. Each mode answers every connection the same way:
 
 * ``drip-body``: a good status line and headers (``Content-Length: 1000``), then the body
   one byte every :data:`DRIP_S`;

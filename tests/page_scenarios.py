@@ -108,7 +108,7 @@ VM = "5e" * 28
 
 
 def first_hour_status() -> ClusterStatus:
-    """What a new operator's first hour shows (issue 34): Europa's agent with NVML and its
+    """What a new operator's first hour shows: Europa's agent with NVML and its
     four replicas; a VM of the same booking whose agent has no NVML (its bars from Ray's
     placement: a segment per actor still); the deNBI T4 and its 0.33 app without an agent;
     the CPU node. As a head serves it with ``?gpus=1``."""

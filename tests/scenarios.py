@@ -330,7 +330,7 @@ def a100_worker(node_id: str, **fields: object) -> NodeStatus:
     return msgspec.structs.replace(base, **fields)
 
 
-# --- virtual and shared GPUs (issue 20): what node agents report, settled as they settle it -----
+# --- virtual and shared GPUs: what node agents report, settled as they settle it -----
 
 VGPU = "a4" * 28
 PASSTHROUGH = "9a" * 28
@@ -435,7 +435,7 @@ def vgpu_node_diagnostics(cuda_age_s: Optional[float] = None) -> NodeDiagnostics
     )
 
 
-# --- Ray's dashboard (issue 32): nodes no agent measures, as its summary gives them ------------
+# --- Ray's dashboard: nodes no agent measures, as its summary gives them ------------
 
 VGPU_WORKER = "a6" * 28
 SILENT = "5e" * 28
@@ -500,7 +500,7 @@ def dashboard_status(
 ) -> ClusterStatus:
     """``status`` without a head agent on Europa's host (its NVML read here), the seed's
     other nodes from Ray's dashboard (``read``, by default :func:`dashboard_read`; ``asked``
-    false: not read, as before issue 32); ``gpus``: attributed as ``status --gpus``
+    false: not read, as before this); ``gpus``: attributed as ``status --gpus``
     attributes them (the actor table: :data:`DASHBOARD_ACTORS`)."""
     from rayscope.core.gpu.attribution import attribute_cluster
 

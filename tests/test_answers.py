@@ -283,7 +283,7 @@ def test_accept_encoding_is_read_with_its_weights(header: str, gzipped: bool) ->
 
 @pytest.mark.fault
 def test_gzip_refused_with_q_0_is_not_sent_and_every_answer_says_vary(fault: FaultRecord) -> None:
-    """Issue 30, rule 12. Before: ``Accept-Encoding: gzip;q=0`` (gzip refused) got gzip,
+    """Before: ``Accept-Encoding: gzip;q=0`` (gzip refused) got gzip,
     and no answer said ``Vary: Accept-Encoding`` (a cache could serve one client's gzip
     body to another). Positive control: test ``"gzip" in header`` again in ``Routes._status``."""
     fault.expect(

@@ -18,7 +18,7 @@ Where the rules come from (BioEngine 0.16.1, ``aicell-lab/bioengine`` at ``03b49
   are ints, the sums of the node values that are numbers over BioEngine's nodes
   (rayscope's entries with ``alive`` and ``in_scheduler``).
 
-On main's goldens before issue 26 (schema 1) these failed: ``status_mixed.json`` T10 ×8
+On main's goldens before this (schema 1) these failed: ``status_mixed.json`` T10 ×8
 (``null`` GPU memory on four nodes), P6 ×4 (the no-raylet node's memory and accelerator,
 the CPU node's accelerator), P7 ×2 (``null`` sums), P4 ×1 (``pending_resources: null``);
 ``status_pending.json`` T10 ×4, P7 ×2; ``status_seed.json`` and ``status_gpus_seed.json``
@@ -99,7 +99,7 @@ def test_bioengines_cli_prints_na_for_what_rayscope_does_not_trust() -> None:
 
 
 def schema_1(document: Document) -> Document:
-    """The document as main wrote it before issue 26: NVML's sums in BioEngine's keys,
+    """The document as main wrote it before this: NVML's sums in BioEngine's keys,
     ``null`` where unknown (a stale report's used kept), ``null`` accelerator and cluster
     sums, ``pending_resources`` ``null`` when not read."""
     old: Document = json.loads(json.dumps(document))

@@ -1,4 +1,4 @@
-"""A new operator's mistakes, each with its exact one-line answer and exit code (issue 22).
+"""A new operator's mistakes, each with its exact one-line answer and exit code.
 
 Every case runs ``python -m rayscope`` in its own process with stderr a pipe (as cron and
 ``grep`` see it): stderr must be exactly one line, ``rayscope: ...``, and stdout empty. The
@@ -142,7 +142,7 @@ USAGE = [
     (["fit", "--replicas"], 2, "fit --replicas: needs a value"),
     (["status", "--format", "xml"], 2, "status --format: 'xml' is not one of 'text', 'json', 'prom'"),
     (["bogus"], 2, "'bogus' is not a command: fit, head, node, push, status, usage"),
-    # issue 34 -----------------------------------------------------------------------------
+    # --- the first hour ---
     # before: "'statuss'. Did you mean 'status'? is not a command: fit, ..." (typer's words inside)
     (
         ["statuss"],
@@ -543,7 +543,7 @@ def msgspec_replace(info: Any, **changes: Any) -> Any:
     return msgspec.structs.replace(info, **changes)
 
 
-# --- issue 34: a new operator's first hour, second round ----------------------------------
+# --- a new operator's first hour, second round ----------------------------------
 
 
 def test_https_against_a_plain_http_head_says_it_serves_plain_http(head_daemon: Any) -> None:

@@ -1,4 +1,4 @@
-"""The dashboard's GET beside the GCS read, never after it (issue 32): started from the GCS
+"""The dashboard's GET beside the GCS read, never after it: started from the GCS
 child's early stderr line, or at once for an address the operator named; taken when the GCS
 read is done, within the command's one deadline (``rayscope.sources.dashboard_read``).
 

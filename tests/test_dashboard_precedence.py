@@ -1,4 +1,4 @@
-"""Which measurement a node's GPU memory shows (issue 32), the rule of
+"""Which measurement a node's GPU memory shows, the rule of
 ``rayscope.core.gpu.precedence`` on recorded states: a fresh report that measured the node,
 else Ray's dashboard's figure with its age, else NA and why; and where each output says so.
 

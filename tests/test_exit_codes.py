@@ -1,4 +1,4 @@
-"""Issue 30, rule 10: exit codes keep their meaning. An internal error (a bug, MemoryError, a
+"""Exit codes keep their meaning. An internal error (a bug, MemoryError, a
 field that does not parse) is one line and exit 70 (``EX_SOFTWARE``), never 1, which cron
 reads as "partial" (``status``) or "does not fit" (``fit``).
 

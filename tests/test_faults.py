@@ -1,4 +1,4 @@
-"""Faults the head and the rollup must tell the truth about, without a cluster (issue 11):
+"""Faults the head and the rollup must tell the truth about, without a cluster:
 an old scheduler view, hosts without a raylet, a lost GPU, a dead GCS poller, one
 completeness rule. The live versions are in test_live_faults.py.
 """
@@ -354,7 +354,7 @@ def test_a_head_that_fails_once_listening_closes_both_ports(monkeypatch: pytest.
 def test_a_bug_in_reading_a_request_is_a_400_and_one_throttled_line(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Issue 30, rule 4, as a property of the port and not of each parser: whatever raises
+    """As a property of the port and not of each parser: whatever raises
     while a request is read (here the length check itself) answers 400 and writes one
     throttled line, never asyncio's traceback. Positive control: drop the ``try`` in
     ``HttpConnection.data_received`` and each request logs a 10-line traceback, no answer."""

@@ -1,4 +1,4 @@
-"""The embedded ``status``'s GCS child, made cheaper (issue 25) without changing what runs,
+"""The embedded ``status``'s GCS child, made cheaper without changing what runs,
 where it connects or what it reads:
 
 * started before the CLI's imports (``sources/gcs_prestart``), isolated as every GCS child

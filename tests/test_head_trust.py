@@ -1,4 +1,4 @@
-"""Issue 19, the head's side: what a node that holds the token, or a stranger on the HTTP
+"""The head's side: what a node that holds the token, or a stranger on the HTTP
 port, can no longer do. Each test exploits the hole the old code left open, with the
 project's own wire module (:mod:`rayscope.net.wire`) against the head's real report protocol.
 

@@ -1,4 +1,4 @@
-"""Issue 30, rule 9: ``/healthz`` says the truth. A head whose every GCS read fails says it
+"""``/healthz`` says the truth. A head whose every GCS read fails says it
 has no scheduler view and why, and is not ``ok``; a view that went old says so too.
 
 Before (SECURITY.md): ``ok: true``, ``scheduler_view_age_s: null``, ``errors: 0`` for as long

@@ -1,5 +1,5 @@
 """A head that misbehaves cannot hold a ``--head`` read past ``--timeout``, nor fill the
-client's memory, nor make it say anything but one line and exit 2 (issue 30, rule 3).
+client's memory, nor make it say anything but one line and exit 2.
 
 Every mode of tests/misbehaving_head.py against every command that reads a head: ``status``
 (the fast path, agent/fast_status.py), ``status --json``, ``usage`` and ``fit`` (the CLI,

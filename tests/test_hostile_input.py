@@ -1,4 +1,4 @@
-"""Issue 30, rule 1 and rule 2 on a real head: a token holder's report with non-ASCII digits
+"""On a real head: a token holder's report with non-ASCII digits
 in every string field takes no view down, and every other node is still served.
 
 The reports (tests/hostile.py) go through the head's real report port, sealed with the

@@ -2,7 +2,7 @@
 itself (agent/rayscope/head/serve/http.py ``HttpConnection._write``): every byte arrives, over
 plain TCP and TLS, to a client that reads slowly, and the port copies none of it whole.
 
-Before (issue 35): the headers and the body were joined, and what the socket did not take
+Before: the headers and the body were joined, and what the socket did not take
 at once was copied into the transport's buffer: 52 MB twice per ``/v1/status`` at 10,000
 nodes, into fresh pages. Positive control: send ``response_bytes(response)`` whole in
 ``HttpConnection.send`` and the memory test finds the body copied.

@@ -1,4 +1,4 @@
-"""Issue 30, rule 2: one node's bad data is that node's problem. A node whose share of the
+"""One node's bad data is that node's problem. A node whose share of the
 merge or of a renderer raises is shown as ``report unreadable: <why>`` and counted in
 ``/healthz``; every other node is served by every view.
 

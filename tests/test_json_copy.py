@@ -3,7 +3,7 @@
 agent/rayscope/client/request.py): what it prints is what the CLI prints, it holds one part
 of the document at a time, and no terminal escape of a bent wire reaches stdout.
 
-Before (issue 35, measured on be6e352): the client took the compact document whole and
+Before (this change, measured on be6e352): the client took the compact document whole and
 indented it (``msgspec.json.format``): 9 times a ``curl`` of it at 10,000 nodes, 35 MB.
 Positive control: drop the ``escapes_a_terminal`` check in ``TerminalCopy`` and the escape sequence
 is printed; make the sink return ``None`` and the memory test holds the whole document.

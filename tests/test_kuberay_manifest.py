@@ -203,7 +203,7 @@ def test_the_deploy_page_shows_this_manifest() -> None:
     assert Path(MANIFEST).is_file()
 
 
-# -- issue 36: the sidecar drops every privilege ---------------------------------------------
+# -- the sidecar drops every privilege ---------------------------------------------
 
 RAY_IMAGE_USER, RAY_IMAGE_GROUP = 1000, 100
 """The Ray image's user (``ray``, uid 1000, group ``users``): its raylet's, and every Ray task's."""

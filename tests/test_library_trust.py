@@ -1,4 +1,4 @@
-"""Rule 5 of issue 30 (SECURITY.md, *Local trust*): shared libraries load from trusted paths only.
+"""SECURITY.md, *Local trust*: shared libraries load from trusted paths only.
 
 The exploit as it happens on a node: ``LD_LIBRARY_PATH=/usr/local/nvidia/lib64:`` (a trailing
 colon, as ``ENV X=/a:$X`` leaves it, is an empty element: the working directory), root runs

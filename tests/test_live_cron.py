@@ -33,7 +33,7 @@ def test_unreachable_cluster_writes_nothing(rayscope_env: dict[str, str], tmp_pa
     good.write_text('{"good": true}\n')
     log = tmp_path / "status.ndjson"
     log.write_text('{"good": true}\n')
-    prom = tmp_path / "status.prom"  # a .json file for Prometheus text is refused (issue 22)
+    prom = tmp_path / "status.prom"  # a .json file for Prometheus text is refused
     prom.write_text("rayscope_good 1\n")
     address = f"127.0.0.1:{free_port()}"
     for args in (

@@ -1,4 +1,4 @@
-"""Ray's dashboard on a live cluster (issue 32): the demo's two raylets with the dashboard on,
+"""Ray's dashboard on a live cluster: the demo's two raylets with the dashboard on,
 each raylet (and so its dashboard agent) on the fake NVML with a scenario of its own, read the
 way ``status`` will read it: the address from the GCS child's answer, then the one GET.
 
@@ -130,7 +130,7 @@ def test_every_node_reads_its_own_gpus_from_the_dashboard(
         assert node.node_ip == "127.0.0.1"
 
 
-# --- status, --gpus, fit and the head on this cluster, no rayscope agent (issue 32 phase 2) -----
+# --- status, --gpus, fit and the head on this cluster, no rayscope agent  -----
 
 RTX_PAIR = "VRAM: 7.6/48.0 GB"
 """The head's two RTX 3090s as the dashboard reads them: 7475 + 307 MiB of 2 × 24 GiB."""

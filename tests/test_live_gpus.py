@@ -161,7 +161,7 @@ def test_the_head_agent_attributes_the_agents_reports(
 
         lines = eventually(attributed, 30, f"the head attributes {over!r}", 0.5, detail=head.log_text)
         start = lines.index(f"GPUs of 127.0.0.1 [HEAD] {live_cluster.node_id('head')[:12]}:")
-        assert lines[start + 1] == (  # issue 20: said so on the GPU
+        assert lines[start + 1] == (  # said so on the GPU
             "  GPU0 NVIDIA GeForce RTX 3090  booked 22528 MB + 0.33 GPU by 6 actors  used 22.9 GB  util 87%"
             "  shared with 2 other nodes"
         )

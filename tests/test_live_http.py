@@ -1,4 +1,4 @@
-"""The head's HTTP port against slow and rude clients (issue 19), with a real ``rayscope
+"""The head's HTTP port against slow and rude clients, with a real ``rayscope
 head`` on loopback and no token needed by the attacker.
 
 Before: the handler's deadline was per ``recv`` and 16 worker threads read requests, so 16
@@ -172,7 +172,7 @@ def _answer_of(port: int, request: bytes) -> bytes:
 def test_a_malformed_request_is_a_400_and_writes_at_most_a_throttled_line(
     tmp_path: Path, token: Path, fault: FaultRecord
 ) -> None:
-    """Issue 30, rule 4: a stranger cannot write to the head's log. Each malformed request
+    """A stranger cannot write to the head's log. Each malformed request
     line or header, sent 30 times in a row: a 400 every time, and the log grows by a few
     throttled lines, never a traceback. Before: ``Content-Length: ²`` (``'²'.isdigit()`` is
     true, ``int('²')`` raises), ``¹²³`` and 5,000 digits raised inside ``data_received``:

@@ -1,4 +1,4 @@
-"""Per-device truth on multi-GPU nodes, against a real Ray cluster (issue 15).
+"""Per-device truth on multi-GPU nodes, against a real Ray cluster.
 
 Beside the seed's head, three fake-GPU raylets share this host's fake NVML (four A100s):
 ``quad`` (4 GPUs, no ``CUDA_VISIBLE_DEVICES``), ``pair_index`` (``CUDA_VISIBLE_DEVICES=1,3``,

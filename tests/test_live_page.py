@@ -12,14 +12,14 @@ dashboard or Grafana listen) receives nothing of the login that, replayed, opens
 
 ``RAYSCOPE_PAGE_PNG=docs/page.png`` keeps the screenshot (the README's picture), and beside it
 the page whole at 1,400 and 700 pixels (``page-1400.png``, ``page-700.png``), the two widths
-its layout is checked at (issue 34): a one-GPU node's bar spans its node, the legend's keys sit
+its layout is checked at: a one-GPU node's bar spans its node, the legend's keys sit
 on their words' line, no app line of "Bookings beside use" is cut, the unmeasured deNBI node
 says why (its badge).
 
 Positive controls: serving the page without the CSP and with a CDN stylesheet fails the
 network-log check (the stylesheet's request has the page's isolation key); the evil page's
 own requests to the head are caught by the same check (asserted below); keeping the session in
-a cookie again (the code before issue 30) lets the other port replay it: the page, 200.
+a cookie again (the code before this rule) lets the other port replay it: the page, 200.
 """
 
 import http.server
@@ -348,14 +348,14 @@ def bare_head(wire_token: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
 def test_a_login_replayed_alone_from_another_port_opens_nothing(
     bare_head: HeadDaemon, tmp_path: Path
 ) -> None:
-    """Issue 30: a browser sends a host's cookies to every port of that host, so after a
+    """A browser sends a host's cookies to every port of that host, so after a
     login Ray's dashboard or Grafana on the head's host received ``rayscope_page=...`` and
     could replay it for 12 h. Now the login leaves its session in the tab's
     ``sessionStorage`` (scoped to the head's origin, its port included) and the page's script
     sends it in a header: the other port hears no cookie of the head's, its replay is the
     login form (401), its own origin's storage is empty, and the head's tab still shows the
     page. Before: the other port heard the cookie and its replay got the page (200).
-    Positive control: the session as a cookie again (the code before issue 30)."""
+    Positive control: the session as a cookie again (the code before this rule)."""
     head = bare_head
     OtherPort.head_url, OtherPort.asked = head.url, []
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), OtherPort)

@@ -288,7 +288,7 @@ def test_live_metrics_pass_promtool_check_metrics(scraped: Scraped) -> None:
 
 def test_without_gpus_1_the_head_serves_no_device_families(scraped: Scraped) -> None:
     """Why the scrape config asks ``?gpus=1``: the per-device panels and alerts need it; each
-    answer says which it is (issue 34), for the dashboard and RayscopePerDeviceMetricsMissing."""
+    answer says which it is, for the dashboard and RayscopePerDeviceMetricsMissing."""
     _, plain = scraped.head.get("/metrics")
     _, with_gpus = scraped.head.get("/metrics?gpus=1")
     assert "\nrayscope_device_" not in plain.decode() and "\nrayscope_scrape_per_device 0\n" in plain.decode()

@@ -1,4 +1,4 @@
-"""A new operator's first hour, live (issue 22): ``make demo KEEP=1``, and the README's
+"""A new operator's first hour, live: ``make demo KEEP=1``, and the README's
 multi-node quick start typed as it is on a real two-node Ray cluster whose nodes are network,
 pid, host-name and ``/etc`` namespaces (tests/netns.py): the head node at 10.213.N.1, a worker
 at 10.213.N.2, each running ``ray start --block`` and seeing only its own raylet.
@@ -427,7 +427,7 @@ def test_the_wrong_port_from_another_node_is_named(quickstart: Cluster) -> None:
 
 
 def test_a_mistyped_node_id_on_a_ray_node_is_refused_naming_the_option(quickstart: Cluster) -> None:
-    """Issue 34. Before: ``push --node-id deadbeef`` on a node that runs a raylet logged one
+    """Before: ``push --node-id deadbeef`` on a node that runs a raylet logged one
     INFO line ("no local raylet has node id deadbeef: reporting it without one") and then
     reported a phantom node for good (``vm [worker] VRAM: NA/NA GB  agent: manual, no
     raylet``) while ``status`` exited 0. Now it is refused at start, naming ``--node-id`` and

@@ -305,7 +305,7 @@ def test_an_agent_name_someone_keeps_re_creating_is_named_in_healthz_and_status(
     cluster: LiveCluster, tmp_path: Path, wire_token: Path, fault: FaultRecord
 ) -> None:
     """A Ray user's loop holds ``rayscope-agent:<deNBI>`` in namespace ``rayscope`` with an
-    actor of its own and creates it again whenever it is gone (issue 30, rule 12). The head
+    actor of its own and creates it again whenever it is gone. The head
     removes it once, then says so: ``/healthz`` counts it (``agents_name_held``), ``status``
     names it (``RAY_AGENTS: agent name held by another actor``), and the other node's agent
     runs. Before: the head removed the user's actor at every interval (the loop created it

@@ -1,4 +1,4 @@
-"""Rule 8 of issue 30: an expensive answer is rendered once per change and cannot starve the rest.
+"""An expensive answer is rendered once per change and cannot starve the rest.
 
 A real ``rayscope head`` on loopback holding a full usage window of 1,000 actors (restored
 from ``--usage-state``: 720 slots each). Before: ``/v1/usage`` was computed per request

@@ -1,4 +1,4 @@
-"""Virtual and shared GPUs (issue 20) on the seed's real Ray cluster: the Europa head's one GPU
+"""Virtual and shared GPUs on the seed's real Ray cluster: the Europa head's one GPU
 is, in turn, a vGPU guest's idle A40-16C slice whose NVML claims 14.5 GiB used, a passed-through
 A100, a vGPU host's A40, and an RTX 3090 under MPS whose two clients are Ray actors. Only the
 driver is fake (tests/fake_nvml, and tests/fake_cuda for CUDA's own figure, which differs from
@@ -108,7 +108,7 @@ def test_a_vgpu_guest_never_shows_the_phantom_figure_as_measured(
 
 
 def test_fit_does_not_refuse_on_the_phantom_figure(live_cluster: LiveCluster, vgpu: dict[str, str]) -> None:
-    """Before issue 20: "fits by booking, not by measured memory: GPU0 has 1.5 GB free", exit 1."""
+    """Before this: "fits by booking, not by measured memory: GPU0 has 1.5 GB free", exit 1."""
     code, out, err = rayscope(vgpu, live_cluster, "fit", "--gpu-memory-mb", "4096")
     print(out)
     assert code == 0, out + err

@@ -216,7 +216,7 @@ def test_a_child_under_this_python_still_finds_what_this_process_imports(
     assert trust.parent_import_path("rayscope_probe_pkg") == []
 
 
-# --- where the GCS address comes from (issue 19) -------------------------------------------
+# --- where the GCS address comes from -------------------------------------------
 
 ROOTS_TOKEN = "secret-of-root-4f1c"
 

@@ -1,4 +1,4 @@
-"""Issue 30, rule 11: peer text never reaches a terminal raw, Ray's own logs included.
+"""Peer text never reaches a terminal raw, Ray's own logs included.
 
 A GCS (tests/fake_grpc_gcs.py) fails every call with an error text that carries escape
 sequences. Ray's C++ client in the head's process writes it to fd 2 on every read

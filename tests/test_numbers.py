@@ -1,4 +1,4 @@
-"""Issue 30, rule 1: numbers from outside are parsed in one place (``rayscope.units``), ASCII
+"""Numbers from outside are parsed in one place (``rayscope.units``), ASCII
 digits only, and nothing in the package asks ``str.isdigit()`` (true for ``'²'``, which
 ``int()`` refuses) or its cousins.
 
@@ -44,7 +44,7 @@ def digit_tests(source: str) -> list[int]:
 
 def test_no_module_asks_isdigit() -> None:
     """Every number from outside goes through ``rayscope.units.parse_count``/``parse_amount``.
-    Goes green once every helper's branch of issue 30 is merged (http.py, session.py,
+    Goes green once every helper's branch of this change is merged (http.py, session.py,
     page.py and head_request.py are theirs)."""
     found = {
         str(path.relative_to(AGENT.parent)): lines

@@ -1,7 +1,7 @@
 """Virtualization mode, compute mode and MPS clients through the real pynvml binding and the
-fake ``libnvidia-ml.so.1`` (issue 20), in a subprocess whose loader path names the fake.
+fake ``libnvidia-ml.so.1``, in a subprocess whose loader path names the fake.
 
-Also the fake's re-reading of a scenario that changes while a process reads it (issue 24),
+Also the fake's re-reading of a scenario that changes while a process reads it,
 and :func:`rayscope.core.gpu.memory.memory_used_reliable` (the trust rule, in core) for every mode.
 """
 
@@ -224,7 +224,7 @@ def test_memory_used_reliable_for_every_mode() -> None:
 
 def test_the_fake_rereads_a_changed_scenario(fake_nvml_lib: fake.FakeNvml, tmp_path: Path) -> None:
     """One process, the scenario swapped under it between reads: the next read sees the new
-    memory and the new MPS clients (issue 24: a replica's memory rising and falling)."""
+    memory and the new MPS clients (a replica's memory rising and falling)."""
     path = tmp_path / "scenario.txt"
     clients = (4_100_002, 4_100_003)
     path.write_text(fake.mps(4_100_001, clients))

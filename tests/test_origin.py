@@ -1,4 +1,4 @@
-"""The page and the API belong to the head's origin (issue 30, rule 6; SECURITY.md rule 7):
+"""The page and the API belong to the head's origin (SECURITY.md rule 7):
 a request whose ``Host`` names another site is refused (DNS rebinding), and a client that keeps
 offering wrong tokens is answered 429 without a check. Unit tests on the routes, then the same
 over a real head's port."""
@@ -104,7 +104,7 @@ def test_a_host_that_names_the_head_is_answered(host: str) -> None:
 
 @pytest.mark.parametrize("host", BAD_HOSTS)
 def test_a_host_that_names_another_site_is_refused_on_every_path(host: str) -> None:
-    """Issue 30's probe read a token-less loopback head's ``/v1/status`` with ``Host:
+    """The review's probe read a token-less loopback head's ``/v1/status`` with ``Host:
     evil.example`` (DNS rebinding): 200. Positive control: drop the ``hosts.allows`` check
     at the top of ``Routes._answer``."""
     if host == "":
@@ -170,7 +170,7 @@ def login(r: Routes, token: bytes, peer: str = "192.0.2.7") -> Response:
 
 
 def test_wrong_logins_are_checked_ten_in_a_row_then_one_a_second_per_client() -> None:
-    """Issue 30's probe: 1,199 wrong tokens a second from one client, every one checked.
+    """The review's probe: 1,199 wrong tokens a second from one client, every one checked.
     Now 10 in a row, then one per second; the rest are 429 with ``Retry-After``, unchecked
     (a right token too, while the bucket is empty). Another client is not held. Positive
     control: drop the ``guesses.wait_s`` check in ``Routes.login``."""

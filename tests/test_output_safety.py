@@ -1,5 +1,5 @@
 """Cron output as root on a shared node: ``--output`` and ``--append`` never follow a symlink
-(SECURITY.md rule 1), and an ``--append`` line is written whole or not at all (issue 11).
+(SECURITY.md rule 1), and an ``--append`` line is written whole or not at all.
 """
 
 import contextlib
@@ -114,7 +114,7 @@ def test_a_full_disk_never_leaves_a_fragment_in_append(fault: FaultRecord) -> No
         fault.observe(f"{written} whole lines, {len(failures)} refused ({failures[0]}); no fragment")
 
 
-# --- files another user planted in a shared directory (issue 19) ---------------------------
+# --- files another user planted in a shared directory ---------------------------
 
 APPEND_IN_CHILD = """
 import sys
@@ -122,7 +122,7 @@ from rayscope.sinks import files
 from rayscope.errors import AgentError
 try:
     files.append_line(sys.argv[1], '{"a": 1}', lock_wait_s=float(sys.argv[2]))
-except TypeError:  # the code before issue 19 had no lock_wait_s
+except TypeError:  # the code before this had no lock_wait_s
     files.append_line(sys.argv[1], '{"a": 1}')
 except AgentError as err:
     print(err.exit_code, err)

@@ -254,7 +254,7 @@ def test_each_app_has_its_bar_with_the_booking_to_ask_for() -> None:
 
 
 def test_a_marked_node_says_why_and_the_marked_link_counts_only_what_is_marked() -> None:
-    """Issue 34: a node without an agent had an orange edge and no word (the reason was at
+    """A node without an agent had an orange edge and no word (the reason was at
     the end of its line, unmarked); the navigation offered "only the 0 marked node(s)" on a
     cluster with nothing marked. Now each marker that marks a node is its badge, the reason
     on hover; the link names how many are marked, and is no link when none is."""
@@ -278,7 +278,7 @@ def test_a_marked_node_says_why_and_the_marked_link_counts_only_what_is_marked()
 
 
 def test_a_device_only_rays_placement_knows_has_a_segment_per_actor() -> None:
-    """Issue 34: the legend says one segment per actor while a node whose agent reports no
+    """The legend says one segment per actor while a node whose agent reports no
     NVML drew its four replicas as one block, "4 actor(s): 20480 MB". Ray's placement names
     each actor and its VRAM_MB share on the device: a segment each, by actor id (names and
     use come with an NVML report)."""

@@ -81,7 +81,7 @@ def test_a_login_hands_its_script_a_session_that_opens_the_page_only_and_sets_no
     """``POST /login`` from the head's own form: 200, a page holding the session for its
     script (sessionStorage, sent back in ``X-Rayscope-Session``); that header opens ``/``
     and not ``/v1/status`` or ``/metrics``; it holds no token. The only cookie is the old
-    one's deletion: replayed, what the login set opens nothing (issue 30: a browser sends a
+    one's deletion: replayed, what the login set opens nothing (a browser sends a
     host's cookies to every port of it). Positive control: set the session as a cookie again
     and read it in ``Routes.page`` (the replay gets 200)."""
     r = routes()
@@ -161,7 +161,7 @@ def test_a_session_is_refused_when_forged_expired_or_of_another_token() -> None:
     ],
 )
 def test_an_unreadable_session_is_the_login_form_never_a_500(name: str, value: str) -> None:
-    """Issue 30: an unauthenticated cookie ``"\\262.abc"`` (``²`` once unquoted) passed
+    """An unauthenticated cookie ``"\\262.abc"`` (``²`` once unquoted) passed
     ``isdigit()`` and ``int()`` raised: 500. Positive control: ``isdigit()`` and ``int()``
     back in ``session.session_ok``."""
     headers = Message()
@@ -172,7 +172,7 @@ def test_an_unreadable_session_is_the_login_form_never_a_500(name: str, value: s
 
 @pytest.mark.parametrize("page", ["%C2%B2", "%D9%A2", "-1", "1_0", "99999999999999999999999", "", "x"])
 def test_a_page_number_that_is_no_number_is_the_first_page(page: str) -> None:
-    """Issue 30: ``?page=%C2%B2`` with a token got 500 (``'²'.isdigit()``). Positive control:
+    """``?page=%C2%B2`` with a token got 500 (``'²'.isdigit()``). Positive control:
     ``isdigit()`` and ``int()`` back in ``page.page_query``."""
     answer = routes().answer(request(f"/?page={page}", Authorization=f"Bearer {READ.decode()}"))
     assert answer.status == 200 and b'<main id="view"' in answer.body

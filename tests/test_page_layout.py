@@ -1,11 +1,11 @@
 """The head's page laid out by Chromium at the two widths an operator meets it at, 1,400 and
-700 pixels (issue 34), without a Ray cluster: the first hour's cluster
+700 pixels, without a Ray cluster: the first hour's cluster
 (tests/page_scenarios.first_hour_status: Europa measured, a VM whose agent has no NVML, the
 deNBI T4 without an agent, the CPU node, two apps in "Bookings beside use") rendered to a
 file and opened in Debian's chromium (tests/browser.py). tests/test_live_page.py checks the
 same on a real head.
 
-Positive control: the page before issue 34 (one GPU's lanes at most 380 px, legend items that
+Positive control: the page before this (one GPU's lanes at most 380 px, legend items that
 wrap, app lines cut with an ellipsis at 160 px cells) fails all three at 700 px and the first
 and last at 1,400 (measured: bar 374 of 1376 px; four legend items off; four app lines cut).
 """

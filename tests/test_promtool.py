@@ -164,7 +164,7 @@ def test_alert_rules_name_only_families_that_exist() -> None:
 
 
 def test_an_answer_says_whether_it_carries_the_per_device_families() -> None:
-    """Issue 34: /metrics without ?gpus=1 had no rayscope_device_* family and said nothing, so
+    """/metrics without ?gpus=1 had no rayscope_device_* family and said nothing, so
     the dashboard's per-GPU panels stayed empty and two alerts could never fire. Every answer
     now says which (``rayscope_scrape_per_device``), and RayscopePerDeviceMetricsMissing
     fires on 0 (its unit test in rayscope-alerts.test.yml)."""

@@ -441,7 +441,7 @@ def test_head_stops_within_5_s_of_sigterm_with_agents_connected(
         head = subprocess.Popen(
             [python, "-I", str(pyz), *head_args, "--interval", "1"], env=env, stdout=out, stderr=out
         )
-    agents = [  # two nodes: a node belongs to one agent's connection (issue 19)
+    agents = [  # two nodes: a node belongs to one agent's connection
         subprocess.Popen([python, "-I", str(pyz), *push_args, "--node-id", f"{i:056x}"], env=env,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for i in range(2)

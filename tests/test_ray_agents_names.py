@@ -1,4 +1,4 @@
-"""Rule 12 of issue 30: an agent's name held by an actor the head did not create is said, in
+"""An agent's name held by an actor the head did not create is said, in
 ``/healthz`` (``agents_name_held``) and in ``status`` (the ``ray_agents`` source), not fought
 over every interval. The controller against a stand-in for Ray's calls; the same on a real
 cluster: tests/test_live_ray_agents.py.

@@ -1,4 +1,4 @@
-"""Decide once, in the merge (issue 31): each GPU's trusted figure, its source and its health
+"""Decide once, in the merge: each GPU's trusted figure, its source and its health
 flags are settled where its report is merged (rayscope.core.gpu.settled), and what the outputs
 read back is what the rules say.
 

@@ -1,4 +1,4 @@
-"""deploy/systemd/ (issue 36): the units docs/deploy.md shows, checked by systemd's own
+"""deploy/systemd/: the units docs/deploy.md shows, checked by systemd's own
 analyzer, then run under their own sandboxes against the live Ray cluster.
 
 * The page shows each file verbatim; ``systemd-analyze verify`` finds nothing to say about

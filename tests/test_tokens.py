@@ -48,7 +48,7 @@ def test_a_private_token_file_is_read(tmp_path: Path) -> None:
 
 
 def test_a_token_shorter_than_16_bytes_is_refused_in_one_line(tmp_path: Path) -> None:
-    """Issue 30: a head ran with a 1-byte token, which a throttled guesser still finds at
+    """A head ran with a 1-byte token, which a throttled guesser still finds at
     once. Positive control: drop the length check in ``tokens.read_token_file``."""
     for size in (1, 8, 15):
         path = token_file(tmp_path / f"t{size}", b"k" * size + b"\n")
@@ -65,7 +65,7 @@ BAD_TOKENS = {
     "two-lines": b"\n".join(SECRET_LINES) + b"\n",
     "binary": SECRET_LINES[0] + b"\xff\xfe\x00" + SECRET_LINES[1],
     "world-readable": SECRET_LINES[0],
-    "short": SECRET_LINES[0][:8] + b"\n",  # 8 bytes: issue 30's probe ran a head on 1
+    "short": SECRET_LINES[0][:8] + b"\n",  # 8 bytes: the review's probe ran a head on 1
 }
 
 
@@ -115,7 +115,7 @@ def test_the_bearer_scheme_is_case_insensitive(head_daemon: HeadDaemon) -> None:
 
 
 def _health(head: HeadDaemon) -> dict[str, Any]:
-    """``/healthz``: counters, and (issue 11) the scheduler view's age and the poller's state."""
+    """``/healthz``: counters, and the scheduler view's age and the poller's state."""
     health: dict[str, Any] = msgspec.json.decode(head.get("/healthz")[1])
     return health
 

@@ -1,4 +1,4 @@
-"""Rule 7 of issue 30 (SECURITY.md, *Local trust*): the head's ``--usage-state`` is checked as a
+"""SECURITY.md, *Local trust*: the head's ``--usage-state`` is checked as a
 token file is, and what it holds is bounded by its types.
 
 The probe: a root-owned state file of mode 0666 was read (anyone could have written the

@@ -124,7 +124,7 @@ def test_an_unmeasured_gpu_gives_its_reason_instead_of_a_figure(monkeypatch: pyt
     assert (samples, reason) == ([], usage_store.UNMEASURED_GPU)
     ((_, samples, reason, _),) = report_samples(NODE, report({101: None}), ACTORS[:1], {NODE}).values()
     assert (samples, reason) == ([], usage_store.UNMEASURED_PROCESS)
-    # A vGPU guest without a CUDA sample, as rayscope.core.gpu.memory.gpu_used judges it (issue 20).
+    # A vGPU guest without a CUDA sample, as rayscope.core.gpu.memory.gpu_used judges it.
     vgpu = "vGPU guest: NVML's used memory comes from the vGPU manager"
     real = gpu_memory.gpu_used
     monkeypatch.setattr(gpu_memory, "gpu_used", lambda gpu: real(gpu)._replace(used_bytes=None, reason=vgpu))

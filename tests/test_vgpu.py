@@ -1,4 +1,4 @@
-"""Virtual and shared GPUs (issue 20), the pure parts: which used figure rayscope trusts per
+"""Virtual and shared GPUs, the pure parts: which used figure rayscope trusts per
 GPU (rayscope.core.gpu.memory), what every output says about it, and time-sliced GPUs counted once.
 
 The recorded cluster (tests/scenarios.virtual_status) holds a vGPU guest whose NVML claims
@@ -103,7 +103,7 @@ def test_json_keeps_bioengines_types_the_reason_and_nvmls_raw_figure() -> None:
 
 
 def test_fit_says_not_checked_instead_of_refusing() -> None:
-    """Before issue 20 the phantom figure was NVML's used memory like any other: 1.5 GiB free
+    """Before this the phantom figure was NVML's used memory like any other: 1.5 GiB free
     refused a 4096 MB replica that fits by booking (exit 1). Now the check is not made there
     (exit 0); with a fresh CUDA sample it is made on CUDA's figure."""
     old_agent = virtual_status()
@@ -161,7 +161,7 @@ def gpu(**fields: object) -> GpuDevice:
 
 
 def test_gpu_used_is_the_one_judgement() -> None:
-    # An agent before issue 20: NVML's figure, read at collection.
+    # An agent before this: NVML's figure, read at collection.
     assert gpu_used(gpu()) == GpuUsed(PHANTOM, "nvml", 0.0, "", PHANTOM)
     # A report that claims NVML's figure on a vGPU guest is not believed.
     claim = gpu(virtualization_mode="vgpu_guest", memory_used_source="nvml", nvml_memory_used_bytes=PHANTOM)

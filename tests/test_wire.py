@@ -91,7 +91,7 @@ def test_head_forgets_a_gone_node_but_keeps_known_ones() -> None:
 
 
 def test_head_forgets_old_reports_even_without_a_scheduler_view() -> None:
-    """Issue 19: without a scheduler view, a made-up node id was never forgotten (the old
+    """Without a scheduler view, a made-up node id was never forgotten (the old
     test here asserted exactly that). Now every report older than the horizon goes, by the
     head's clock; a fresh one stays."""
     state = HeadState(1.0, None)
@@ -282,7 +282,7 @@ def test_fuzzed_frames_and_reports_are_all_handled_and_counted() -> None:
 
 
 def test_fuzzed_http_requests_are_all_answered_and_counted() -> None:
-    """A bounded share of ``make fuzz``'s HTTP target (issue 30): every request fed to the
+    """A bounded share of ``make fuzz``'s HTTP target: every request fed to the
     head's HTTP port, its clients' own, mutated, or with hostile lines and headers, is
     answered once with a status line or left incomplete, each refusal counted, and nothing
     reaches the port's catch-all. Positive control: ``length.isdigit()`` and ``int(length)``

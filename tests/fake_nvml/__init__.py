@@ -225,7 +225,7 @@ def four_gpus_health(sleeper_pid: int) -> str:
     return lines + "gpu3.error.handle 15\n"
 
 
-# --- virtual and shared GPUs (issue 20) ----------------------------------------------------
+# --- virtual and shared GPUs ----------------------------------------------------
 
 A40_16C = "NVIDIA A40-16C"
 PHANTOM_USED_GIB = 14.5

@@ -71,4 +71,4 @@ LAYOUT = """(function () {
 })()"""
 """What the page's layout gives at the window's width: the first one-GPU bar's width and its
 node's, the legend's items whose words wrap or whose key is off their line's middle (700 px
-before issue 34: three of four), app lines wider than their cell."""
+before this: three of four), app lines wider than their cell."""

@@ -507,7 +507,7 @@ def write_report(
         f" {platform.python_version()}, {cpu} cores, {platform.machine()}. Every figure comes from"
         " this one run, with nothing else running on the machine. Each figure stands beside a peer"
         " measured in the same run, in turn with it; the ratio is the factor in rayscope's favour"
-        " (>1 = better) unless it says otherwise. The targets are issues 25's and 35's.",
+        " (>1 = better) unless it says otherwise.",
         "",
         "| what | rayscope | peer | ratio | target |",
         "| --- | --- | --- | --- | --- |",

@@ -1,4 +1,4 @@
-"""What ``/metrics?gpus=1``'s per-device families cost at N nodes of 8 GPUs (issue 34: are
+"""What ``/metrics?gpus=1``'s per-device families cost at N nodes of 8 GPUs (are
 they cheap enough to be the default?): the attribution the head runs before such a render,
 then the Prometheus text with and without them, size (plain and gzip level 1, as the head
 compresses) and render time (median of 5).

@@ -25,6 +25,7 @@ import msgspec
 
 from rayscope.defaults import DASHBOARD_ENV as DASHBOARD_ENV  # noqa: PLC0414 - re-exported: its tests name it here
 from rayscope.labels import printable
+from rayscope.net import peer_json
 from rayscope.net.tokens import check_token, read_token_file
 from rayscope.schema.dashboard import (
     DASHBOARD_OFF,
@@ -113,9 +114,9 @@ class _Message(msgspec.Struct):
     msg: Annotated[str, msgspec.Meta(max_length=4096)] = ""
 
 
-_ANSWER = msgspec.json.Decoder(_Answer)
-_MESSAGE = msgspec.json.Decoder(_Message)
-_NODE = msgspec.json.Decoder(_Node)
+_ANSWER = peer_json.Decoder(_Answer)
+_MESSAGE = peer_json.Decoder(_Message)
+_NODE = peer_json.Decoder(_Node)
 
 
 class Address(NamedTuple):
@@ -266,10 +267,8 @@ def parse_summary(
         return {}, _failed(f"the Ray dashboard at {url} answered HTTP {status}: {_said(body)}")
     try:
         answer = _ANSWER.decode(body)
-    except (msgspec.DecodeError, msgspec.ValidationError) as err:
-        return {}, _failed(
-            f"the Ray dashboard at {url} answered no node summary ({printable(str(err))[:120]})"
-        )
+    except peer_json.PeerJsonError as err:
+        return {}, _failed(f"the Ray dashboard at {url} answered no node summary ({str(err)[:120]})")
     if not answer.result or answer.data is None:
         return {}, _failed(
             f"the Ray dashboard at {url} answered: {printable(answer.msg)[:120] or 'no summary'}"
@@ -280,7 +279,7 @@ def parse_summary(
     for raw in answer.data.summary:
         try:
             node = _node(raw, believed)
-        except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as err:
+        except ValueError as err:  # PeerJsonError included
             refused.append(printable(str(err))[:120])
             continue
         if node.node_id in nodes:
@@ -300,7 +299,7 @@ def _said(body: bytes) -> str:
     """What an error answer says, shown: the dashboard's ``msg``, else its first line."""
     try:
         message = _MESSAGE.decode(body).msg
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except peer_json.PeerJsonError:
         message = body[:512].decode("utf-8", "replace").strip().split("\n")[0]
     return printable(message)[:120] or "no message"
 

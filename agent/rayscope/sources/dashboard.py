@@ -257,6 +257,23 @@ def believes_processes(cluster_ray_version: Optional[str]) -> bool:
     return not first_wrong <= release < first_right
 
 
+def _decoded_answer(body: bytes) -> _Answer:
+    """The answer; where strict JSON refuses it and it holds what Python's ``json.dumps``
+    writes for a float that is no number (the dashboard writes its summary so: one ``NaN`` in
+    a field nobody reads made every node unreadable), again with each such value ``null``:
+    a node whose read field held one is then refused alone (or, for ``now``, has no time)."""
+    try:
+        return _ANSWER.decode(body)
+    except peer_json.PeerJsonError:
+        if b"NaN" not in body and b"Infinity" not in body:
+            raise
+        try:
+            return _ANSWER.decode(peer_json.nan_as_null(body))
+        except peer_json.PeerJsonError:
+            pass
+        raise
+
+
 def parse_summary(
     status: int, body: bytes, url: str, cluster_ray_version: Optional[str]
 ) -> tuple[dict[str, DashboardNode], SourceStatus]:
@@ -266,7 +283,7 @@ def parse_summary(
     if status != 200:
         return {}, _failed(f"the Ray dashboard at {url} answered HTTP {status}: {_said(body)}")
     try:
-        answer = _ANSWER.decode(body)
+        answer = _decoded_answer(body)
     except peer_json.PeerJsonError as err:
         return {}, _failed(f"the Ray dashboard at {url} answered no node summary ({str(err)[:120]})")
     if not answer.result or answer.data is None:

@@ -9,7 +9,8 @@ rayscope never reads made ``status``, ``fit`` and ``cluster_state()`` exit 70 (`
 error: RecursionError``) by either address, and the head's poll round raise; a head's answer
 or its ``X-Rayscope-Note`` so nested made ``status --head`` exit 70; the GCS's metadata so
 nested made the GCS child crash, and with it the whole GCS read. Positive control: make
-``peer_json.check_depth`` return at once and the tests here fail again (RecursionError).
+``peer_json.check_depth`` return at once and take ``RecursionError`` out of the two ``except``
+clauses of ``rayscope.net.peer_json``: 15 of the tests here fail again (RecursionError, exit 70).
 """
 
 import logging
@@ -132,7 +133,7 @@ def test_status_shows_every_other_figure_and_one_line_naming_the_dashboard(
     assert len(said) == 1 and hostile.url in said[0] and "levels deep, over the 64 decoded" in said[0], out
     # A broken dashboard costs only its figures: the rest as with one that answered no summary.
     assert without_dashboard_words(out) == without_dashboard_words(runs["failing"][1])
-    assert "GPU: 1.0/1.0" in out or "GPU" in out
+    assert "10.0.0.5" in out and "172.17.0.3" in out  # every node, with the scheduler's figures
 
 
 def test_status_json_and_fit_say_it_in_their_sources(

@@ -7,8 +7,9 @@ Before (measured on 8b32fdd): a dashboard agent without NVML (``gpus: []``) on a
 counts 1 GPU on read ``VRAM: 0.0/0.0 GB`` from ``ray-dashboard`` with no reason (``NA``
 without the dashboard); used above total was shown from the dashboard (``8388608.0/0.0 GB``)
 and from a report (``VRAM: 20.0/16.0 GB``); one ``NaN`` in an unread field of one node made
-the whole summary unreadable: every node lost its figure. Positive control: drop the
-``over_total`` test from ``memory.gpu_used`` and the used-above-total cases fail again.
+the whole summary unreadable: every node lost its figure. Positive control: make
+``memory.not_a_figure`` return ``""`` and the cases of used above total and of no memory fail
+again.
 """
 
 import json

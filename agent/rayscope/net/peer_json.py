@@ -25,7 +25,8 @@ MAX_DEPTH = 64
 """The deepest nesting of arrays and objects decoded. rayscope's own documents nest 8 levels
 (``status --json --gpus``: node, GPU, process, …), Ray's node summary about as many; 64 leaves
 room for any field a new release adds, and stays far below the interpreter's recursion limit
-(1,000), however deep the caller's stack already is."""
+(1,000): a caller under 900 frames deep decodes what passes. What is refused does not depend
+on the caller's stack."""
 MAX_REASON = 200
 """The longest reason a :class:`PeerJsonError` gives (the decoder's message, cut)."""
 SHRINK = 8

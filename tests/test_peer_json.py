@@ -20,11 +20,14 @@ from rayscope.net.peer_json import MAX_DEPTH, PeerJsonError, depth
 
 def walk(text: bytes) -> int:
     """The nesting a decoder enters, one character at a time: JSON's strings and escapes, and
-    it stops where a decoder would (a backslash outside a string, a close too many)."""
+    it stops where a decoder would (a backslash outside a string or before what JSON does not
+    escape, a close too many)."""
     level = deepest = 0
     inside = escaped = False
     for byte in text:
         char = chr(byte)
+        if inside and escaped and char not in '"\\/bfnrtu':
+            return deepest
         if inside:
             inside = escaped or char != '"'
             escaped = not escaped and char == "\\"
@@ -84,7 +87,7 @@ def test_depth_is_never_below_the_walks_on_any_bytes() -> None:
     """An upper bound where the text is no JSON: the decoder never goes deeper than measured."""
     rng = random.Random(11)
     for _ in range(20_000):
-        text = bytes(rng.choice(b'[]{}"\\a') for _ in range(rng.randint(0, 30)))
+        text = bytes(rng.choice(b'[]{}"\\an') for _ in range(rng.randint(0, 30)))
         assert depth(text) >= walk(text), text
 
 

@@ -235,7 +235,7 @@ def _gpu(raw: _Gpu, believed: bool) -> DashboardGpu:
 
 
 def _node(raw: msgspec.Raw, believed: bool) -> DashboardNode:
-    entry = _NODE.decode(raw)
+    entry = _NODE.decode(raw, checked=True)  # a part of the answer, whose depth was measured
     address = entry.raylet.node_manager_address
     return DashboardNode(
         node_id=entry.raylet.node_id,

@@ -238,8 +238,17 @@ class DeepHead(FakeHead):
         return code, kind, body, [(k, nested if k == "X-Rayscope-Note" else v) for k, v in headers]
 
 
+def token_file(tmp_path: Path) -> Path:
+    token = tmp_path / "token"
+    token.write_text("0123456789abcdef0123456789abcdef\n")
+    token.chmod(0o600)
+    return token
+
+
 @pytest.mark.parametrize("where", ["body", "note"])
-@pytest.mark.parametrize("argv", [["status"], ["status", "--json"], ["fit", "--gpu-memory-mb", "1"]])
+@pytest.mark.parametrize(
+    "argv", [["status"], ["status", "--json"], ["fit", "--gpu-memory-mb", "1"], ["usage"]], ids=" ".join
+)
 def test_a_head_whose_answer_nests_too_deep_is_one_line_and_exit_2(
     where: str,
     argv: list[str],
@@ -247,9 +256,9 @@ def test_a_head_whose_answer_nests_too_deep_is_one_line_and_exit_2(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    token = tmp_path / "token"
-    token.write_text("0123456789abcdef0123456789abcdef\n")
-    token.chmod(0o600)
+    if where == "note" and argv == ["usage"]:
+        pytest.skip("usage reads no X-Rayscope-Note")
+    token = token_file(tmp_path)
     monkeypatch.delenv("RAYSCOPE_HEAD", raising=False)
     head = DeepHead(where)
     try:
@@ -264,6 +273,17 @@ def test_a_head_whose_answer_nests_too_deep_is_one_line_and_exit_2(
         return
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and head.url in lines[0], err
+
+
+def test_the_api_raises_its_error_for_a_head_that_nests_too_deep(tmp_path: Path) -> None:
+    head = DeepHead("body")
+    try:
+        for call in (rayscope.cluster_state, rayscope.usage):
+            with pytest.raises(rayscope.RayscopeError) as raised:
+                call(head=head.url, token_file=str(token_file(tmp_path)))
+            assert raised.value.exit_code == 2 and "JSON nested" in str(raised.value)
+    finally:
+        head.close()
 
 
 def test_the_clients_decoder_names_the_head() -> None:

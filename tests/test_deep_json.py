@@ -26,8 +26,7 @@ from rayscope.cli import fast_status
 from rayscope.client import head as client_head
 from rayscope.core.validate import ReportError
 from rayscope.errors import EXIT_INTERNAL, AgentError
-from rayscope.head.poll import poller
-from rayscope.head.poll.dashboard import DashboardSetting
+from rayscope.head.poll.dashboard import DashboardSetting, poll_dashboard
 from rayscope.head.store.state import HeadState
 from rayscope.head.store.usage_store import read_state
 from rayscope.schema.report import SourceStatus
@@ -193,28 +192,24 @@ class FakeReader:
         return self.published, ""
 
 
-def test_the_heads_round_goes_on_and_says_why_in_one_line(
+def test_the_heads_dashboard_read_is_one_line_and_never_raises(
     dashboards: Callable[[bytes], FakeDashboard], caplog: pytest.LogCaptureFixture
 ) -> None:
+    """The head's read of the dashboard (its poll, in the poller's round or a thread of its
+    own) keeps the failure as the source's one-line reason; it raised ``RecursionError``."""
     server = dashboards(DEEP_ANSWER)
     state = HeadState(5.0, "127.0.0.1:6379")
     reader: Any = FakeReader(host_port(server.url))
-    folded: list[float] = []
-    real_fold = state.fold_usage
-
-    def fold_usage(now: float) -> None:  # the round's last step: reached, the round went on
-        folded.append(now)
-        real_fold(now)
-
-    state.fold_usage = fold_usage  # type: ignore[method-assign]
+    views, gcs_status = reader.read()
+    state.set_view(views, gcs_status)
     with caplog.at_level(logging.DEBUG, logger="rayscope"):
-        status = poller.poll_once(state, reader, None, DashboardSetting(None, {}))
-    assert status.ok and folded, "the round stopped at the dashboard"
+        poll_dashboard(state, reader, DashboardSetting(None, {}))
     assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
     doc = state.status(0.0)
     [source] = [s for s in doc.sources if s.name == "dashboard"]
     assert not source.ok and "\n" not in source.reason
     assert source.reason.startswith(f"the Ray dashboard at {server.url} answered no node summary")
+    assert "levels deep, over the 64 decoded" in source.reason
     assert set(doc.nodes) >= {v.node_id for v in scenarios.SEED_VIEWS}
 
 
@@ -247,7 +242,7 @@ def token_file(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("where", ["body", "note"])
 @pytest.mark.parametrize(
-    "argv", [["status"], ["status", "--json"], ["fit", "--gpu-memory-mb", "1"], ["usage"]], ids=" ".join
+    "argv", [["status"], ["status", "--json"], ["fit", "--gpu-memory-mb", "1024"], ["usage"]], ids=" ".join
 )
 def test_a_head_whose_answer_nests_too_deep_is_one_line_and_exit_2(
     where: str,

@@ -346,9 +346,11 @@ def status_headers(headers: dict[str, str], verbose: bool) -> Optional[Said]:
 
 
 def _json_loads(text: str) -> Any:
-    import json  # only for a note or --verbose: most answers have neither
+    """A header's JSON, its nesting bounded (:mod:`rayscope.net.peer_json`: ``PeerJsonError``
+    is a ``ValueError``); imported only for a note or ``--verbose``: most answers have neither."""
+    from rayscope.net import peer_json
 
-    return json.loads(text)
+    return peer_json.decode(text)
 
 
 def _lines_text(body: Union[bytes, bytearray]) -> str:
@@ -367,7 +369,10 @@ def _json_text(body: Union[bytes, bytearray], headers: dict[str, str]) -> Option
         return None if escapes_a_terminal(body) else bytes(body)
     import msgspec
 
+    from rayscope.net import peer_json
+
     try:
+        peer_json.check_depth(body)  # msgspec's format recurses as its decoder does
         return msgspec.json.format(body, indent=2) + b"\n"
-    except msgspec.DecodeError:
+    except (ValueError, msgspec.DecodeError, RecursionError):  # PeerJsonError, bad UTF-8
         return None

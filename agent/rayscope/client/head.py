@@ -14,6 +14,7 @@ import msgspec
 from rayscope.client.request import parse_head_url as parse_head_url  # noqa: PLC0414 - re-exported: the options name it here
 from rayscope.defaults import DEFAULT_HTTP_PORT, HEAD_ENV, SERVER_NAME
 from rayscope.errors import EXIT_NO_DATA, EXIT_USAGE, AgentError
+from rayscope.net import peer_json
 from rayscope.net.tls import NO_TLS, TlsFiles
 from rayscope.schema.status import DOCUMENT_SCHEMA, ClusterStatus
 from rayscope.schema.usage import UsageDocument
@@ -34,7 +35,7 @@ def head_status(
     when the URL says ``https://`` or any ``tls`` file is given. ``token_file``: where
     ``token`` came from, for the message when the head refuses it."""
     path = "/v1/status?all=1" + ("&gpus=1" if gpus else "")
-    return _decoded(url, head_get(url, path, token, timeout_s, tls, token_file), ClusterStatus)
+    return _decoded(url, head_get(url, path, token, timeout_s, tls, token_file), _STATUS)
 
 
 def head_usage(
@@ -48,17 +49,20 @@ def head_usage(
 ) -> UsageDocument:
     """What the head remembers of each actor's GPU memory (``GET /v1/usage``)."""
     query = f"/v1/usage?headroom={headroom_pct:g}" + (f"&window={window_s:g}" if window_s else "")
-    return _decoded(url, head_get(url, query, token, timeout_s, tls, token_file), UsageDocument)
+    return _decoded(url, head_get(url, query, token, timeout_s, tls, token_file), _USAGE)
 
 
 _Document = TypeVar("_Document", ClusterStatus, UsageDocument)
+_STATUS = peer_json.Decoder(ClusterStatus)
+_USAGE = peer_json.Decoder(UsageDocument)
 
 
-def _decoded(url: str, body: Union[bytes, bytearray], kind: type[_Document]) -> _Document:
-    """The head's document as ``kind``; what does not decode says so in one line (exit 2)."""
+def _decoded(url: str, body: Union[bytes, bytearray], decoder: peer_json.Decoder[_Document]) -> _Document:
+    """The head's document by ``decoder`` (:mod:`rayscope.net.peer_json`: its nesting
+    bounded); what does not decode says so in one line (exit 2)."""
     try:
-        return msgspec.json.decode(body, type=kind)
-    except msgspec.DecodeError as err:
+        return decoder.decode(body)
+    except peer_json.PeerJsonError as err:
         raise _unexpected(url, body, err) from None
 
 
@@ -115,7 +119,7 @@ def head_get(
     return answer.body
 
 
-def _unexpected(url: str, body: Union[bytes, bytearray], err: msgspec.DecodeError) -> AgentError:
+def _unexpected(url: str, body: Union[bytes, bytearray], err: peer_json.PeerJsonError) -> AgentError:
     """A head's document this release cannot read: another schema (by name), or garbage."""
     served = _document_schema(body)
     if served is not None and served != DOCUMENT_SCHEMA:
@@ -131,11 +135,14 @@ class _Versioned(msgspec.Struct):
     schema: int = 0
 
 
+_VERSIONED = peer_json.Decoder(_Versioned)
+
+
 def _document_schema(body: Union[bytes, bytearray]) -> Optional[int]:
     """The ``schema`` a document says it is, when it says so; ``None`` otherwise."""
     try:
-        return msgspec.json.decode(body, type=_Versioned).schema or None
-    except msgspec.DecodeError:
+        return _VERSIONED.decode(body).schema or None
+    except peer_json.PeerJsonError:
         return None
 
 

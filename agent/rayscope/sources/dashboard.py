@@ -26,6 +26,7 @@ import msgspec
 
 from rayscope.defaults import DASHBOARD_ENV as DASHBOARD_ENV  # noqa: PLC0414 - re-exported: its tests name it here
 from rayscope.labels import printable
+from rayscope.net import peer_json
 from rayscope.net.tokens import check_token, read_token_file
 from rayscope.schema.dashboard import (
     DASHBOARD_OFF,
@@ -115,9 +116,9 @@ class _Message(msgspec.Struct):
     msg: Annotated[str, msgspec.Meta(max_length=4096)] = ""
 
 
-_ANSWER = msgspec.json.Decoder(_Answer)
-_MESSAGE = msgspec.json.Decoder(_Message)
-_NODE = msgspec.json.Decoder(_Node)
+_ANSWER = peer_json.Decoder(_Answer)
+_MESSAGE = peer_json.Decoder(_Message)
+_NODE = peer_json.Decoder(_Node)
 
 
 class Address(NamedTuple):
@@ -239,7 +240,7 @@ def _gpu(raw: _Gpu, believed: bool) -> DashboardGpu:
 
 
 def _node(raw: msgspec.Raw, believed: bool) -> DashboardNode:
-    entry = _NODE.decode(raw)
+    entry = _NODE.decode(raw, checked=True)  # a part of the answer, whose depth was measured
     address = entry.raylet.node_manager_address
     return DashboardNode(
         node_id=entry.raylet.node_id,
@@ -261,6 +262,23 @@ def believes_processes(cluster_ray_version: Optional[str]) -> bool:
     return not first_wrong <= release < first_right
 
 
+def _decoded_answer(body: bytes) -> _Answer:
+    """The answer; where strict JSON refuses it and it holds what Python's ``json.dumps``
+    writes for a float that is no number (the dashboard writes its summary so: one ``NaN`` in
+    a field nobody reads made every node unreadable), again with each such value ``null``:
+    a node whose read field held one is then refused alone (or, for ``now``, has no time)."""
+    try:
+        return _ANSWER.decode(body)
+    except peer_json.PeerJsonError:
+        if b"NaN" not in body and b"Infinity" not in body:
+            raise
+        try:
+            return _ANSWER.decode(peer_json.nan_as_null(body))
+        except peer_json.PeerJsonError:
+            pass
+        raise
+
+
 def parse_summary(
     status: int, body: bytes, url: str, cluster_ray_version: Optional[str]
 ) -> tuple[dict[str, DashboardNode], SourceStatus]:
@@ -270,11 +288,9 @@ def parse_summary(
     if status != 200:
         return {}, _failed(f"the Ray dashboard at {url} answered HTTP {status}: {_said(body)}")
     try:
-        answer = _ANSWER.decode(body)
-    except (msgspec.DecodeError, msgspec.ValidationError) as err:
-        return {}, _failed(
-            f"the Ray dashboard at {url} answered no node summary ({printable(str(err))[:120]})"
-        )
+        answer = _decoded_answer(body)
+    except peer_json.PeerJsonError as err:
+        return {}, _failed(f"the Ray dashboard at {url} answered no node summary ({str(err)[:120]})")
     if not answer.result or answer.data is None:
         return {}, _failed(
             f"the Ray dashboard at {url} answered: {printable(answer.msg)[:120] or 'no summary'}"
@@ -285,7 +301,7 @@ def parse_summary(
     for raw in answer.data.summary:
         try:
             node = _node(raw, believed)
-        except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as err:
+        except ValueError as err:  # PeerJsonError included
             refused.append(printable(str(err))[:120])
             continue
         if node.node_id in nodes:
@@ -305,7 +321,7 @@ def _said(body: bytes) -> str:
     """What an error answer says, shown: the dashboard's ``msg``, else its first line."""
     try:
         message = _MESSAGE.decode(body).msg
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except peer_json.PeerJsonError:
         message = body[:512].decode("utf-8", "replace").strip().split("\n")[0]
     return printable(message)[:120] or "no message"
 

@@ -13,12 +13,12 @@ The answer is parsed only at the end: which per-process figures are believed dep
 cluster's Ray release, which the GCS read says.
 """
 
-import json
 import os
 import threading
 from collections.abc import Mapping
 from typing import Optional
 
+from rayscope.net import peer_json
 from rayscope.net.deadline import Deadline
 from rayscope.schema.dashboard import DASHBOARD_STATUS, DashboardRead
 from rayscope.schema.report import SourceStatus
@@ -90,8 +90,8 @@ class ParallelRead:
         if not line.startswith(gcs_read.DASHBOARD_MARK):
             return
         try:
-            published = json.loads(line[len(gcs_read.DASHBOARD_MARK) :])
-        except ValueError:
+            published = peer_json.loads(line[len(gcs_read.DASHBOARD_MARK) :])
+        except peer_json.PeerJsonError:
             return
         if published is None or isinstance(published, str):
             self.on_published(published)

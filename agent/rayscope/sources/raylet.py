@@ -9,7 +9,6 @@ GPU count included), ``--gcs-address``, ``--head``, ``--labels`` (JSON) and
 ``--python_worker_command`` (whose first word is the Ray node's own Python).
 """
 
-import json
 import os
 import shlex
 from collections.abc import Sequence
@@ -17,6 +16,7 @@ from typing import Optional
 
 import psutil
 
+from rayscope.net import peer_json
 from rayscope.schema.report import RayletInfo, SourceStatus
 from rayscope.sources import trust
 from rayscope.sources.gcs import raycompat
@@ -57,8 +57,8 @@ def parse_labels(text: str) -> dict[str, str]:
     if not text:
         return {}
     try:
-        loaded = json.loads(text)
-    except ValueError:
+        loaded = peer_json.loads(text)  # the argv of a process that calls itself raylet
+    except peer_json.PeerJsonError:
         pairs = (item.partition("=") for item in text.split(","))
         return {k: v for k, sep, v in pairs if sep}
     return {str(k): str(v) for k, v in loaded.items()} if isinstance(loaded, dict) else {}

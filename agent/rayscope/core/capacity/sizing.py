@@ -240,6 +240,8 @@ def parse_shape(text: str) -> dict[str, float]:
     """``--shape``: a JSON object of Ray resources, checked by :func:`validate_shape`."""
     try:
         raw = json.loads(text)
+    except RecursionError:  # the operator's text, at the caller's shallow stack: no peer's
+        raise AgentError("--shape is nested too deep: give a flat JSON object", EXIT_USAGE) from None
     except ValueError as err:
         raise AgentError(f"--shape is not JSON: {err}", EXIT_USAGE) from None
     if not isinstance(raw, dict):

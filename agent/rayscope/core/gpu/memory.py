@@ -17,6 +17,7 @@ from msgspec.structs import replace
 from rayscope.schema.dashboard import DASHBOARD_SOURCE
 from rayscope.schema.report import UNSET, GpuDevice, known
 from rayscope.schema.status import NA, BytesOrNA, NodeStatus
+from rayscope.units import size
 
 _RELIABILITY: dict[Optional[str], tuple[bool, str]] = {
     "none": (True, "bare metal: NVML's used memory is the device's own"),
@@ -126,7 +127,28 @@ class GpuUsed(NamedTuple):
     """NVML's raw used figure, trusted or not."""
 
 
+def not_a_figure(total_bytes: Optional[int], used_bytes: int) -> str:
+    """Why a GPU's used figure, from any source (an agent's NVML or CUDA, this host's NVML,
+    Ray's dashboard), is no measurement: the GPU has no memory, or more is used than it has;
+    ``""`` when it may be one (or the total is unknown)."""
+    if total_bytes is None:
+        return ""
+    if total_bytes == 0:
+        return "no memory: a total of 0 MB is no GPU's, not a measurement"
+    if used_bytes > total_bytes:
+        return f"used {size(used_bytes)} above its total {size(total_bytes)}: not a measurement"
+    return ""
+
+
 def gpu_used(gpu: GpuDevice) -> GpuUsed:
+    """One GPU's trusted used figure (none where :func:`not_a_figure` says it is no
+    measurement), its source, age and reason, and NVML's raw figure."""
+    verdict = _judged(gpu)
+    why = "" if verdict.used_bytes is None else not_a_figure(gpu.memory_total_bytes, verdict.used_bytes)
+    return GpuUsed(None, None, None, why, verdict.nvml_used_bytes) if why else verdict
+
+
+def _judged(gpu: GpuDevice) -> GpuUsed:
     """One GPU's trusted used figure, its source, age and reason, and NVML's raw figure.
 
     The one place the report's per-GPU trust enters the rollup. A ``cuda`` figure is the

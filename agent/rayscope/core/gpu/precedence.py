@@ -30,6 +30,7 @@ from rayscope.core.gpu.settled import settle_report
 from rayscope.schema.dashboard import DASHBOARD_SOURCE, DashboardGpu, DashboardNode, DashboardRead
 from rayscope.schema.report import UNSET, GpuDevice, GpuProcess, NodeReport, ProcessInfo, SourceStatus, known
 from rayscope.schema.status import ActorBooking, ClusterStatus, NodeStatus
+from rayscope.units import number
 
 DASHBOARD_MAX_AGE_S = 60.0
 """A dashboard figure older than this is not shown: Ray's dashboard agents sample every 5 s
@@ -84,12 +85,19 @@ def dashboard_device(gpu: DashboardGpu, age_s: float) -> GpuDevice:
     )
 
 
-def _why_not(entry: Optional[DashboardNode], age_s: Optional[float]) -> str:
-    """Why the dashboard has no figure to show for a node; ``""`` when it has one."""
+def _why_not(entry: Optional[DashboardNode], age_s: Optional[float], total_gpu: float) -> str:
+    """Why the dashboard has no figure to show for a node Ray counts ``total_gpu`` GPUs on;
+    ``""`` when it has one. No GPU listed where Ray counts one is no measurement: its agent
+    there reads no NVML (Ray's dashboard agent then sends ``gpus: []``, as for a CPU node)."""
     if entry is None:
         return "this node is not in its summary"
     if entry.gpus is None or age_s is None:
         return "no sample from this node's agent yet"
+    if not entry.gpus and total_gpu > 0:
+        return (
+            f"it lists no GPU on this node, which Ray counts {number(total_gpu)} GPU on"
+            " (its agent there reads no NVML)"
+        )
     if age_s > DASHBOARD_MAX_AGE_S:
         return (
             f"its figure is {age_s:.0f}s old (its agent on the node stopped, or the node's clock is"
@@ -150,7 +158,7 @@ def take_dashboard(
         entry = read.nodes.get(node_id)
         measured_at = entry.measured_at if entry is not None else None
         age = None if measured_at is None else round(max(0.0, wall_now - measured_at), 1)
-        why = _why_not(entry, age) if read.status.ok else NOT_READ
+        why = _why_not(entry, age, node.total_gpu) if read.status.ok else NOT_READ
         if why or entry is None or age is None:
             nodes[node_id] = replace(
                 node, used_gpu_memory_reason=f"{node.used_gpu_memory_reason}; Ray dashboard: {why}"

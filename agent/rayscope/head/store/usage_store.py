@@ -29,6 +29,7 @@ from rayscope.core.gpu.attribution import attribute_node, leaf_devices
 from rayscope.core.usage.summary import DEFAULT_HEADROOM_PCT, usage_document
 from rayscope.core.usage.window import EMPTY, ActorMeta, UsageWindow, slot_width
 from rayscope.errors import EXIT_USAGE, AgentError
+from rayscope.net import peer_json
 from rayscope.schema.report import GpuDevice, NodeReport
 from rayscope.schema.status import ActorBooking
 from rayscope.schema.usage import SavedActor, SavedDevice, SavedUsage, UsageDocument
@@ -280,6 +281,9 @@ class UsageStore:
             self.version += 1
 
 
+_SAVED = peer_json.Decoder(SavedUsage)
+
+
 def read_state(path: str) -> Optional[SavedUsage]:
     """The state file at ``path``; ``None`` when there is none yet, or it is not one, a value
     past its bound included (logged: the history starts empty and the file is replaced at the
@@ -313,8 +317,8 @@ def read_state(path: str) -> Optional[SavedUsage]:
             raise AgentError(too_big, EXIT_USAGE)
         data = f.read(st.st_size + 1)  # not MAX_STATE_BYTES: read(n) allocates n at once
     try:
-        return msgspec.json.decode(data, type=SavedUsage)
-    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as err:
+        return _SAVED.decode(data)
+    except peer_json.PeerJsonError as err:
         log.warning("--usage-state %s is not a usage history (%s): starting an empty one", path, err)
         return None
 

@@ -35,6 +35,7 @@ from typing import Callable, Optional
 
 import msgspec
 
+from rayscope.net import peer_json
 from rayscope.schema.report import Amount, Count
 from rayscope.sources import libraries, trust
 from rayscope.sources.cuda import read as cuda_read
@@ -152,6 +153,10 @@ class _ChildAnswer(msgspec.Struct):
     error: str = ""
     driver_version: Optional[Count] = None
     samples: dict[str, _ChildSample] = {}
+
+
+_ANSWER = peer_json.Decoder(_ChildAnswer)
+"""The child's stdout: a process under a driver that may misbehave (nesting bounded)."""
 
 
 def _short(text: str) -> str:
@@ -297,8 +302,8 @@ class CudaSampler:
                 self._hung = child
             return None, f"CUDA sample timed out after {seconds(self.timeout_s)} s (hung driver?): killed"
         try:
-            answer = msgspec.json.decode(stdout, type=_ChildAnswer)
-        except msgspec.DecodeError:
+            answer = _ANSWER.decode(stdout)
+        except peer_json.PeerJsonError:
             said = stderr.strip().splitlines()
             return None, _short(
                 f"CUDA sample failed: {said[-1] if said else f'exit code {child.returncode}'}"

@@ -4,7 +4,6 @@ lines kept off the terminal, Ray's import cost and process-wide state kept out o
 rayscope's own process — under this Python or, when it cannot import ray, the Ray node's.
 """
 
-import json
 import os
 import subprocess
 import sys
@@ -12,6 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional
 
 from rayscope.defaults import DEFAULT_TIMEOUT_S
+from rayscope.net import peer_json
 from rayscope.net.deadline import Deadline
 from rayscope.schema.pending import PendingRead
 from rayscope.schema.report import RayletInfo, SourceStatus
@@ -131,9 +131,11 @@ def _child_answer(
         raise gcs.GcsUnavailable(_child_timeout(err, address, timeout_s, python, naming)) from None
     except OSError as err:
         raise gcs.GcsUnavailable(f"cannot run {python} for the GCS read: {err.strerror}") from None
-    try:
-        answer = json.loads(done.stdout)
-    except ValueError:
+    try:  # the child's json.dump (NaN included) of what the GCS said: peer bytes, nesting bounded
+        answer = peer_json.loads(done.stdout)
+        if not isinstance(answer, dict):
+            raise peer_json.PeerJsonError("not an object")
+    except peer_json.PeerJsonError:
         said = [
             line
             for line in done.stderr.strip().splitlines()
@@ -141,7 +143,7 @@ def _child_answer(
         ]
         last = (said or [f"exit code {done.returncode}"])[-1]
         raise gcs.GcsUnavailable(f"GCS read under {python} failed: {last}") from None
-    return answer  # type: ignore[no-any-return]
+    return answer
 
 
 def _child_timeout(

@@ -54,6 +54,8 @@ CLUSTER_METADATA_KEY = b"CLUSTER_METADATA"
 """Written by the head at ``ray start`` (Ray's usage library) into the KV namespace below,
 in every supported release: ``{"ray_version": ..., "python_version": ...}``."""
 CLUSTER_METADATA_NAMESPACE = b"cluster"
+MAX_METADATA_BYTES = 64 * 1024
+"""Ray's metadata is one flat object of a few hundred bytes."""
 
 
 def _ray(module: str) -> Any:
@@ -247,9 +249,14 @@ def cluster_ray_version(client: Any, timeout_s: float) -> tuple[Optional[str], s
         return None, f"cluster metadata not readable: {type(err).__name__}: {err}"
     if not raw:
         return None, "the cluster wrote no metadata (started without Ray's usage library)"
+    if len(raw) > MAX_METADATA_BYTES:
+        return None, f"the cluster's metadata is over {MAX_METADATA_BYTES // 1024} KiB: not Ray's"
     try:
         version = json.loads(raw).get("ray_version")
-    except (ValueError, AttributeError):
+    # Any peer of a cluster without token auth writes the KV: nested past the recursion limit, it
+    # raised RecursionError, and the child died with the whole read (this script cannot import
+    # rayscope.net.peer_json; its stack here is a few frames deep).
+    except (ValueError, AttributeError, RecursionError):
         return None, "the cluster's metadata is not JSON"
     return (str(version), "") if version else (None, "the cluster's metadata names no Ray version")
 

@@ -223,14 +223,18 @@ WRITER = """
 import sys
 from rayscope.sinks.files import write_atomic
 path, docs = sys.argv[1], [open(p).read() for p in sys.argv[2:]]
+write_atomic(path, docs[0])
 print("ready", flush=True)
-i = 0
+i = 1
 while True:
     write_atomic(path, docs[i % len(docs)])
     i += 1
 """
+"""Ready once its first document is whole, so that each kill lands in a later write, however
+slow a loaded machine makes the first (under load, no writer got past its first document in
+0-30 ms and the reader never saw the large one)."""
 NAIVE_WRITER = WRITER.replace("from rayscope.sinks.files import write_atomic", "").replace(
-    "write_atomic(path, docs[i % len(docs)])", "open(path, 'w').write(docs[i % len(docs)])"
+    "write_atomic(path, ", "open(path, 'w').write("
 )
 
 
@@ -291,7 +295,8 @@ def _python(script: str, *args: str, stdin: bool = False) -> "subprocess.Popen[s
 def _kill_writers(
     script: str, target: Path, docs: list[str], runs: int, budget_s: float
 ) -> tuple[int, dict[str, Any]]:
-    """Start a writer, let it write for a random 0-30 ms, SIGKILL it; again, ``runs`` times or
+    """Start a writer, let it write for a random 0-30 ms after its first whole document, SIGKILL
+    it; again, ``runs`` times or
     until ``budget_s`` is spent. A reader process polls the file all along (its own process,
     so its JSON parsing does not slow the test's process starts)."""
     rng = random.Random(6)
@@ -304,7 +309,8 @@ def _kill_writers(
         try:
             assert reader.stdout.readline() == "ready\n"
             while done < runs and time.monotonic() < deadline:
-                with _python(script, str(target), *docs) as writer:
+                first = done % len(docs)  # the runs take turns at which document comes first
+                with _python(script, str(target), *docs[first:], *docs[:first]) as writer:
                     try:
                         assert writer.stdout is not None
                         assert writer.stdout.readline() == "ready\n"

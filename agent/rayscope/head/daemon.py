@@ -166,6 +166,8 @@ class Head:
         except OSError as err:
             raise cannot_listen(err, self.listen, "--listen") from None
         self.listen = _bound(server, self.listen)
+        if self.agents is not None:
+            self.agents.head = self.listen  # the agents it places report to the port bound (0: the OS's)
         try:
             http_server = await self._start_http()
         except OSError as err:

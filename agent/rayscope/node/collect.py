@@ -22,7 +22,7 @@ from rayscope.schema.node import NodeDiagnostics
 from rayscope.schema.report import REPORT_SCHEMA, GpuDevice, NodeReport, ProcessInfo, RayletInfo, SourceStatus
 from rayscope.schema.status import ActorBooking, ClusterStatus, NodeStatus, RayNode, ReceivedReport
 from rayscope.sources import host, procs, raylet
-from rayscope.sources.dashboard_read import ParallelRead
+from rayscope.sources.dashboard.parallel import ParallelRead
 from rayscope.sources.gcs import address as gcs_address
 from rayscope.sources.gcs import child as gcs_child
 from rayscope.sources.gcs import reader as gcs

@@ -76,6 +76,7 @@ def dashboard_device(gpu: DashboardGpu, age_s: float) -> GpuDevice:
         memory_total_bytes=gpu.memory_total_bytes,
         memory_used_bytes=None if vgpu else gpu.memory_used_bytes,
         memory_info_version=1,
+        utilization_gpu_pct=gpu.utilization_gpu_pct,
         processes=processes,
         errors={} if believed or not processes else {"process memory": PROCESSES_NOT_BELIEVED},
         nvml_memory_used_bytes=gpu.memory_used_bytes,

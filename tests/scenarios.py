@@ -368,7 +368,7 @@ def virtual_status(cuda_age_s: Optional[float] = None) -> ClusterStatus:
     14.5 of 16 GiB used; with ``cuda_age_s``, a CUDA sample that old says 0.8 GiB), a
     pass-through A100, a vGPU host's A40, an MPS server in exclusive-process mode with two
     clients, and two Ray nodes time-slicing one T4 (the same UUID in both reports)."""
-    from rayscope.core.gpu.memory import CudaFigure, settle
+    from rayscope.core.gpu.trust import CudaFigure, settle_on_agent
 
     slice_of_a40 = virtual_gpu(0, "NVIDIA A40-16C", A40_16C_BYTES, int(14.5 * GIB), "vgpu_guest")
     cuda = None if cuda_age_s is None else CudaFigure(int(0.8 * GIB), cuda_age_s, "")
@@ -388,14 +388,14 @@ def virtual_status(cuda_age_s: Optional[float] = None) -> ClusterStatus:
     )
     sliced = virtual_gpu(0, "Tesla T4", T4_BYTES, 3 * GIB, "none")
     gpus = {
-        VGPU: [settle(slice_of_a40, cuda, 120.0) if cuda else settle(slice_of_a40)],
+        VGPU: [settle_on_agent(slice_of_a40, cuda, 120.0) if cuda else settle_on_agent(slice_of_a40)],
         PASSTHROUGH: [
-            settle(virtual_gpu(0, "NVIDIA A100-SXM4-40GB", A100_MIB * MIB, 6 * GIB, "passthrough"))
+            settle_on_agent(virtual_gpu(0, "NVIDIA A100-SXM4-40GB", A100_MIB * MIB, 6 * GIB, "passthrough"))
         ],
-        HOST_VGPU: [settle(virtual_gpu(0, "NVIDIA A40", 48 * GIB, 32 * GIB, "host_vgpu"))],
-        MPS: [settle(mps_gpu)],
-        SLICE_A: [settle(sliced)],
-        SLICE_B: [settle(msgspec.structs.replace(sliced, nvml_memory_used_bytes=int(3.1 * GIB)))],
+        HOST_VGPU: [settle_on_agent(virtual_gpu(0, "NVIDIA A40", 48 * GIB, 32 * GIB, "host_vgpu"))],
+        MPS: [settle_on_agent(mps_gpu)],
+        SLICE_A: [settle_on_agent(sliced)],
+        SLICE_B: [settle_on_agent(msgspec.structs.replace(sliced, nvml_memory_used_bytes=int(3.1 * GIB)))],
     }
     accelerators = {
         VGPU: "A40",

@@ -316,7 +316,7 @@ WIRED = """
 import json, sys
 import pynvml
 from rayscope.sources.cuda import sample as cuda
-from rayscope.core.gpu.memory import memory_used_reliable
+from rayscope.core.gpu.trust import memory_used_reliable
 from rayscope.sources.nvml import modes as nvml_modes
 
 pynvml.nvmlInit()

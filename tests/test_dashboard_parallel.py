@@ -1,6 +1,6 @@
 """The dashboard's GET beside the GCS read, never after it: started from the GCS
 child's early stderr line, or at once for an address the operator named; taken when the GCS
-read is done, within the command's one deadline (``rayscope.sources.dashboard_read``).
+read is done, within the command's one deadline (``rayscope.sources.dashboard.parallel``).
 
 Positive control: drop ``on_line`` from ``gcs_prestart.finish``'s calls in
 ``gcs_child._child_answer`` and :func:`test_the_get_starts_from_the_childs_early_line` fails:
@@ -18,7 +18,7 @@ from rayscope.errors import EXIT_USAGE, AgentError
 from rayscope.net.deadline import Deadline
 from rayscope.node import collect
 from rayscope.sources import dashboard
-from rayscope.sources.dashboard_read import ParallelRead
+from rayscope.sources.dashboard.parallel import ParallelRead
 from rayscope.sources.gcs import child as gcs_child
 from rayscope.sources.gcs import read as gcs_read
 from tests.support.dashboard import NODE_ID, Serving, answer, hangs, http, node

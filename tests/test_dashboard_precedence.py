@@ -290,7 +290,7 @@ def test_a_gpu_named_as_a_vgpu_is_not_trusted_anywhere() -> None:
     gpu_ = scenarios.dashboard_gpu("NVIDIA A40-16C", 16384, 14848, {77: 14000})
     device = precedence.dashboard_device(gpu_, 2.0)
     assert device.memory_used_bytes is None and known(device.nvml_memory_used_bytes) == 14848 * 2**20
-    from rayscope.core.gpu.memory import nvml_trusted
+    from rayscope.core.gpu.trust import nvml_trusted
 
     assert not nvml_trusted(device)
 

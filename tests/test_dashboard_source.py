@@ -1,4 +1,4 @@
-"""The Ray dashboard as a source (agent/sources/dashboard.py, dashboard_http.py): its parser against what each
+"""The Ray dashboard as a source (agent/rayscope/sources/dashboard/): its parser against what each
 Ray release answered (tests/data/dashboard/, written by ``python -m tests.tools.record_dashboard``
 against a real ``ray start`` with the fake NVML), and its one GET against a local fake
 dashboard that hangs, trickles, answers 500, garbage, too much, or wants a token.
@@ -22,7 +22,8 @@ from typing import Any, Callable, Optional
 import pytest
 
 from rayscope.schema.dashboard import DashboardNode
-from rayscope.sources import dashboard, dashboard_http, listeners
+from rayscope.sources import dashboard, listeners
+from rayscope.sources.dashboard import get as dashboard_http
 from rayscope.sources.gcs import raycompat
 from rayscope.units import MIB
 from tests import fake_nvml
@@ -207,6 +208,29 @@ def test_a_node_that_breaks_a_rule_is_left_out_and_the_rest_stand(bad: dict[str,
     nodes, status = parse(answer(node(**bad), good))
     assert set(nodes) == {"cd" * 28}
     assert status.ok and "1 node(s) refused, first: " in status.detail and why in status.detail
+
+
+@pytest.mark.parametrize(
+    ("util", "pct"),
+    [(87, 87), (0, 0), (99.6, 100), (101, None), (-1, None), ("87", None), (None, None), ([1], None)],
+)
+def test_the_gpu_utilisation_the_dashboard_sends_is_read(util: Any, pct: Optional[int]) -> None:
+    """``utilizationGpu`` (every recorded release sends it): read, 0-100; one that is no such
+    number costs the GPU its utilisation only, never its memory figures or the node.
+    Before: every dashboard-measured GPU read ``util NA``."""
+    nodes, status = parse(answer(node(memoryUsed=2048, utilizationGpu=util)))
+    gpus = nodes[NODE_ID].gpus
+    assert status.ok and gpus is not None and gpus[0].memory_used_bytes == 2048 * MIB
+    assert gpus[0].utilization_gpu_pct == pct
+
+
+@pytest.mark.parametrize("path", RECORDED, ids=lambda p: p.stem)
+def test_every_recorded_release_gives_its_utilisation(path: Path) -> None:
+    doc = recorded(path)
+    nodes, _ = dashboard.parse_summary(200, summary_body(doc), URL, doc["ray"])
+    sent = [g["utilizationGpu"] for n in doc["summary"]["data"]["summary"] for g in n.get("gpus") or []]
+    read = [g.utilization_gpu_pct for n in nodes.values() for g in n.gpus or []]
+    assert read == sent and sent
 
 
 def test_a_fraction_of_a_mib_rounds_down() -> None:

@@ -32,7 +32,7 @@ from rayscope.head.store.state import HeadState
 from rayscope.net.deadline import Deadline
 from rayscope.schema.dashboard import DashboardRead
 from rayscope.sources import dashboard, listeners
-from rayscope.sources.dashboard_read import ParallelRead
+from rayscope.sources.dashboard.parallel import ParallelRead
 from rayscope.sources.gcs import child as gcs_child
 from rayscope.sources.gcs import prestart as gcs_prestart
 from rayscope.sources.gcs import read as gcs_read

@@ -104,12 +104,12 @@ def reported(gpu: GpuDevice) -> ClusterStatus:
 @pytest.mark.parametrize("settled_by_the_agent", [False, True])
 def test_a_reports_gpu_above_its_total_is_not_measured(settled_by_the_agent: bool) -> None:
     """A node agent's report (NVML's figure as the agent sent it, or as it settled it)."""
-    from rayscope.core.gpu.memory import settle
+    from rayscope.core.gpu.trust import settle_on_agent
 
     gpu = scenarios.gpu(0, 20.0, "Tesla T4")  # 20 GiB used of an RTX 3090's 24
     gpu = GpuDevice(**{**{f: getattr(gpu, f) for f in gpu.__struct_fields__}, "memory_total_bytes": 16 * GIB})
     if settled_by_the_agent:
-        gpu = settle(GpuDevice(**{**{f: getattr(gpu, f) for f in gpu.__struct_fields__},
+        gpu = settle_on_agent(GpuDevice(**{**{f: getattr(gpu, f) for f in gpu.__struct_fields__},
                                    "nvml_memory_used_bytes": 20 * GIB}))  # fmt: skip
     worker = reported(gpu).nodes[T4]
     assert worker.used_gpu_memory_bytes is None and worker.used_gpu_memory == "NA"

@@ -134,7 +134,7 @@ def test_the_pure_parts_import_only_schema_units_labels_errors_and_each_other() 
 
 def test_a_source_imports_no_rule_of_the_pure_parts() -> None:
     """Positive control: give ``agent/rayscope/sources/nvml/modes.py`` back its import of
-    ``rayscope.core.gpu.memory.memory_used_reliable`` (issue 31) and this names it."""
+    ``rayscope.core.gpu.trust.memory_used_reliable`` (issue 31) and this names it."""
     rules = {n: {m for m in ms if within(m, PURE)} for n, ms in import_graph().items() if within(n, SOURCES)}
     assert {n: ms for n, ms in rules.items() if ms} == {}
 

@@ -4,7 +4,7 @@ A100, a vGPU host's A40, and an RTX 3090 under MPS whose two clients are Ray act
 driver is fake (tests/fake_nvml, and tests/fake_cuda for CUDA's own figure, which differs from
 NVML's so the test tells which one is shown).
 
-Positive controls: make ``rayscope.core.gpu.memory.memory_used_reliable`` trust ``vgpu_guest`` and the
+Positive controls: make ``rayscope.core.gpu.trust.memory_used_reliable`` trust ``vgpu_guest`` and the
 vGPU lines read ``VRAM: 14.5/16.0 GB`` and ``fit`` exits 1 ("1.5 GB free"); drop the MPS list
 from ``rayscope.sources.nvml.devices.merge_processes`` and the MPS test loses both actors' memory; drop
 ``settle``'s CUDA branch and the sampling test never sees ``CUDA``.

@@ -2,7 +2,7 @@
 fake ``libnvidia-ml.so.1``, in a subprocess whose loader path names the fake.
 
 Also the fake's re-reading of a scenario that changes while a process reads it,
-and :func:`rayscope.core.gpu.memory.memory_used_reliable` (the trust rule, in core) for every mode.
+and :func:`rayscope.core.gpu.trust.memory_used_reliable` (the trust rule, in core) for every mode.
 """
 
 import json
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from rayscope.core.gpu.memory import memory_used_reliable
+from rayscope.core.gpu.trust import memory_used_reliable
 from rayscope.sources.nvml.modes import UNKNOWN
 from tests import fake_nvml as fake
 from tests.conftest import REPO, base_env

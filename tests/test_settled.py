@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import msgspec
 
 from rayscope.core.gpu.health import health_flags
-from rayscope.core.gpu.memory import gpu_used, nvml_trusted
-from rayscope.core.gpu.settled import settle_gpu, settled_flags, settled_trusted, settled_used
+from rayscope.core.gpu.settled import settle_gpu, settled_flags, settled_trusted
+from rayscope.core.gpu.trust import gpu_used, nvml_trusted, settled_used
 from rayscope.schema.report import GpuDevice, GpuHealth
 from rayscope.schema.status import ClusterStatus
 from tests import scenarios

@@ -18,7 +18,7 @@ from typing import Optional
 import msgspec
 import pytest
 
-from rayscope.core.gpu import memory as gpu_memory
+from rayscope.core.gpu import trust as gpu_trust
 from rayscope.core.usage.summary import usage_document
 from rayscope.errors import AgentError
 from rayscope.head.serve.routes import Request, Routes
@@ -124,10 +124,10 @@ def test_an_unmeasured_gpu_gives_its_reason_instead_of_a_figure(monkeypatch: pyt
     assert (samples, reason) == ([], usage_store.UNMEASURED_GPU)
     ((_, samples, reason, _),) = report_samples(NODE, report({101: None}), ACTORS[:1], {NODE}).values()
     assert (samples, reason) == ([], usage_store.UNMEASURED_PROCESS)
-    # A vGPU guest without a CUDA sample, as rayscope.core.gpu.memory.gpu_used judges it.
+    # A vGPU guest without a CUDA sample, as rayscope.core.gpu.trust.gpu_used judges it.
     vgpu = "vGPU guest: NVML's used memory comes from the vGPU manager"
-    real = gpu_memory.gpu_used
-    monkeypatch.setattr(gpu_memory, "gpu_used", lambda gpu: real(gpu)._replace(used_bytes=None, reason=vgpu))
+    real = gpu_trust.gpu_used
+    monkeypatch.setattr(gpu_trust, "gpu_used", lambda gpu: real(gpu)._replace(used_bytes=None, reason=vgpu))
     store = UsageStore(3600, 5, 0.0, WALL)
     store.fold({NODE: [report({101: 14.5})]}, ACTORS[:1], {}, now=5.0)
     (row,) = store.document(6.0).actors

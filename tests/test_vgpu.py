@@ -6,7 +6,7 @@ The recorded cluster (tests/scenarios.virtual_status) holds a vGPU guest whose N
 server and two nodes time-slicing one T4. Bare metal's goldens (status_seed, status_mixed, ...)
 are the other half of the proof: they did not change.
 
-Positive controls: make :func:`rayscope.core.gpu.memory.memory_used_reliable` trust ``vgpu_guest`` and
+Positive controls: make :func:`rayscope.core.gpu.trust.memory_used_reliable` trust ``vgpu_guest`` and
 the vGPU goldens show ``VRAM: 14.5/16.0 GB``, the fit test's exit becomes 1; drop the
 ``shared_overcount`` subtraction in ``rayscope.core.rollup.totals`` and the sums test fails.
 """
@@ -18,9 +18,10 @@ import msgspec
 import pytest
 
 from rayscope.core.capacity.fit import exit_code, fit
-from rayscope.core.gpu.memory import CudaFigure, GpuUsed, gpu_used, measured_memory, settle
+from rayscope.core.gpu.memory import measured_memory
+from rayscope.core.gpu.trust import CudaFigure, GpuUsed, gpu_used, settle_on_agent
 from rayscope.errors import AgentError
-from rayscope.node.cuda_samples import CudaSamples, interval_from_env, settle_gpus
+from rayscope.node.cuda_samples import CudaSamples, interval_from_env, settle_on_agent_all
 from rayscope.render.fit import fit_lines
 from rayscope.render.gpus import status_gpu_lines
 from rayscope.render.metrics import metrics_text
@@ -144,8 +145,8 @@ def _vgpu_resources() -> tuple[dict[str, float], dict[str, float]]:
 def test_a_replica_short_on_the_checked_gpus_goes_to_one_not_checked() -> None:
     """A node with a measured, nearly full GPU and a vGPU GPU nobody measured: the replica
     may fit on the second, so the answer is "not checked", never "short"."""
-    full = settle(virtual_gpu(1, "NVIDIA A40-16C", A40_16C, 15 * GIB, "none"))
-    guest = settle(virtual_gpu(0, "NVIDIA A40-16C", A40_16C, PHANTOM, "vgpu_guest"))
+    full = settle_on_agent(virtual_gpu(1, "NVIDIA A40-16C", A40_16C, 15 * GIB, "none"))
+    guest = settle_on_agent(virtual_gpu(0, "NVIDIA A40-16C", A40_16C, PHANTOM, "vgpu_guest"))
     total, free = _vgpu_resources()
     status = head_view(
         [view(VGPU, "10.0.2.1", {**total, "GPU": 2}, {**free, "GPU": 1.99})],
@@ -178,7 +179,8 @@ def test_gpu_used_is_the_one_judgement() -> None:
     assert gpu_used(cuda) == GpuUsed(GIB, "cuda", 3.0, "", PHANTOM)
     for mode in ("none", "passthrough", "host_vgpu", "host_vsga"):
         assert (
-            gpu_used(settle(gpu(virtualization_mode=mode, nvml_memory_used_bytes=PHANTOM))).source == "nvml"
+            gpu_used(settle_on_agent(gpu(virtualization_mode=mode, nvml_memory_used_bytes=PHANTOM))).source
+            == "nvml"
         )
 
 
@@ -206,9 +208,9 @@ def test_gpu_used_is_the_one_judgement() -> None:
 )
 def test_a_sample_replaces_nvml_only_while_fresh(figure: Optional[CudaFigure], reason: str) -> None:
     raw = gpu(virtualization_mode="vgpu_guest", nvml_memory_used_bytes=PHANTOM)
-    settled = settle(raw, figure, 120.0)
+    settled = settle_on_agent(raw, figure, 120.0)
     assert (settled.memory_used_bytes, settled.memory_used_reason) == (None, reason)
-    fresh = settle(raw, CudaFigure(GIB, 119.0, ""), 120.0)
+    fresh = settle_on_agent(raw, CudaFigure(GIB, 119.0, ""), 120.0)
     assert (fresh.memory_used_bytes, fresh.memory_used_source, fresh.memory_used_age_s) == (
         GIB,
         "cuda",
@@ -220,7 +222,7 @@ def test_mig_instances_of_a_vgpu_guest_are_not_trusted_either() -> None:
     instance = GpuDevice(
         index=0, parent_index=0, memory_total_bytes=GIB, memory_used_bytes=1, nvml_memory_used_bytes=1
     )
-    settled = settle(
+    settled = settle_on_agent(
         gpu(virtualization_mode="vgpu_guest", nvml_memory_used_bytes=PHANTOM, mig_devices=[instance])
     )
     assert settled.mig_devices[0].memory_used_bytes is None
@@ -279,7 +281,7 @@ def test_per_process_memory_on_a_vgpu_guest_is_marked() -> None:
     user = GpuUser(
         kind="process", pids=[7], name="python", booked_gpu=0.0, booked_vram_mb=0.0, used_memory_bytes=GIB
     )
-    guest = settle(
+    guest = settle_on_agent(
         gpu(
             virtualization_mode="vgpu_guest",
             nvml_memory_used_bytes=PHANTOM,
@@ -290,11 +292,11 @@ def test_per_process_memory_on_a_vgpu_guest_is_marked() -> None:
     lines = gpu_block_lines([guest], None)
     assert lines[1] == "  pid 7 python booked nothing used 1.0 GB (NVML, not trusted)"
     bare = msgspec.structs.replace(guest, virtualization_mode="none")
-    assert gpu_block_lines([settle(bare)], None)[1] == "  pid 7 python booked nothing used 1.0 GB"
+    assert gpu_block_lines([settle_on_agent(bare)], None)[1] == "  pid 7 python booked nothing used 1.0 GB"
 
 
 def test_measured_memory_leaves_an_untrusted_gpu_out_and_keeps_nvmls_figure() -> None:
-    guest = settle(gpu(virtualization_mode="vgpu_guest", nvml_memory_used_bytes=PHANTOM))
+    guest = settle_on_agent(gpu(virtualization_mode="vgpu_guest", nvml_memory_used_bytes=PHANTOM))
     memory = measured_memory([guest])
     assert (memory.total_bytes, memory.used_bytes, memory.nvml_used_bytes, memory.unmeasured) == (
         A40_16C,
@@ -330,7 +332,7 @@ def test_only_gpus_whose_nvml_figure_is_not_trusted_are_sampled() -> None:
     )
     sampler = FakeSampler({"GPU-g": sample})
     samples = CudaSamples(sampler)
-    settled, sources = settle_gpus([guest, bare], samples)
+    settled, sources = settle_on_agent_all([guest, bare], samples)
     assert [[r.uuid for r in batch] for batch in sampler.asked] == [["GPU-g"]]
     assert sampler.asked[0][0].free_bytes_readings == (int(1.5 * GIB),)
     assert settled is not None
@@ -342,12 +344,12 @@ def test_only_gpus_whose_nvml_figure_is_not_trusted_are_sampled() -> None:
     assert [(s.name, s.ok, s.detail) for s in sources] == [
         ("cuda", True, "1 GPU(s), every 60 s, last sample 50 ms")
     ]
-    settle_gpus([guest], samples)  # CUDA's own free figure is a reading the next time
+    settle_on_agent_all([guest], samples)  # CUDA's own free figure is a reading the next time
     assert sampler.asked[1][0].free_bytes_readings == (int(15.2 * GIB), int(1.5 * GIB))
 
 
 def test_without_sampling_nothing_is_asked_and_the_reason_says_how_to_ask() -> None:
-    settled, sources = settle_gpus(
+    settled, sources = settle_on_agent_all(
         [gpu(virtualization_mode="vgpu_guest", nvml_memory_used_bytes=PHANTOM)], None
     )
     assert sources == [] and settled is not None

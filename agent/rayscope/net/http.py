@@ -1,6 +1,6 @@
 """One HTTP/1.x exchange with a peer over a socket of its own, read strictly and bounded: the
 one transport under every read of a peer over HTTP (a head agent, :mod:`rayscope.client.request`;
-Ray's dashboard, :mod:`rayscope.sources.dashboard_http`).
+Ray's dashboard, :mod:`rayscope.sources.dashboard.get`).
 
 A peer is hostile until shown otherwise (SECURITY.md, rule 3): whatever it sends, the exchange
 ends within its :class:`~rayscope.net.deadline.Deadline` and holds at most the caller's cap.

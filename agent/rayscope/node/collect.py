@@ -12,17 +12,17 @@ import msgspec
 
 from rayscope.core.capacity import pending
 from rayscope.core.gpu.attribution import attribute_cluster, attribute_node, leaf_devices, sharing_devices
-from rayscope.core.gpu.settled import settle_gpus as settle_gpus_once
+from rayscope.core.gpu.settled import settle_gpus
 from rayscope.core.rollup import merge, scheduler_nodes
 from rayscope.errors import EXIT_NO_DATA, EXIT_USAGE, AgentError
 from rayscope.net.addresses import parse_address
 from rayscope.net.deadline import Deadline
-from rayscope.node.cuda_samples import CudaSamples, settle_gpus
+from rayscope.node.cuda_samples import CudaSamples, settle_on_agent_all
 from rayscope.schema.node import NodeDiagnostics
 from rayscope.schema.report import REPORT_SCHEMA, GpuDevice, NodeReport, ProcessInfo, RayletInfo, SourceStatus
 from rayscope.schema.status import ActorBooking, ClusterStatus, NodeStatus, RayNode, ReceivedReport
 from rayscope.sources import host, procs, raylet
-from rayscope.sources.dashboard_read import ParallelRead
+from rayscope.sources.dashboard.parallel import ParallelRead
 from rayscope.sources.gcs import address as gcs_address
 from rayscope.sources.gcs import child as gcs_child
 from rayscope.sources.gcs import reader as gcs
@@ -39,10 +39,10 @@ def local_report(
 ) -> NodeReport:
     """What this host knows about itself: its raylet, NVML and the host (never raises; a
     hung NVML call costs at most ``nvml_timeout_s``). Each GPU's used figure is the one
-    rayscope trusts (:func:`rayscope.node.cuda_samples.settle_gpus`; ``cuda``: the node agent's CUDA
+    rayscope trusts (:func:`rayscope.node.cuda_samples.settle_on_agent_all`; ``cuda``: the node agent's CUDA
     samples, where it takes them)."""
     driver, raw_gpus, nvml_status = nvml.read_gpus_within(nvml_timeout_s)
-    gpus, cuda_sources = settle_gpus(raw_gpus, cuda)
+    gpus, cuda_sources = settle_on_agent_all(raw_gpus, cuda)
     host_info, host_status = host.read_host()
     processes, procs_sources = gpu_processes(gpus)
     return NodeReport(
@@ -299,7 +299,7 @@ def node_diagnostics(
         booking = _local_booking(views, raylets, clock())
     else:
         sources += report.sources
-    settled = settle_gpus_once(report.gpus)  # as the rollup settles a report's: `node` reads them
+    settled = settle_gpus(report.gpus)  # as the rollup settles a report's: `node` reads them
     agents, agents_status = find_agents()
     diag = NodeDiagnostics(
         generated_at=clock(),

@@ -4,17 +4,17 @@ figure from NVML's reading and CUDA's.
 Off unless asked: ``RAYSCOPE_CUDA_SAMPLE_S`` in the node agent's environment (``rayscope
 push``, or the head's Ray-placed agents) is the seconds between two samples of one GPU. Even
 then only GPUs whose NVML used figure is not trusted (a vGPU guest,
-:func:`rayscope.core.gpu.memory.memory_used_reliable`) are sampled, and never one the sampler refuses
+:func:`rayscope.core.gpu.trust.memory_used_reliable`) are sampled, and never one the sampler refuses
 (exclusive or prohibited compute mode, less free memory by any reading than a context costs:
 :func:`rayscope.sources.cuda.sample.refusal`). A sample replaces NVML's figure while it is at most
-:data:`FRESH_INTERVALS` sampling intervals old (:func:`rayscope.core.gpu.memory.settle`).
+:data:`FRESH_INTERVALS` sampling intervals old (:func:`rayscope.core.gpu.trust.settle_on_agent`).
 """
 
 import math
 from collections.abc import Mapping, Sequence
 from typing import Optional
 
-from rayscope.core.gpu.memory import CudaFigure, nvml_trusted, settle
+from rayscope.core.gpu.trust import CudaFigure, nvml_trusted, settle_on_agent
 from rayscope.errors import EXIT_USAGE, AgentError
 from rayscope.schema.report import GpuDevice, SourceStatus, known
 from rayscope.sources.cuda.sample import CudaRequest, CudaSample, CudaSampler
@@ -98,16 +98,16 @@ class CudaSamples:
         return CudaFigure(max(0, sample.total_bytes - sample.free_bytes), sample.age_s, sample.reason)
 
 
-def settle_gpus(
+def settle_on_agent_all(
     gpus: Optional[Sequence[GpuDevice]], samples: Optional[CudaSamples]
 ) -> tuple[Optional[list[GpuDevice]], list[SourceStatus]]:
-    """Every GPU with its trusted used figure written in (:func:`rayscope.core.gpu.memory.settle`),
+    """Every GPU with its trusted used figure written in (:func:`rayscope.core.gpu.trust.settle_on_agent`),
     sampling CUDA first where ``samples`` is on; the ``cuda`` source's status, if it ran."""
     if gpus is None:
         return None, []
     if samples is None:
-        return [settle(g) for g in gpus], []
+        return [settle_on_agent(g) for g in gpus], []
     figures, status = samples.sample(gpus)
     unmatched = CudaFigure(None, None, "no UUID to match a CUDA device by")
-    settled = [settle(g, figures.get(g.uuid or "", unmatched), samples.max_age_s) for g in gpus]
+    settled = [settle_on_agent(g, figures.get(g.uuid or "", unmatched), samples.max_age_s) for g in gpus]
     return settled, [status] if status is not None else []

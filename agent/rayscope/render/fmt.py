@@ -9,8 +9,8 @@ from typing import Optional
 
 import msgspec
 
-from rayscope.core.gpu.memory import NOT_TRUSTED, untrusted_label
-from rayscope.core.gpu.settled import settled_trusted, settled_used
+from rayscope.core.gpu.settled import settled_trusted
+from rayscope.core.gpu.trust import NOT_TRUSTED, settled_used, untrusted_label
 from rayscope.labels import label_pairs
 from rayscope.schema.report import SourceStatus, known
 from rayscope.schema.status import ClusterStatus, NodeStatus

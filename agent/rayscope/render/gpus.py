@@ -3,7 +3,8 @@
 from collections.abc import Mapping, Sequence
 from typing import Optional
 
-from rayscope.core.gpu.settled import settled_flags, settled_trusted, settled_used
+from rayscope.core.gpu.settled import settled_flags, settled_trusted
+from rayscope.core.gpu.trust import settled_used
 from rayscope.core.isolation import UNREADABLE, per_node
 from rayscope.labels import printable_lines
 from rayscope.render.fmt import gib, has_gpus, visible_nodes

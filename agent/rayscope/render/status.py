@@ -181,17 +181,48 @@ def status_lines(status: ClusterStatus, include_dead: bool = False, summary: boo
     unmeasured = status.cluster.gpu_nodes - status.cluster.gpu_nodes_measured
     if status.view == "gcs" and unmeasured > 0:
         notes.append(vram_na_note(status, unmeasured))
+        notes += unmeasured_reasons(status)
     if notes:
         lines += ["", *notes]
     return printable_lines(lines)
 
 
+def dashboard_answered(status: ClusterStatus) -> bool:
+    """Ray's dashboard was read and answered (else its own ``DASHBOARD:`` line says why not)."""
+    return any(
+        s.name == DASHBOARD_STATUS and s.ok and not s.detail.startswith(DASHBOARD_OFF) for s in status.sources
+    )
+
+
+REASONS_SHOWN = 5
+"""Unmeasured GPU nodes whose reason the embedded view's note lists; the rest are counted."""
+
+
+def unmeasured_reasons(status: ClusterStatus) -> list[str]:
+    """``  10.0.0.23: Ray dashboard: no sample from this node's agent yet``: why each alive GPU
+    node the note counts has no measured VRAM, in words on the lines (``--json`` has it too,
+    as ``used_gpu_memory_reason``); a node whose own line says why (``(vGPU: ...)``) is not
+    repeated. "no agent" is every node's in this view and is left out. Only where the dashboard
+    answered: else its ``DASHBOARD:`` line is the reason."""
+    if not dashboard_answered(status):
+        return []
+    said = []
+    for node in status.nodes.values():
+        counted = node.alive and node.in_scheduler and node.total_gpu > 0
+        if not counted or node.used_gpu_memory_bytes is not None:
+            continue
+        reason = node.used_gpu_memory_reason.removeprefix("no agent").lstrip("; ")
+        if reason and not vram_note(node):
+            said.append(f"  {node.node_ip}: {reason}")
+    more = len(said) - REASONS_SHOWN
+    rest = [f"  ... and {more} more (--json: used_gpu_memory_reason)"] if more > 0 else []
+    return said[:REASONS_SHOWN] + rest
+
+
 def vram_na_note(status: ClusterStatus, unmeasured: int) -> str:
     """Why ``unmeasured`` GPU nodes read ``VRAM: NA`` in the embedded view: neither this
     host's NVML nor, where it answered, Ray's dashboard measured them."""
-    if any(
-        s.name == DASHBOARD_STATUS and s.ok and not s.detail.startswith(DASHBOARD_OFF) for s in status.sources
-    ):
+    if dashboard_answered(status):
         return (
             f"VRAM: NA on {unmeasured} GPU node(s): neither this host's NVML nor Ray's dashboard"
             " measured them (--json: each node's used_gpu_memory_reason); run `rayscope head`"

@@ -43,6 +43,8 @@ class DashboardGpu(msgspec.Struct, kw_only=True, gc=False):
     name: Optional[str] = None
     memory_total_bytes: Count
     memory_used_bytes: Count
+    utilization_gpu_pct: Optional[Count] = None
+    """NVML's GPU utilisation the dashboard sends (``utilizationGpu``), 0-100."""
     processes: Annotated[list[DashboardProcess], msgspec.Meta(max_length=MAX_PROCESSES_PER_GPU)] = []
     processes_believed: bool = False
     """Whether ``processes``' memory figures are the processes' memory: ``False`` for a

@@ -204,7 +204,7 @@ class GpuDevice(msgspec.Struct, kw_only=True, gc=False):
     uuid: Optional[str] = None
     memory_total_bytes: Optional[Count] = None
     memory_used_bytes: Optional[Count] = None
-    """The used figure the agent trusts (:func:`rayscope.core.gpu.memory.gpu_used` reads it): NVML's on
+    """The used figure the agent trusts (:func:`rayscope.core.gpu.trust.gpu_used` reads it): NVML's on
     bare metal and pass-through; on a vGPU guest a fresh CUDA sample's, else ``None``
     (``memory_used_reason`` says why, ``nvml_memory_used_bytes`` keeps NVML's)."""
     memory_info_version: Optional[Count] = None

@@ -99,7 +99,7 @@ class DeviceFree(msgspec.Struct, kw_only=True, gc=False):
     devices); only actors that booked ``VRAM_MB``. The page draws one segment per actor from
     it where no NVML report attributes the device."""
     memory_used_bytes: Optional[int] = None
-    """The used figure rayscope trusts (``rayscope.core.gpu.memory.gpu_used``: NVML's, or a CUDA sample's on
+    """The used figure rayscope trusts (``rayscope.core.gpu.trust.gpu_used``: NVML's, or a CUDA sample's on
     a vGPU guest), when the device was matched and measured."""
     memory_total_bytes: Optional[int] = None
 

@@ -12,7 +12,7 @@ booked ``GPU`` is an actor's; elsewhere node sums, and the answer says so. ``VRA
 per-node resource, so Ray itself books it that way.
 
 Beside the booking, the driver's view: on each node given replicas, the free memory per GPU
-(fresh reports only; total − the used figure rayscope trusts, :func:`rayscope.core.gpu.memory.gpu_used`)
+(fresh reports only; total − the used figure rayscope trusts, :func:`rayscope.core.gpu.trust.gpu_used`)
 must hold what each replica needs, best case (each replica on the GPU with the most memory
 left). A booking that fits where the memory does not is a "no". A GPU whose used figure is not
 trusted (a vGPU guest without a fresh CUDA sample) is not checked: a replica that finds no room
@@ -26,9 +26,9 @@ import msgspec
 
 from rayscope.core.capacity.fit_labels import admitted
 from rayscope.core.capacity.sizing import EXIT_COULD_NOT_TELL, request_sizing, sizing_hazard
-from rayscope.core.gpu.memory import settled_used
 from rayscope.core.gpu.placement import device_free, placement_known, replicas_on_devices
 from rayscope.core.gpu.precedence import NOT_READ, figures_old
+from rayscope.core.gpu.trust import settled_used
 from rayscope.core.rollup import (
     SCHEDULER_STEMS,
     SchedulerView,

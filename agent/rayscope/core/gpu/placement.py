@@ -22,7 +22,7 @@ unset). An entry is an index or a UUID (``GPU-…``, a prefix is enough for CUDA
 from collections.abc import Mapping, Sequence
 from typing import Optional
 
-from rayscope.core.gpu.memory import settled_used
+from rayscope.core.gpu.trust import settled_used
 from rayscope.schema.report import GpuDevice, RayletInfo
 from rayscope.schema.status import ActorBooking, DeviceFree, NodePlacement, NodeStatus
 from rayscope.units import RAY_UNITS_PER_ONE, is_count, parse_count, ray_round

@@ -10,7 +10,7 @@
    behind older; clamped at 0), shown while at most :data:`DASHBOARD_MAX_AGE_S` old. The
    dashboard does not say a GPU's virtualization mode: a GPU whose name ends in a vGPU profile
    (``A40-16C``) is judged a vGPU guest and its used figure not trusted
-   (:func:`rayscope.core.gpu.memory.named_vgpu`); any other is read as bare metal.
+   (:func:`rayscope.core.gpu.trust.named_vgpu`); any other is read as bare metal.
 3. **Else NA**, and the node's reason says why: the report's (``no agent``, ``stale report``,
    ``NVML did not answer``) and the dashboard's.
 
@@ -25,8 +25,9 @@ from typing import Optional
 
 from msgspec.structs import replace
 
-from rayscope.core.gpu.memory import named_vgpu, put_memory
+from rayscope.core.gpu.memory import put_memory
 from rayscope.core.gpu.settled import settle_report
+from rayscope.core.gpu.trust import named_vgpu
 from rayscope.schema.dashboard import DASHBOARD_SOURCE, DashboardGpu, DashboardNode, DashboardRead
 from rayscope.schema.report import UNSET, GpuDevice, GpuProcess, NodeReport, ProcessInfo, SourceStatus, known
 from rayscope.schema.status import ActorBooking, ClusterStatus, NodeStatus
@@ -76,6 +77,7 @@ def dashboard_device(gpu: DashboardGpu, age_s: float) -> GpuDevice:
         memory_total_bytes=gpu.memory_total_bytes,
         memory_used_bytes=None if vgpu else gpu.memory_used_bytes,
         memory_info_version=1,
+        utilization_gpu_pct=gpu.utilization_gpu_pct,
         processes=processes,
         errors={} if believed or not processes else {"process memory": PROCESSES_NOT_BELIEVED},
         nvml_memory_used_bytes=gpu.memory_used_bytes,

@@ -1,7 +1,7 @@
 """Each GPU settled once, where its report is merged: the used figure rayscope trusts (its
 source, age and the reason it has none), NVML's trust, and what needs an operator.
 
-Pure. :func:`settle_gpu` asks the rules (:func:`rayscope.core.gpu.memory.gpu_used`,
+Pure. :func:`settle_gpu` asks the rules (:func:`rayscope.core.gpu.trust.gpu_used`,
 :func:`rayscope.core.gpu.health.health_flags`) and writes their verdict into the GPU's own
 fields, the ones the status document carries (``memory_used_bytes``, ``memory_used_source``,
 ``memory_used_age_s``, ``memory_used_reason``, ``health_flags``). The rollup settles each
@@ -12,7 +12,7 @@ Every output reads the verdict back with :func:`settled_used`, :func:`settled_tr
 :func:`settled_flags`, which judge nothing: the lines, ``--gpus``, the JSON, the metrics and
 the page, and a client that decoded the head's document (the head settled it), all say the
 same. A GPU whose fields already say the verdict is kept as it is (no copy), so a report of
-an agent that settled it (``rayscope.core.gpu.memory.settle``), or one older than the mode fields (no
+an agent that settled it (``rayscope.core.gpu.trust.settle_on_agent``), or one older than the mode fields (no
 source: NVML's figure), reads byte for byte as before.
 """
 
@@ -22,15 +22,15 @@ from typing import Any, NamedTuple, Optional
 from msgspec.structs import replace
 
 from rayscope.core.gpu.health import health_flags
-from rayscope.core.gpu.memory import NOT_TRUSTED, GpuUsed, MeasuredMemory, gpu_used, measured_memory
-from rayscope.core.gpu.memory import settled_used as settled_used  # noqa: PLC0414 - the outputs read it here
+from rayscope.core.gpu.memory import MeasuredMemory, measured_memory
+from rayscope.core.gpu.trust import NOT_TRUSTED, GpuUsed, gpu_used, settled_used
 from rayscope.schema.report import UNSET, GpuDevice, known
 
 
 def settled_trusted(gpu: GpuDevice) -> bool:
     """Whether a settled GPU's NVML figures (its used memory, its processes') are the
     device's: not where a CUDA sample stands in for them, nor where the reason says they are
-    not trusted (:data:`rayscope.core.gpu.memory.NOT_TRUSTED`, in every such reason)."""
+    not trusted (:data:`rayscope.core.gpu.trust.NOT_TRUSTED`, in every such reason)."""
     reason = known(gpu.memory_used_reason) or ""
     return known(gpu.memory_used_source) != "cuda" and NOT_TRUSTED not in reason
 

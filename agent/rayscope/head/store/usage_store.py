@@ -24,7 +24,7 @@ from typing import Optional
 import msgspec
 
 from rayscope.core.actor_names import actor_name
-from rayscope.core.gpu import memory as gpu_memory
+from rayscope.core.gpu import trust as gpu_trust
 from rayscope.core.gpu.attribution import attribute_node, leaf_devices
 from rayscope.core.usage.summary import DEFAULT_HEADROOM_PCT, usage_document
 from rayscope.core.usage.window import EMPTY, ActorMeta, UsageWindow, slot_width
@@ -85,7 +85,7 @@ def report_samples(
     for device in leaf_devices(gpus):
         if device.attribution is None:
             continue
-        figure = gpu_memory.gpu_used(device)  # the one judge of a GPU's used figure
+        figure = gpu_trust.gpu_used(device)  # the one judge of a GPU's used figure
         for user in device.attribution.users:
             actor = by_id.get(user.actor_id or "")
             if actor is None:

@@ -18,7 +18,8 @@ from collections.abc import Sequence
 from typing import NamedTuple, Optional
 
 from rayscope.core.gpu.precedence import figures_old
-from rayscope.core.gpu.settled import settled_flags, settled_used
+from rayscope.core.gpu.settled import settled_flags
+from rayscope.core.gpu.trust import settled_used
 from rayscope.labels import printable
 from rayscope.render.fmt import gib
 from rayscope.render.gpus import SOURCE_WORDS, fuller_devices, gpu_label, used_text

@@ -79,7 +79,7 @@ child_script = gcs_prestart.child_script
 class Watch(NamedTuple):
     """What a caller gives a read besides its address: the command's one deadline (``None``:
     the read's own, of ``timeout_s``) and a callback for each line of the child's stderr as
-    it comes (the dashboard's published address: ``rayscope.sources.dashboard_read``)."""
+    it comes (the dashboard's published address: ``rayscope.sources.dashboard.parallel``)."""
 
     deadline: Optional[Deadline] = None
     on_line: Optional[Callable[[str], None]] = None

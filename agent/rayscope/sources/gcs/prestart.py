@@ -118,7 +118,7 @@ def finish(
     most ``timeout_s`` for its answer, as ``subprocess.run`` would: killed at the deadline,
     ``TimeoutExpired`` carrying what it wrote (its stderr says whether it had imported ray).
     Each line of its stderr goes to ``on_line`` as it is written (the dashboard's address
-    comes early, so that its read starts beside this one: ``rayscope.sources.dashboard_read``)."""
+    comes early, so that its read starts beside this one: ``rayscope.sources.dashboard.parallel``)."""
     out: list[str] = []
     err: list[str] = []
     pumps = [

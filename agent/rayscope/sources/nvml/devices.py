@@ -244,7 +244,7 @@ def _shared_fields(handle: Any, errors: dict[str, str]) -> dict[str, Any]:
         "name": query(errors, "name", lambda: _text(pynvml.nvmlDeviceGetName(handle))),
         "uuid": query(errors, "uuid", lambda: _text(pynvml.nvmlDeviceGetUUID(handle))),
         "memory_total_bytes": total,
-        "memory_used_bytes": used,  # the trusted figure only once rayscope.core.gpu.memory.settle judged it
+        "memory_used_bytes": used,  # trusted only once core.gpu.trust.settle_on_agent judged it
         "nvml_memory_used_bytes": UNSET if used is None else used,
         "memory_reserved_bytes": reserved,
         "memory_info_version": version,

@@ -11,7 +11,7 @@ manager hands the guest, not a measurement. BioEngine found an idle A40-16C time
 reporting about 14.5 GiB used of 16 GiB (a fixed phantom offset; the total stays right).
 This source only reports the mode; whether NVML's used figure may be shown as measured in
 that mode is the pure trust rule's to say
-(:func:`rayscope.core.gpu.memory.memory_used_reliable`, which the agent and the head apply).
+(:func:`rayscope.core.gpu.trust.memory_used_reliable`, which the agent and the head apply).
 
 Command line equivalent: ``nvidia-smi -q`` (``GPU Virtualization Mode``, ``Compute Mode``)
 and ``nvidia-smi --query-compute-apps`` on an MPS server (the clients appear in the MPS list).

@@ -1,5 +1,5 @@
-"""Ray's dashboard read beside the GCS read, never after it: the one GET of
-:mod:`rayscope.sources.dashboard` in a thread, started as soon as its address is known, and
+"""Ray's dashboard read beside the GCS read, never after it: the one read of
+:mod:`rayscope.sources.dashboard.read` in a thread, started as soon as its address is known, and
 taken when the GCS read is done, within the command's one deadline.
 
 The address is known at once when the operator named it (``--dashboard``,
@@ -18,11 +18,14 @@ import threading
 from collections.abc import Mapping
 from typing import Optional
 
+from rayscope.defaults import DASHBOARD_ENV
 from rayscope.net import peer_json
 from rayscope.net.deadline import Deadline
 from rayscope.schema.dashboard import DASHBOARD_STATUS, DashboardRead
 from rayscope.schema.report import SourceStatus
-from rayscope.sources import dashboard
+from rayscope.sources.dashboard import address as dashboard
+from rayscope.sources.dashboard import read
+from rayscope.sources.dashboard.parse import failed
 from rayscope.sources.gcs import read as gcs_read
 
 JOIN_GRACE_S = 0.05
@@ -46,11 +49,11 @@ class ParallelRead:
         self._lock = threading.Lock()
         self._thread: Optional[threading.Thread] = None
         self._address: Optional[dashboard.Address] = None
-        self._fetched: Optional[dashboard.Fetched] = None
+        self._fetched: Optional[read.Fetched] = None
         self._why = ""
         self.off = ""
         """Why the source is not read (``--dashboard none``); ``""`` when it is."""
-        named = any((given or "").strip() for given in (option, environ.get(dashboard.DASHBOARD_ENV)))
+        named = any((given or "").strip() for given in (option, environ.get(DASHBOARD_ENV)))
         if named:
             address, why = dashboard.choose_address(option, environ, None, "")
             if address is None:
@@ -70,9 +73,9 @@ class ParallelRead:
         assert self._address is not None
         left = self._deadline.left()
         if left <= 0:
-            self._fetched = dashboard.Fetched(failed=_failed("not read: the command's deadline had passed"))
+            self._fetched = read.Fetched(failed=failed("not read: the command's deadline had passed"))
             return
-        self._fetched = dashboard.fetch(self._address, left, self._environ)
+        self._fetched = read.fetch(self._address, left, self._environ)
 
     def on_published(self, published: Optional[str], published_error: str = "") -> None:
         """The address the cluster published (the GCS child's early line, or its answer):
@@ -108,12 +111,12 @@ class ParallelRead:
         thread, address = self._thread, self._address
         if thread is None or address is None:
             reason = self._why or "no Ray dashboard address"
-            return DashboardRead(status=_failed(reason))
+            return DashboardRead(status=failed(reason))
         thread.join(max(0.0, self._deadline.left()) + JOIN_GRACE_S)
         fetched = self._fetched
         if fetched is None:  # the GET's own deadline is the command's: not reached here
-            return DashboardRead(status=_failed(f"the Ray dashboard at {address.url} did not answer in time"))
-        nodes, status = dashboard.parsed(fetched, address, cluster_ray_version)
+            return DashboardRead(status=failed(f"the Ray dashboard at {address.url} did not answer in time"))
+        nodes, status = read.parsed(fetched, address, cluster_ray_version)
         if status.ok:
             status.detail += f"; address from {address.origin}"
         return DashboardRead(nodes=nodes, status=status)
@@ -121,7 +124,3 @@ class ParallelRead:
     def off_status(self) -> SourceStatus:
         """What ``--verbose`` says of a source turned off."""
         return SourceStatus(name=DASHBOARD_STATUS, ok=True, detail=self.off)
-
-
-def _failed(reason: str) -> SourceStatus:
-    return SourceStatus(name=DASHBOARD_STATUS, ok=False, reason=reason)

@@ -1,5 +1,5 @@
-"""One ``GET <dashboard>/nodes?view=summary``: the request of :mod:`rayscope.sources.dashboard`,
-and its failures in the operator's words.
+"""One ``GET <dashboard>/nodes?view=summary``: the request of Ray's dashboard as a source, and
+its failures in the operator's words.
 
 The exchange is :class:`rayscope.net.http.Exchange`, the one every read of a peer over HTTP
 uses (a head agent's too): one deadline covers connect, TLS, request, status line, headers and

@@ -387,6 +387,12 @@ def push_agent(
     return Daemon([*args, "--token-file", str(token_file), "--node-id", node_id], env, log_path)
 
 
+def push_once_a_second(head: str, node_id: str, *extra: str) -> list[str]:
+    """``rayscope push``'s arguments to ``head`` (HOST:PORT or a URL), a report a second as
+    ``node_id``, then ``extra``."""
+    return ["push", "--head", head, "--interval", "1", "--node-id", node_id, *extra]
+
+
 def write_token(path: Path, token: str = "0123456789abcdef0123456789abcdef") -> Path:
     """A token file as a head and its agents take one: one line, mode 600 from its creation
     (a token file open to others is refused: SECURITY.md rule 5)."""

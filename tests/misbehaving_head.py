@@ -102,49 +102,15 @@ def serve_one(conn: socket.socket, mode: str, stop: threading.Event) -> None:
             return
 
 
-class MisbehavingHead:
-    """A listening socket on 127.0.0.1 answering every connection in ``mode``; ``url``,
+class MisbehavingHead(fake_server.FakeServer):
+    """A fake server on 127.0.0.1 answering every connection in ``mode``; ``url``,
     ``connections`` (how many were taken); a context manager that stops it."""
 
     def __init__(self, mode: str) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}: one of {', '.join(MODES)}")
         self.mode = mode
-        self.stop = threading.Event()
-        self.connections = 0
-        self.server = socket.socket()
-        self.server.bind(("127.0.0.1", 0))
-        self.server.listen(16)
-        self.server.settimeout(0.2)
-        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
-        self._threads: list[threading.Thread] = []
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while not self.stop.is_set():
-            try:
-                conn, _ = self.server.accept()
-            except OSError:
-                continue
-            self.connections += 1
-            thread = threading.Thread(target=serve_one, args=(conn, self.mode, self.stop), daemon=True)
-            self._threads.append(thread)
-            thread.start()
-
-    def close(self) -> None:
-        self.stop.set()
-        fake_server.wake(self.server)
-        self._thread.join(timeout=5)
-        for thread in self._threads:
-            thread.join(timeout=5)
-        self.server.close()
-
-    def __enter__(self) -> "MisbehavingHead":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        super().__init__(lambda conn: serve_one(conn, mode, self.stop))
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -16,7 +16,7 @@ import signal
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Optional
 
@@ -196,11 +196,6 @@ class Lan:
             subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=10, check=False)
 
 
-@contextlib.contextmanager
-def lan(root: Path) -> Iterator[Lan]:
+def lan(root: Path) -> "contextlib.closing[Lan]":
     """A :class:`Lan` for the block, every node and namespace gone after it."""
-    made = Lan(root)
-    try:
-        yield made
-    finally:
-        made.close()
+    return contextlib.closing(Lan(root))

@@ -1,7 +1,7 @@
 """Clusters for the head's page: the seed with its actors, and a big one (N nodes × 8 GPUs)
 with actors placed per device, processes and the odd problem, for size and readability."""
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from msgspec.structs import replace
 
@@ -13,7 +13,7 @@ from tests.scenarios import NOW
 from tests.tools.bench import synthetic_reports, synthetic_views
 
 if TYPE_CHECKING:
-    from rayscope.schema.usage import UsageDocument
+    from rayscope.schema.usage import AppUsage, UsageDocument
 
 GPUS = 8
 VRAM_MB = 81920.0
@@ -154,16 +154,21 @@ def first_hour_status() -> ClusterStatus:
     return attribute_cluster(status, fresh, [*EUROPA_ACTORS, *vm_actors, denbi])
 
 
+def unet_usage(**measured: Any) -> "AppUsage":
+    """The federated-unet app's usage line: 4 replicas (one actor each) that book 5120 MB of
+    VRAM each, with ``measured`` (its peak, p95, samples, suggestion) set."""
+    from rayscope.schema.usage import AppUsage
+
+    return AppUsage(
+        app="federated-unet", replicas=4, actors=4, booked_mb=5120.0, booked_vram_mb=5120.0, **measured
+    )
+
+
 def first_hour_usage() -> "UsageDocument":
     """The head's usage history beside it: one app measured, one that held no GPU memory."""
     from rayscope.schema.usage import AppUsage, UsageDocument
 
-    unet = AppUsage(
-        app="federated-unet",
-        replicas=4,
-        actors=4,
-        booked_mb=5120.0,
-        booked_vram_mb=5120.0,
+    unet = unet_usage(
         peak_used_bytes=5530 * 1024**2,
         p95_used_bytes=5400 * 1024**2,
         samples=712,

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, base_env, free_port, run_rayscope
+from tests.conftest import REPO, base_env, free_port, push_once_a_second, run_rayscope
 from tests.support import fake_server
 
 DAY = "give more than 0 and at most 86400 seconds"
@@ -440,19 +440,7 @@ def a_node_id_here() -> str:
 def push_warning(head: str, *extra: str, timeout_s: float = 30.0) -> str:
     """The first warning ``rayscope push --head HEAD`` logs (then SIGTERM): its message."""
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "rayscope",
-            "push",
-            "--head",
-            head,
-            "--interval",
-            "1",
-            "--node-id",
-            a_node_id_here(),
-            *extra,
-        ],
+        [sys.executable, "-m", "rayscope", *push_once_a_second(head, a_node_id_here(), *extra)],
         cwd=REPO,
         env=base_env(RAY_AUTH_MODE="disabled"),
         stdout=subprocess.DEVNULL,

@@ -17,7 +17,7 @@ bent wire's escape sequences reach stdout), or drop ``said.note`` (every partial
 import socket
 import ssl
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import msgspec
 import pytest
@@ -27,8 +27,8 @@ from rayscope.net import http as net_http
 from rayscope.schema.report import SourceStatus
 from rayscope.schema.status import ClusterStatus
 from tests import scenarios
-from tests.conftest import free_port
-from tests.support.fake_head import fake_head, planted, run_cli, run_entry
+from tests.conftest import free_port, write_token
+from tests.support.fake_head import Run, fake_head, planted, run_cli, run_entry
 
 Headers = list[tuple[str, str]]
 
@@ -77,26 +77,59 @@ def handled_fast(argv: list[str], capsys: pytest.CaptureFixture[str]) -> bool:
     return False
 
 
-@pytest.mark.parametrize("verbose", [False, True], ids=["", "verbose"])
-@pytest.mark.parametrize("options", OPTIONS, ids=[" ".join(o) or "text" for o in OPTIONS])
-@pytest.mark.parametrize("name", sorted(STATUSES))
-def test_the_fast_path_prints_what_the_cli_prints(
-    name: str,
-    options: list[str],
-    verbose: bool,
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    with fake_head(STATUSES[name]()) as head:
-        argv = [*(["-v"] if verbose else []), "status", "--head", head.url, *options]
+BothPaths = Callable[[list[str], bool], Run]
+"""Runs ``rayscope ARGV`` on both paths: see :func:`both_paths`."""
+
+
+Test = TypeVar("Test", bound=Callable[..., None])
+
+
+def each_case(
+    statuses: dict[str, Callable[[], ClusterStatus]], options: list[list[str]]
+) -> Callable[[Test], Test]:
+    """Parametrize a test over ``statuses`` by name, each of ``options``, with and without ``-v``."""
+
+    marks = [  # as stacked decorators: the last is the outermost
+        pytest.mark.parametrize("name", sorted(statuses)),
+        pytest.mark.parametrize("options", options, ids=[" ".join(o) or "text" for o in options]),
+        pytest.mark.parametrize("verbose", [False, True], ids=["", "verbose"]),
+    ]
+
+    def parametrized(test: Test) -> Test:
+        for mark in marks:
+            test = mark(test)
+        return test
+
+    return parametrized
+
+
+@pytest.fixture
+def both_paths(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> BothPaths:
+    """``rayscope ARGV`` (after ``-v`` where ``verbose``) through the entry point and through the
+    CLI alone: asserts both give the same exit code and bytes (with ``-v``, an exit 2's last
+    line: each path's traceback has its own frames), and that the fast path answered."""
+
+    def run(argv: list[str], verbose: bool) -> Run:
+        argv = [*(["-v"] if verbose else []), *argv]
         fast = run_entry(argv, capsys, monkeypatch)
         typer_path = run_cli(argv, capsys)
-        if verbose and fast[0] == 2:  # --verbose adds a traceback, of each path's own frames
+        if verbose and fast[0] == 2:
             fast, typer_path = [(c, out, err.splitlines()[-1]) for c, out, err in (fast, typer_path)]
         else:
             assert "Traceback" not in fast[2]
         assert fast == typer_path
         assert handled_fast(argv, capsys)
+        return fast
+
+    return run
+
+
+@each_case(STATUSES, OPTIONS)
+def test_the_fast_path_prints_what_the_cli_prints(
+    name: str, options: list[str], verbose: bool, both_paths: BothPaths
+) -> None:
+    with fake_head(STATUSES[name]()) as head:
+        fast = both_paths(["status", "--head", head.url, *options], verbose)
         asked = head.requests[0]
     assert ("format=lines" in asked) == ("--json" not in options and "json" not in options)
     if name == "planted" and "--json" not in options and "json" not in options:
@@ -239,9 +272,7 @@ def test_over_tls_the_fast_path_reads_and_fails_as_the_cli_does(
 def test_the_environment_is_read_as_the_cli_reads_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    token = tmp_path / "token"
-    token.write_text("0123456789abcdef\n")
-    token.chmod(0o600)
+    token = write_token(tmp_path / "token", "0123456789abcdef")
     with fake_head(scenarios.mixed_status()) as head:
         monkeypatch.setenv("RAYSCOPE_HEAD", head.url)
         monkeypatch.setenv("RAYSCOPE_TOKEN_FILE", str(token))
@@ -354,15 +385,9 @@ EMBEDDED_OPTIONS = [
 ]
 
 
-@pytest.mark.parametrize("verbose", [False, True], ids=["", "verbose"])
-@pytest.mark.parametrize("options", EMBEDDED_OPTIONS, ids=[" ".join(o) or "text" for o in EMBEDDED_OPTIONS])
-@pytest.mark.parametrize("name", sorted(EMBEDDED))
+@each_case(EMBEDDED, EMBEDDED_OPTIONS)
 def test_the_embedded_status_without_typer_prints_what_the_cli_prints(
-    name: str,
-    options: list[str],
-    verbose: bool,
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
+    name: str, options: list[str], verbose: bool, both_paths: BothPaths, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``status`` without a head, answered without the CLI's imports: the same read (the
     same arguments to ``client.read_cluster``), the same bytes and exit code."""
@@ -377,13 +402,7 @@ def test_the_embedded_status_without_typer_prints_what_the_cli_prints(
 
     monkeypatch.setattr(client, "read_cluster", read_cluster)
     monkeypatch.setattr(gcs_prestart, "start", lambda *a: reads.append(("prestart",)))
-    argv = [*(["-v"] if verbose else []), "status", *options]
-    fast = run_entry(argv, capsys, monkeypatch)
-    typer_path = run_cli(argv, capsys)
-    if verbose and fast[0] == 2:
-        fast, typer_path = [(c, out, err.splitlines()[-1]) for c, out, err in (fast, typer_path)]
-    assert fast == typer_path
-    assert handled_fast(argv, capsys)
+    both_paths(["status", *options], verbose)
     prestart, fast_read, cli_read = reads[0], reads[1], reads[2]
     assert prestart == ("prestart",) and fast_read == cli_read
 

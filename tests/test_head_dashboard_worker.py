@@ -7,11 +7,8 @@ deadline, so at a short interval the scheduler view went old (``/healthz`` false
 yet", ``status --head`` partial) although every GCS read succeeded."""
 
 import asyncio
-import json
-import logging
 import threading
 import time
-from email.message import Message
 from typing import Any, Optional
 
 import pytest
@@ -20,19 +17,18 @@ from rayscope.head import daemon
 from rayscope.head.poll import dashboard as head_dashboard
 from rayscope.head.poll.dashboard import NOT_NEEDED, DashboardJob, DashboardSetting, DashboardWorker
 from rayscope.head.poll.poller import poll_once
-from rayscope.head.serve.routes import Request, Routes
 from rayscope.head.store.state import HeadState
 from rayscope.schema.dashboard import DASHBOARD_STATUS, DashboardRead
 from rayscope.schema.report import SourceStatus
 from rayscope.schema.status import RayNode
-from rayscope.sinks.logs import LogThrottle
 from rayscope.sources.gcs import reader as gcs
 from tests.scenarios import SEED_VIEWS
 from tests.support.dashboard import FakeDashboard, hangs
+from tests.support.poller import ViewsOnly, healthz
 from tests.waiting import eventually
 
 
-class Reader:
+class Reader(ViewsOnly):
     """A GCS that answers the seed's views at once (no agent reports: every GPU node needs
     the dashboard) and publishes ``published`` as its dashboard; each read's time kept."""
 
@@ -47,22 +43,8 @@ class Reader:
         self.reads.append(time.monotonic())
         return SEED_VIEWS, SourceStatus(name="gcs", ok=True, detail=self.address)
 
-    def read_actors(self) -> tuple[None, SourceStatus]:
-        return None, SourceStatus(name="gcs_actors", ok=False, reason="not asked")
-
-    def read_pending(self) -> tuple[None, SourceStatus]:
-        return None, SourceStatus(name="pending", ok=False, reason="not asked")
-
     def dashboard_url(self) -> tuple[Optional[str], str]:
         return self.published, ""
-
-
-def healthz(state: HeadState) -> dict[str, Any]:
-    routes = Routes(state, (), LogThrottle(logging.getLogger("test")))
-    response = routes.answer(Request("GET", "/healthz", Message()))
-    assert response.status == 200
-    document: dict[str, Any] = json.loads(response.body)
-    return document
 
 
 @pytest.mark.fault

@@ -6,29 +6,25 @@ as every read failed (the probe watched 12 s): a round that completes with a fai
 counted as a healthy poller, and the read's reason was nowhere.
 """
 
-import json
-import logging
 import threading
 import time
-from email.message import Message
 from typing import Any, Optional
 
 import pytest
 
 from rayscope.head.poll.poller import PollerGuard
-from rayscope.head.serve.routes import Request, Routes
 from rayscope.head.store.state import HeadState
 from rayscope.schema.report import SourceStatus
 from rayscope.schema.status import RayNode
-from rayscope.sinks.logs import LogThrottle
 from tests.reliability_plugin import FaultRecord
 from tests.scenarios import SEED_VIEWS
+from tests.support.poller import ViewsOnly, healthz
 from tests.waiting import eventually
 
 DOWN = SourceStatus(name="gcs", ok=False, reason="GCS unreachable at 127.0.0.1:1 (timeout 5 s)")
 
 
-class Reader:
+class Reader(ViewsOnly):
     """A GCS reader answering ``views`` while ``up``, else what a dead GCS gives."""
 
     versions: Optional[SourceStatus] = None
@@ -39,20 +35,6 @@ class Reader:
     def read(self) -> tuple[list[RayNode], SourceStatus]:
         self.calls += 1
         return (SEED_VIEWS, SourceStatus(name="gcs", ok=True)) if self.up else ([], DOWN)
-
-    def read_actors(self) -> tuple[None, SourceStatus]:
-        return None, SourceStatus(name="gcs_actors", ok=False, reason="not asked")
-
-    def read_pending(self) -> tuple[None, SourceStatus]:
-        return None, SourceStatus(name="pending", ok=False, reason="not asked")
-
-
-def healthz(state: HeadState) -> dict[str, Any]:
-    routes = Routes(state, (), LogThrottle(logging.getLogger("test")))
-    response = routes.answer(Request("GET", "/healthz", Message()))
-    assert response.status == 200
-    document: dict[str, Any] = json.loads(response.body)
-    return document
 
 
 def polled_health(reader: Reader, interval_s: float = 0.05) -> dict[str, Any]:

@@ -45,6 +45,7 @@ from tests.conftest import base_env
 from tests.misbehaving_head import MisbehavingHead
 from tests.reliability_plugin import FaultRecord
 from tests.support import fake_server
+from tests.support.http_port import asyncio_serving
 
 TIMEOUT_S = 3.0
 SLACK_S = 0.5
@@ -217,18 +218,8 @@ def tls_port(tmp_path: Path) -> Iterator[int]:
     pki = make_pki(tmp_path)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(str(pki["head.pem"]), str(pki["head.key"]))
-    loop = asyncio.new_event_loop()
-    server = loop.run_until_complete(loop.create_server(asyncio.Protocol, "127.0.0.1", 0, ssl=context))
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    try:
-        yield int(server.sockets[0].getsockname()[1])
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(5)
-        server.close()
-        loop.run_until_complete(server.wait_closed())
-        loop.close()
+    with asyncio_serving(asyncio.Protocol, context) as port:
+        yield port
 
 
 @pytest.mark.fault

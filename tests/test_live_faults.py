@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Optional
 
@@ -207,13 +207,22 @@ def test_a_sigkilled_raylet_left_a_zombie_counts_as_not_running(
 # --- NVML ---------------------------------------------------------------------------------
 
 
+StartAgent = Callable[[str, str], Daemon]
+"""Starts ``rayscope push`` as a node id (the second argument) on the fake NVML playing a
+scenario (the first), reporting to ``head_daemon``."""
+
+
+@pytest.fixture
 def nvml_agent(
-    lib: fake.FakeNvml, scenario: str, tmp_path: Path, head: HeadDaemon, token: Path, node_id: str
-) -> Daemon:
-    path = tmp_path / "scenario.txt"
-    path.write_text(scenario)
-    env = lib.env(base_env(), path)
-    return push_agent(head.listen_port, node_id, env, tmp_path / "push.log", token)
+    fake_nvml_lib: fake.FakeNvml, tmp_path: Path, head_daemon: HeadDaemon, wire_token: Path
+) -> StartAgent:
+    def start(scenario: str, node_id: str) -> Daemon:
+        path = tmp_path / "scenario.txt"
+        path.write_text(scenario)
+        env = fake_nvml_lib.env(base_env(), path)
+        return push_agent(head_daemon.listen_port, node_id, env, tmp_path / "push.log", wire_token)
+
+    return start
 
 
 def one_gpu() -> str:
@@ -230,11 +239,7 @@ def nvml_source(node: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_a_hung_nvml_call_is_a_timed_out_source_and_the_loop_goes_on(
-    fault: FaultRecord,
-    tmp_path: Path,
-    head_daemon: HeadDaemon,
-    wire_token: Path,
-    fake_nvml_lib: fake.FakeNvml,
+    fault: FaultRecord, head_daemon: HeadDaemon, nvml_agent: StartAgent
 ) -> None:
     """Positive control: call ``nvml.read_gpus`` directly in ``collect.local_report`` and the
     agent sends nothing for the first 60 s (the first report never arrives in time)."""
@@ -243,7 +248,7 @@ def test_a_hung_nvml_call_is_a_timed_out_source_and_the_loop_goes_on(
         "the NVML source reports a timeout; reports keep arriving every interval (never stale)",
     )
     node_id = "6a" * 28
-    agent = nvml_agent(fake_nvml_lib, one_gpu() + "hang 60\n", tmp_path, head_daemon, wire_token, node_id)
+    agent = nvml_agent(one_gpu() + "hang 60\n", node_id)
     try:
         eventually(lambda: node_json(head_daemon, node_id), 60.0, "a first report")
 
@@ -266,11 +271,7 @@ def test_a_hung_nvml_call_is_a_timed_out_source_and_the_loop_goes_on(
 
 
 def test_nvml_found_after_the_driver_loads(
-    fault: FaultRecord,
-    tmp_path: Path,
-    head_daemon: HeadDaemon,
-    wire_token: Path,
-    fake_nvml_lib: fake.FakeNvml,
+    fault: FaultRecord, tmp_path: Path, head_daemon: HeadDaemon, nvml_agent: StartAgent
 ) -> None:
     """Positive control: make ``nvml.NvmlInit.ensure`` remember its first failure (the old code)
     and the GPU never appears."""
@@ -281,7 +282,7 @@ def test_nvml_found_after_the_driver_loads(
     node_id = "6b" * 28
     driver = tmp_path / "driver-loaded"
     scenario = one_gpu() + f"init_requires {driver}\n"
-    agent = nvml_agent(fake_nvml_lib, scenario, tmp_path, head_daemon, wire_token, node_id)
+    agent = nvml_agent(scenario, node_id)
     try:
         node = eventually(lambda: node_json(head_daemon, node_id), 60.0, "a first report")
         assert "driver not loaded" in nvml_source(node)["reason"], node["sources"]

@@ -27,7 +27,6 @@ import json
 import os
 import re
 import shutil
-import threading
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -39,7 +38,7 @@ import pytest
 from tests import fake_nvml as fake
 from tests.browser import CHROMIUM, Browser, net_log_requests
 from tests.conftest import Daemon, HeadDaemon, LiveCluster, base_env, free_port, push_agent
-from tests.support import http_get
+from tests.support import fake_server, http_get
 from tests.support.page import BADGES, LAYOUT, cells
 
 pytestmark = pytest.mark.live
@@ -233,7 +232,21 @@ def test_the_page_in_chromium_shows_every_gpus_numbers_and_asks_only_the_head(
     assert all(url.startswith(head.url + "/") for url in page_asked), page_asked
 
 
-class Evil(http.server.BaseHTTPRequestHandler):
+class Page(http.server.BaseHTTPRequestHandler):
+    """A site of its own beside the head's: :meth:`send_page` answers with HTML; nothing logged."""
+
+    def send_page(self, body: bytes) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class Evil(Page):
     """Another site (``http://localhost:PORT``): a form that posts the token to the head's
     login, an image that GETs the login with it, and a link-like navigation to the page."""
 
@@ -252,14 +265,7 @@ class Evil(http.server.BaseHTTPRequestHandler):
             "/go": f'<script>location.href = "{self.head_url}/"</script>',
         }
         body = f"<!DOCTYPE html><html><body>{pages.get(self.path, '')}</body></html>".encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/html")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
+        self.send_page(body)
 
 
 def test_another_site_cannot_log_the_browser_in_nor_make_it_send_its_session(
@@ -272,8 +278,7 @@ def test_another_site_cannot_log_the_browser_in_nor_make_it_send_its_session(
     Evil.head_url = head.url
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Evil)
     evil = f"http://localhost:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
-    thread.start()
+    thread = fake_server.serve_forever(server)
     browser = Browser(tmp_path)
     try:
         since = len(browser.events)
@@ -293,8 +298,7 @@ def test_another_site_cannot_log_the_browser_in_nor_make_it_send_its_session(
         assert browser.wait_response(head.url + "/", since) == 401  # the navigation carries nothing
     finally:
         browser.close()
-        server.shutdown()
-        server.server_close()
+        fake_server.stop(server, thread)
     # The network-log check catches a page asking another origin: the evil pages asked the head.
     evil_asked = net_log_requests(browser.net_log, page_site="http://localhost")
     assert any(url.startswith(head.url) for url in evil_asked)
@@ -304,7 +308,7 @@ def test_chromium_is_debians() -> None:
     assert CHROMIUM == "/usr/bin/chromium"
 
 
-class OtherPort(http.server.BaseHTTPRequestHandler):
+class OtherPort(Page):
     """Another service on the head's host (Ray's dashboard, Grafana): it keeps the cookies the
     browser sends it and replays them, alone, to the head's page."""
 
@@ -319,14 +323,7 @@ class OtherPort(http.server.BaseHTTPRequestHandler):
         status = http_get.get(self.head_url + "/", {"Cookie": cookies} if cookies else {})[0]
         self.asked.append((cookies, status))
         body = b"<!DOCTYPE html><html><body>another service on this host</body></html>"
-        self.send_response(200)
-        self.send_header("Content-Type", "text/html")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
+        self.send_page(body)
 
 
 @pytest.fixture(scope="module")
@@ -360,8 +357,7 @@ def test_a_login_replayed_alone_from_another_port_opens_nothing(
     OtherPort.head_url, OtherPort.asked = head.url, []
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), OtherPort)
     other = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
-    thread.start()
+    thread = fake_server.serve_forever(server)
     browser = Browser(tmp_path)
     try:
         log_in(browser, head, READ_TOKEN)  # the page, opened by the login
@@ -374,8 +370,7 @@ def test_a_login_replayed_alone_from_another_port_opens_nothing(
         browser.wait_for(PAGE_SHOWN)
     finally:
         browser.close()
-        server.shutdown()
-        server.server_close()
+        fake_server.stop(server, thread)
     assert heard, "the other port was never asked"
     heads_cookies = [cookies for cookies in heard if "rayscope" in cookies]
     assert (replays, heads_cookies) == ([401] * len(heard), [])

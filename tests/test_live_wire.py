@@ -46,44 +46,32 @@ def log_times(text: str, needle: str) -> list[float]:
     return out
 
 
-class Proxy:
+class Proxy(fake_server.FakeServer):
     """A TCP forwarder between one agent and the head that records what the agent sends
     and can cut the network (stop forwarding both ways, keep the sockets open)."""
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
         self.recordings: list[bytearray] = []
         self.cut = threading.Event()
-        self._stop = threading.Event()
-        self._sockets: list[socket.socket] = [self.listener]
-        self._pipes: list[threading.Thread] = []
-        self._acceptor = threading.Thread(target=self._accept, daemon=True)
-        self._acceptor.start()
+        super().__init__(self._forward)
 
-    def _accept(self) -> None:
-        self.listener.settimeout(0.2)
-        while not self._stop.is_set():
-            try:
-                client, _ = self.listener.accept()
-            except (TimeoutError, OSError):
-                continue
-            try:
-                upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=5)
-            except OSError:  # the head is away: the agent sees its connection closed
-                client.close()
-                continue
-            self._sockets += [client, upstream]
+    def _forward(self, client: socket.socket) -> None:
+        try:
+            upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=5)
+        except OSError:  # the head is away: the agent sees its connection closed
+            return
+        with upstream:
             recording = bytearray()
             self.recordings.append(recording)
-            for args in ((client, upstream, recording), (upstream, client, None)):
-                self._pipes.append(threading.Thread(target=self._pipe, args=args, daemon=True))
-                self._pipes[-1].start()
+            back = threading.Thread(target=self._pipe, args=(upstream, client, None), daemon=True)
+            back.start()
+            self._pipe(client, upstream, recording)
+            back.join(fake_server.JOIN_TIMEOUT_S)  # it sees the stop within its 0.2 s recv timeout
 
     def _pipe(self, src: socket.socket, dst: socket.socket, recording: Optional[bytearray]) -> None:
         src.settimeout(0.2)
-        while not self._stop.is_set():
+        while not self.stop.is_set():
             if self.cut.is_set():
                 time.sleep(0.05)
                 continue
@@ -101,15 +89,6 @@ class Proxy:
                 recording += data
             with contextlib.suppress(OSError):
                 dst.sendall(data)
-
-    def close(self) -> None:
-        self._stop.set()
-        fake_server.wake(self.listener)
-        self._acceptor.join(timeout=10)  # no socket added after the loop below closed them
-        for pipe in self._pipes:  # each sees the stop within its 0.2 s recv timeout
-            pipe.join(timeout=10)
-        for s in self._sockets:
-            s.close()
 
 
 @pytest.fixture

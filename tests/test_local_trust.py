@@ -5,7 +5,6 @@ Exploits as they happen on a shared node where rayscope runs as root: a process 
 module planted in the working directory, variables planted in the environment.
 """
 
-import contextlib
 import json
 import os
 import re
@@ -221,61 +220,36 @@ def test_a_child_under_this_python_still_finds_what_this_process_imports(
 ROOTS_TOKEN = "secret-of-root-4f1c"
 
 
-class Listener:
+class Listener(fake_server.FakeServer):
     """What an attacker runs: a port on 127.0.0.1 that records every connection and the bytes
     sent on it (it answers HTTP/2 SETTINGS, so a gRPC client goes on to send its headers:
     Ray's sends ``authorization: Bearer <token>`` there, as plain HPACK literals)."""
 
     def __init__(self) -> None:
-        self.server = socket.socket()
-        self.server.bind(("127.0.0.1", 0))
-        self.server.listen(16)
-        self.server.settimeout(0.2)
-        self.port = self.server.getsockname()[1]
         self.received: list[bytes] = []
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._accept, daemon=True)
-        self._thread.start()
+        super().__init__(self._record)
 
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.server.accept()
-            except socket.timeout:
-                continue
-            except OSError:  # shut down by close()
-                return
+    def _record(self, conn: socket.socket) -> None:
+        with self._lock:
+            self.received.append(b"")
+            slot = len(self.received) - 1
+        conn.sendall(b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")  # SETTINGS, empty
+        while chunk := conn.recv(65536):
             with self._lock:
-                self.received.append(b"")
-                slot = len(self.received) - 1
-            threading.Thread(target=self._serve, args=(conn, slot), daemon=True).start()
+                self.received[slot] += chunk
+            conn.sendall(b"\x00\x00\x00\x04\x01\x00\x00\x00\x00")  # SETTINGS ACK
 
-    def _serve(self, conn: socket.socket, slot: int) -> None:
-        conn.settimeout(10)
-        with conn, contextlib.suppress(OSError):
-            conn.sendall(b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")  # SETTINGS, empty
-            while chunk := conn.recv(65536):
-                with self._lock:
-                    self.received[slot] += chunk
-                conn.sendall(b"\x00\x00\x00\x04\x01\x00\x00\x00\x00")  # SETTINGS ACK
-
-    def close(self) -> None:
-        self._stop.set()
-        fake_server.wake(self.server)
-        self._thread.join(5)
-        self.server.close()
-
-    def connections(self) -> list[bytes]:
+    def heard(self) -> list[bytes]:
+        """The bytes heard on each connection taken, in the order they came."""
         with self._lock:
             return list(self.received)
 
 
 @pytest.fixture
 def listener() -> Iterator[Listener]:
-    server = Listener()
-    yield server
-    server.close()
+    with Listener() as server:
+        yield server
 
 
 @pytest.fixture
@@ -318,7 +292,7 @@ def _status_env(shared_dir: Path, **extra: str) -> dict[str, str]:
 def _leaks(listener: Listener) -> tuple[int, bool]:
     """(connections the attacker's port took, whether root's token came with one)."""
     time.sleep(0.5)  # let the last bytes land
-    seen = listener.connections()
+    seen = listener.heard()
     return len(seen), any(b"authorization" in c and f"Bearer {ROOTS_TOKEN}".encode() in c for c in seen)
 
 

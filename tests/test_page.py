@@ -25,7 +25,7 @@ from rayscope.render.page.document import (
 from rayscope.schema.report import GpuHealth, SourceStatus
 from rayscope.schema.status import ClusterStatus
 from tests.golden import check_golden
-from tests.page_scenarios import VM, big_status, first_hour_status, first_hour_usage
+from tests.page_scenarios import VM, big_status, first_hour_status, first_hour_usage, unet_usage
 from tests.scenarios import EUROPA, T4, mixed_status, seed_status
 from tests.support.page import cells
 from tests.support.placement import fragmented_status
@@ -228,14 +228,9 @@ def test_each_app_has_its_bar_with_the_booking_to_ask_for() -> None:
     """With the head's usage history the page shows each app's booking per replica beside
     its peak and the suggestion (``usage``'s app line); without one, nothing."""
     from rayscope.render.page.usage import apps_html
-    from rayscope.schema.usage import AppUsage, UsageDocument
+    from rayscope.schema.usage import UsageDocument
 
-    unet = AppUsage(
-        app="federated-unet",
-        replicas=4,
-        actors=4,
-        booked_mb=5120.0,
-        booked_vram_mb=5120.0,
+    unet = unet_usage(
         peak_used_bytes=2662 * 1024**2,
         p95_used_bytes=2600 * 1024**2,
         samples=56,

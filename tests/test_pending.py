@@ -39,17 +39,25 @@ def one(read: PendingRead) -> PendingDemand:
     return demands[0]
 
 
+def placed(
+    on: PendingNode,
+    shape: dict[str, float],
+    device_use: dict[str, dict[str, dict[str, float]]],
+    count: int = 1,
+) -> PendingDemand:
+    """The one demand of ``count`` requests of ``shape`` on node ``on``, Ray's per-device
+    placement ``device_use`` known."""
+    return one(
+        PendingRead(nodes=[on], requests=[PendingRequest(shape=shape, count=count)], device_use=device_use)
+    )
+
+
 TWO_GPUS = node("10.0.0.1", {"GPU": 2, "CPU": 8}, {"GPU": 0.8, "CPU": 8}, "aa")
 SIXTY_PERCENT_EACH = {"aa": {"GPU": {"0": 0.6, "1": 0.6}}}
 
 
 def test_fragmented_names_each_device_free() -> None:
-    read = PendingRead(
-        nodes=[TWO_GPUS],
-        requests=[PendingRequest(shape={"GPU": 0.5}, count=2)],
-        device_use=SIXTY_PERCENT_EACH,
-    )
-    demand = one(read)
+    demand = placed(TWO_GPUS, {"GPU": 0.5}, SIXTY_PERCENT_EACH, count=2)
     assert (demand.reason, demand.by, demand.count) == ("fragmented", "device", 2)
     assert demand.reason_text == (
         "free by the node sum (0.8 GPU on 10.0.0.1), but no single GPU has 0.5:"
@@ -60,34 +68,23 @@ def test_fragmented_names_each_device_free() -> None:
 def test_without_per_device_placement_the_reason_says_node_sums() -> None:
     """Positive control of the fragmented case: the actors account for 0.6 of the node's 1.2
     booked GPU (a task holds the rest), so the devices are unknown and node sums decide."""
-    read = PendingRead(
-        nodes=[TWO_GPUS],
-        requests=[PendingRequest(shape={"GPU": 0.5})],
-        device_use={"aa": {"GPU": {"0": 0.6}}},
-    )
-    demand = one(read)
+    demand = placed(TWO_GPUS, {"GPU": 0.5}, {"aa": {"GPU": {"0": 0.6}}})
     assert (demand.reason, demand.by) == ("waits", "node_sum")
     assert "(10.0.0.1, by node sums)" in demand.reason_text
 
 
 def test_a_device_with_room_means_it_waits_on_something_else() -> None:
-    read = PendingRead(
-        nodes=[node("10.0.0.1", {"GPU": 2}, {"GPU": 1.4}, "aa")],
-        requests=[PendingRequest(shape={"GPU": 0.5})],
-        device_use={"aa": {"GPU": {"0": 0.6}}},
+    demand = placed(
+        node("10.0.0.1", {"GPU": 2}, {"GPU": 1.4}, "aa"), {"GPU": 0.5}, {"aa": {"GPU": {"0": 0.6}}}
     )
-    demand = one(read)
     assert (demand.reason, demand.by) == ("waits", "device")
     assert "per GPU" in demand.reason_text
 
 
 def test_whole_gpus_need_wholly_free_devices() -> None:
-    read = PendingRead(
-        nodes=[node("10.0.0.1", {"GPU": 2}, {"GPU": 1.0}, "aa")],
-        requests=[PendingRequest(shape={"GPU": 1})],
-        device_use={"aa": {"GPU": {"0": 0.5, "1": 0.5}}},
+    demand = placed(
+        node("10.0.0.1", {"GPU": 2}, {"GPU": 1.0}, "aa"), {"GPU": 1}, {"aa": {"GPU": {"0": 0.5, "1": 0.5}}}
     )
-    demand = one(read)
     assert demand.reason == "fragmented"
     assert "but not 1 GPU(s) wholly free: GPU 0: 0.5 free, GPU 1: 0.5 free" in demand.reason_text
 

@@ -8,8 +8,6 @@ can fix (the head away, a rejection that may pass: ``full``) is still retried: t
 cases drive the agent's own send path with those failures many times over.
 """
 
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -21,7 +19,7 @@ from rayscope.net import peer, wire
 from rayscope.node import give_up
 from rayscope.node.push import Pusher
 from rayscope.schema.report import NodeReport
-from tests.conftest import REPO, base_env, write_token
+from tests.conftest import push_once_a_second, run_rayscope, write_token
 
 NODE_ID = "f" * 56
 """A whole node id: taken as given whatever raylets (other tests' clusters) run here."""
@@ -31,27 +29,7 @@ REPORT = NodeReport(node_id=NODE_ID, collected_at=1.0)
 def push_until_it_exits(head: str, *extra: str, timeout_s: float = 60.0) -> tuple[int, list[str], float]:
     """Run ``push --head HEAD --interval 1``: (exit code, its stderr lines, seconds it ran)."""
     started = time.monotonic()
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rayscope",
-            "push",
-            "--head",
-            head,
-            "--interval",
-            "1",
-            "--node-id",
-            NODE_ID,
-            *extra,
-        ],
-        check=False,
-        cwd=REPO,
-        env=base_env(RAY_AUTH_MODE="disabled"),
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-    )
+    done = run_rayscope(*push_once_a_second(head, NODE_ID, *extra), timeout=timeout_s)
     return done.returncode, done.stderr.splitlines(), time.monotonic() - started
 
 

@@ -203,11 +203,8 @@ class StandIns:
 
 @pytest.fixture(scope="module")
 def stand_ins(pyz: Path) -> Iterator[StandIns]:
-    files = StandIns(pyz)
-    try:
+    with contextlib.closing(StandIns(pyz)) as files:
         yield files
-    finally:
-        files.close()
 
 
 class Sandboxed:

@@ -133,6 +133,22 @@ def vram(value: object) -> str:
     return f"{value / GIB:.1f}" if isinstance(value, (int, float)) else "NA"
 
 
+def _where(n: dict[str, Any]) -> str:
+    """A node line's start: the node's address and role."""
+    return f"  {n.get('node_ip')} [{'HEAD' if n.get('head') else 'worker'}]"
+
+
+def _cpu_line(n: dict[str, Any]) -> str:
+    return f"CPU: {n.get('used_cpu', 0):.0f}/{n.get('total_cpu', 0):.0f}"
+
+
+def _gpu_line(n: dict[str, Any]) -> str:
+    return (
+        f"{n.get('accelerator_type', '?')} GPU: {n.get('used_gpu', 0):.1f}/{n.get('total_gpu', 0):.0f}"
+        f" VRAM: {vram(n.get('used_gpu_memory'))}/{vram(n.get('total_gpu_memory'))} GiB  {_cpu_line(n)}"
+    )
+
+
 def bioengine_cli_lines(document: Document) -> list[str]:
     """``bioengine cluster status`` of ``document``, as its CLI formats it (raises where it would)."""
     cluster, nodes = document["cluster"], document["nodes"]
@@ -142,23 +158,10 @@ def bioengine_cli_lines(document: Document) -> list[str]:
     ]
     gpu_nodes = [n for n in nodes.values() if n.get("total_gpu", 0) > 0]
     cpu_nodes = [n for n in nodes.values() if n.get("total_gpu", 0) == 0]
-    if gpu_nodes:
-        lines.append("GPU nodes:")
-    for n in gpu_nodes:
-        role = "HEAD" if n.get("head") else "worker"
-        lines.append(
-            f"  {n.get('node_ip')} [{role}] {n.get('accelerator_type', '?')}"
-            f" GPU: {n.get('used_gpu', 0):.1f}/{n.get('total_gpu', 0):.0f}"
-            f" VRAM: {vram(n.get('used_gpu_memory'))}/{vram(n.get('total_gpu_memory'))} GiB"
-            f"  CPU: {n.get('used_cpu', 0):.0f}/{n.get('total_cpu', 0):.0f}"
-        )
-    if cpu_nodes:
-        lines.append("CPU-only nodes:")
-    for n in cpu_nodes:
-        role = "HEAD" if n.get("head") else "worker"
-        lines.append(
-            f"  {n.get('node_ip')} [{role}] CPU: {n.get('used_cpu', 0):.0f}/{n.get('total_cpu', 0):.0f}"
-        )
+    lines += ["GPU nodes:"] if gpu_nodes else []
+    lines += [f"{_where(n)} {_gpu_line(n)}" for n in gpu_nodes]
+    lines += ["CPU-only nodes:"] if cpu_nodes else []
+    lines += [f"{_where(n)} {_cpu_line(n)}" for n in cpu_nodes]
     return lines
 
 

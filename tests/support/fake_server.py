@@ -21,6 +21,8 @@ CONNECTION_TIMEOUT_S = 10.0
 JOIN_TIMEOUT_S = 5.0
 POLL_S = 0.02
 
+F = TypeVar("F", bound="FakeServer")
+
 
 def wake(listener: socket.socket) -> None:
     """Shut ``listener`` down: a thread blocked in its ``accept()`` gets an OSError at once
@@ -77,7 +79,7 @@ class FakeServer:
         alive = [t for t in [self._acceptor, *self._handlers] if t.is_alive()]
         assert not alive, f"the fake server's threads outlived its close: {alive}"
 
-    def __enter__(self) -> "FakeServer":
+    def __enter__(self: "F") -> "F":
         return self
 
     def __exit__(

@@ -16,8 +16,6 @@ import http.client
 import json
 import os
 import socket
-import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -29,11 +27,12 @@ import msgspec
 from rayscope.head.serve.http import HTTP_WORKERS
 from rayscope.head.store.reports import MAX_UNKNOWN_HELD
 from rayscope.net import wire
-from tests.conftest import REPO, base_env, free_port
+from tests.support.head import Head
 from tests.support.largest_report import WORDS_PER_REPORT, largest_report
 
 MIB = 1024**2
 TIMEOUT_S = 30.0
+GET_TIMEOUT_S = 120.0
 PATHS = ["/v1/status", "/v1/status?all=1", "/v1/status?format=lines", "/metrics", "/v1/usage"]
 
 
@@ -43,36 +42,12 @@ def rss_mib(pid: int) -> tuple[float, float]:
     return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
 
 
-def get(port: int, path: str, token: str) -> tuple[int, bytes]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-    try:
-        conn.request("GET", path, headers={"Authorization": f"Bearer {token}"})
-        answer = conn.getresponse()
-        return answer.status, answer.read()
-    finally:
-        conn.close()
-
-
-def answered(port: int, path: str, token: str) -> str:
+def answered(head: Head, path: str) -> str:
     """The status of a GET of ``path``, or why none came whole (a slow reader may be cut off)."""
     try:
-        return str(get(port, path, token)[0])
+        return str(head.get(path, GET_TIMEOUT_S)[0])
     except (OSError, http.client.HTTPException) as err:
         return type(err).__name__
-
-
-def wait_for(port: int, token: str, process: "subprocess.Popen[bytes]") -> None:
-    deadline = time.monotonic() + TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"the head exited {process.returncode}")
-        try:
-            if get(port, "/healthz", token)[0] == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit("the head did not answer /healthz")
 
 
 def send_reports(port: int, token: bytes, ids: int) -> int:
@@ -108,34 +83,26 @@ def main() -> None:
     parser.add_argument("--readers", type=int, default=HTTP_WORKERS, help="GETs of each view at once, after")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="rs-cap-") as tmp:
-        token = os.urandom(16).hex()
         token_file = Path(tmp) / "token"
-        token_file.write_text(token + "\n")
+        token_file.write_text(os.urandom(16).hex() + "\n")
         token_file.chmod(0o600)
-        listen, http_port = free_port(), free_port()
-        argv = [sys.executable, "-m", "rayscope", "head", "--listen", f"127.0.0.1:{listen}"]
-        argv += ["--http", f"127.0.0.1:{http_port}", "--gcs", f"127.0.0.1:{free_port()}"]
-        argv += ["--interval", "60", "--dashboard", "none", "--token-file", str(token_file)]
-        with open(Path(tmp) / "head.log", "wb") as log:
-            head = subprocess.Popen(argv, cwd=REPO, env=base_env(), stdout=log, stderr=log)
-            try:
-                wait_for(http_port, token, head)
-                before, _ = rss_mib(head.pid)
-                started = time.monotonic()
-                acked = send_reports(listen, token.encode(), args.ids)
-                sent_s = time.monotonic() - started
-                health = json.loads(get(http_port, "/healthz", token)[1])
-                held, _ = rss_mib(head.pid)
-                status, body = get(http_port, "/v1/status", token)
-                after, _ = rss_mib(head.pid)
-                assert status == 200, status
-                with ThreadPoolExecutor(args.readers) as pool:  # every HTTP worker rendering
-                    answers = list(pool.map(lambda p: answered(http_port, p, token), PATHS * args.readers))
-                _, peak = rss_mib(head.pid)
-                nodes = len(json.loads(body)["nodes"])
-            finally:
-                head.terminate()
-                head.wait(TIMEOUT_S)
+        head = Head(Path(tmp) / "head.log", token_file, 60, ("--dashboard", "none"))
+        try:
+            before, _ = rss_mib(head.process.pid)
+            started = time.monotonic()
+            acked = send_reports(head.listen_port, head.token.encode(), args.ids)
+            sent_s = time.monotonic() - started
+            health = json.loads(head.get("/healthz", GET_TIMEOUT_S)[1])
+            held, _ = rss_mib(head.process.pid)
+            status, body = head.get("/v1/status", GET_TIMEOUT_S)
+            after, _ = rss_mib(head.process.pid)
+            assert status == 200, status
+            with ThreadPoolExecutor(args.readers) as pool:  # every HTTP worker rendering
+                answers = list(pool.map(lambda p: answered(head, p), PATHS * args.readers))
+            _, peak = rss_mib(head.process.pid)
+            nodes = len(json.loads(body)["nodes"])
+        finally:
+            head.stop(TIMEOUT_S)
     print(
         f"cap (MAX_UNKNOWN_HELD): {MAX_UNKNOWN_HELD}; ids sent: {args.ids},"
         f" acknowledged: {acked} in {sent_s:.1f} s"

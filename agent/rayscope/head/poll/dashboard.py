@@ -18,6 +18,7 @@ import time
 from collections.abc import Mapping
 from typing import Callable, NamedTuple, Optional
 
+from rayscope.head.poll.restarted import RestartedThread
 from rayscope.head.store.dashboard_health import DashboardHealth
 from rayscope.head.store.state import HeadState
 from rayscope.schema.dashboard import DASHBOARD_STATUS, DashboardRead
@@ -102,7 +103,7 @@ def poll_dashboard(state: HeadState, reader: Optional[gcs.GcsReader], setting: D
     read_job(state, dashboard_job(state, reader, setting), setting)
 
 
-class DashboardWorker:
+class DashboardWorker(RestartedThread):
     """Reads the dashboard in its own thread, once per job a GCS round offers (the latest
     one: a read that overran its interval skips the jobs offered meanwhile), until ``stop``;
     what it did goes to ``state.dashboard_health`` (``/healthz``'s ``dashboard``). Never
@@ -116,13 +117,13 @@ class DashboardWorker:
         read: Callable[[HeadState, DashboardJob, DashboardSetting], Optional[DashboardRead]] = read_job,
         throttle: Optional[LogThrottle] = None,
     ) -> None:
-        self.state, self.setting, self._stop, self._read = state, setting, stop, read
+        self.state, self.setting, self._read = state, setting, read
         self.health: DashboardHealth = state.dashboard_health
+        super().__init__("rayscope-dashboard", stop, self.health.set_alive)
         self._throttle = throttle or LogThrottle(log)
         self._lock = threading.Lock()
         self._job: Optional[DashboardJob] = None
         self._wake = threading.Event()
-        self._thread: Optional[threading.Thread] = None
         if setting.off:
             self.health.off(setting.off)
 
@@ -182,15 +183,3 @@ class DashboardWorker:
             log.error("dashboard worker died (%s: %s); it is restarted", type(err).__name__, err)
         finally:
             self.health.set_alive(False)
-
-    def start(self, restarted: bool = False) -> None:
-        self.health.set_alive(True, restarted)
-        self._thread = threading.Thread(target=self._run, name="rayscope-dashboard", daemon=True)
-        self._thread.start()
-
-    def check(self) -> bool:
-        """Start a new worker if the last one died; ``True`` if one was started."""
-        if self._stop.is_set() or (self._thread is not None and self._thread.is_alive()):
-            return False
-        self.start(restarted=self._thread is not None)
-        return True

@@ -6,6 +6,7 @@ import time
 from typing import Callable, Optional
 
 from rayscope.head.poll.dashboard import DashboardWorker
+from rayscope.head.poll.restarted import RestartedThread
 from rayscope.head.store.state import FORGET_INTERVALS, HeadState
 from rayscope.node.placed_agents import RayAgents
 from rayscope.schema.report import SourceStatus
@@ -90,7 +91,7 @@ def poll_gcs(
         stop.wait(state.interval_s)
 
 
-class PollerGuard:
+class PollerGuard(RestartedThread):
     """Runs :func:`poll_gcs` in a thread and starts a new one when it has died (a bug, or a
     ``BaseException`` from a library): the view would otherwise be served, ageing, for good."""
 
@@ -103,9 +104,9 @@ class PollerGuard:
         target: Callable[..., None] = poll_gcs,
         dashboard: Optional[DashboardWorker] = None,
     ) -> None:
-        self._state, self._reader, self._stop, self._target = state, reader, stop, target
+        self._state, self._reader, self._target = state, reader, target
         self._agents, self._dashboard = agents, dashboard
-        self._thread: Optional[threading.Thread] = None
+        super().__init__("rayscope-gcs-poller", stop, state.poller.set_alive)
 
     def _run(self) -> None:
         try:
@@ -115,15 +116,3 @@ class PollerGuard:
             log.error("GCS poller died (%s: %s); it is restarted", type(err).__name__, err)
         finally:
             self._state.poller.set_alive(False)
-
-    def start(self, restarted: bool = False) -> None:
-        self._state.poller.set_alive(True, restarted)
-        self._thread = threading.Thread(target=self._run, name="rayscope-gcs-poller", daemon=True)
-        self._thread.start()
-
-    def check(self) -> bool:
-        """Start a new poller if the last one died; ``True`` if one was started."""
-        if self._stop.is_set() or (self._thread is not None and self._thread.is_alive()):
-            return False
-        self.start(restarted=self._thread is not None)
-        return True

@@ -30,7 +30,8 @@ GIB = 1024**3
 
 
 def line_of(status: ClusterStatus, ip: str) -> str:
-    [line] = [line for line in status_lines(status) if ip in line]
+    """The node's own line (the note under ``VRAM: NA`` names the node too, with its reason)."""
+    [line] = [line for line in status_lines(status) if line.startswith(f"  {ip} [")]
     return line
 
 

@@ -458,7 +458,19 @@ SLOW_FILES = frozenset(
 ``make test`` (CI) runs them all."""
 
 
+LIVE_FIXTURES = frozenset({"live_cluster", "rayscope_env", "reporting_fleet"})
+"""The shared fixtures that start a Ray cluster: a test using one must be marked ``live``, so
+that ``-m "not live"`` (``make test-fast``, ``make install-ends`` in venvs without ray) never
+starts a cluster it cannot have."""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    unmarked = []
     for item in items:
         if item.path.name in SLOW_FILES:
             item.add_marker(pytest.mark.slow)
+        if LIVE_FIXTURES & set(getattr(item, "fixturenames", ())) and item.get_closest_marker("live") is None:
+            unmarked.append(item.nodeid)
+    if unmarked:
+        named = ", ".join(unmarked)
+        raise pytest.UsageError(f"these tests start a Ray cluster but are not marked live: {named}")

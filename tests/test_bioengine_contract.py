@@ -185,6 +185,7 @@ def test_embedded_document_keeps_bioengines_contract(
     assert_keeps_the_contract(parsed(log.read_text().splitlines()[-1], "status"))
 
 
+@pytest.mark.live
 def test_head_documents_keep_bioengines_contract(reporting_fleet: Fleet) -> None:
     """``/v1/status`` as served, and as ``status --head`` decodes it back and prints it."""
     code, body = reporting_fleet.head.get("/v1/status?all=1")

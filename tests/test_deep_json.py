@@ -240,10 +240,15 @@ def token_file(tmp_path: Path) -> Path:
     return token
 
 
-@pytest.mark.parametrize("where", ["body", "note"])
-@pytest.mark.parametrize(
-    "argv", [["status"], ["status", "--json"], ["fit", "--gpu-memory-mb", "1024"], ["usage"]], ids=" ".join
-)
+HEAD_READS = [["status"], ["status", "--json"], ["fit", "--gpu-memory-mb", "1024"], ["usage"]]
+DEEP_PARTS = [
+    (where, argv) for where in ("body", "note") for argv in HEAD_READS if (where, argv) != ("note", ["usage"])
+]
+"""Each read of a head, with its body nesting too deep and with its note header so: ``usage``
+reads no ``X-Rayscope-Note``, so it has the body case only."""
+
+
+@pytest.mark.parametrize(("where", "argv"), DEEP_PARTS, ids=[f"{w}-{' '.join(a)}" for w, a in DEEP_PARTS])
 def test_a_head_whose_answer_nests_too_deep_is_one_line_and_exit_2(
     where: str,
     argv: list[str],
@@ -251,8 +256,6 @@ def test_a_head_whose_answer_nests_too_deep_is_one_line_and_exit_2(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    if where == "note" and argv == ["usage"]:
-        pytest.skip("usage reads no X-Rayscope-Note")
     token = token_file(tmp_path)
     monkeypatch.delenv("RAYSCOPE_HEAD", raising=False)
     head = DeepHead(where)

@@ -2,7 +2,7 @@
 ports are read from its start-up line.
 
 Positive control: make ``refused_port`` close its socket before returning the number (the
-old ``free_port``) and the bind tests fail: the port can be taken by anyone.
+old ``free_port`` of tests/conftest.py) and the bind tests fail: the port can be taken by anyone.
 """
 
 import errno

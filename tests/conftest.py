@@ -10,7 +10,6 @@ import contextlib
 import json
 import os
 import queue
-import re
 import shutil
 import signal
 import subprocess
@@ -26,6 +25,7 @@ import psutil
 import pytest
 
 from tests import fake_nvml
+from tests.support.ports import refused_port, started_ports
 from tests.waiting import eventually
 
 pytest_plugins = [
@@ -276,15 +276,6 @@ def rayscope_env(live_cluster: LiveCluster) -> dict[str, str]:
     return base_env(RAY_AUTH_MODE="disabled", RAY_TMPDIR=str(live_cluster.root))
 
 
-def free_port() -> int:
-    """A port nobody listens on right now (the daemon binds it a moment later)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Daemon:
     """``python -m rayscope ARGS`` left running (head or push agent), stopped by pid."""
 
@@ -322,12 +313,8 @@ class Daemon:
         self._log.close()
 
 
-STARTED_LINE = re.compile(r"head agent: reports on [^ ]+:(\d+), HTTP on [^ ]+:(\d+),")
-"""The head's start-up line, which names the ports it listens on (the OS's, for port 0)."""
-
-
 class HeadDaemon(Daemon):
-    """A ``rayscope head`` on free loopback ports, with a way to query its HTTP side."""
+    """A ``rayscope head`` on loopback ports the OS picks, with a way to query its HTTP side."""
 
     def __init__(
         self,
@@ -363,10 +350,10 @@ class HeadDaemon(Daemon):
             if self.process.poll() is not None:
                 raise RuntimeError(f"head agent exited {self.process.returncode}:\n{self.log_text()}")
             if not (self.listen_port and self.http_port):
-                bound = STARTED_LINE.search(self.log_text()[self._log_start :])
+                bound = started_ports(self.log_text()[self._log_start :])
                 if bound is None:
                     return False
-                self.listen_port, self.http_port = int(bound.group(1)), int(bound.group(2))
+                self.listen_port, self.http_port = bound
             return self.get("/healthz")[0] == 200
 
         eventually(
@@ -413,7 +400,7 @@ def head_daemon(tmp_path_factory: pytest.TempPathFactory, wire_token: Path) -> I
     logs = tmp_path_factory.mktemp("head")
     env = base_env(RAY_AUTH_MODE="disabled")
     head = HeadDaemon(
-        env, logs / "head.log", ["--gcs", f"127.0.0.1:{free_port()}", "--interval", "1"], wire_token
+        env, logs / "head.log", ["--gcs", f"127.0.0.1:{refused_port()}", "--interval", "1"], wire_token
     )
     try:
         yield head

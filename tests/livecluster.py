@@ -25,7 +25,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -154,12 +153,18 @@ def _scenario_env(scenarios: Optional[str], name: str) -> dict[str, str]:
     return {SCENARIO_ENV: path} if path and os.path.exists(path) else {}
 
 
-def _fake_nvml() -> Any:
-    """``tests.fake_nvml``, when this file runs as a script (``make demo``) too."""
+def _tests_module(name: str) -> Any:
+    """The module ``name`` of the test suite, when this file runs as a script (``make demo``,
+    ``make compat``'s venvs) too."""
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     if repo not in sys.path:
         sys.path.insert(0, repo)
-    return importlib.import_module("tests.fake_nvml")
+    return importlib.import_module(name)
+
+
+def _fake_nvml() -> Any:
+    """``tests.fake_nvml``, when this file runs as a script too."""
+    return _tests_module("tests.fake_nvml")
 
 
 REPLICA_GIB = 4.6
@@ -187,10 +192,10 @@ def demo_scenarios(pids: dict[str, int]) -> dict[str, str]:
     return {name: nvml.HEADER + "count 1\n" + text for name, text in (("head", head), ("denbi", denbi))}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return int(s.getsockname()[1])
+def _free_port_for_ray() -> int:
+    """A number for Ray's dashboard port (tests/support/ports.free_port_for_ray says why Ray's
+    ports are the one place a port is still probed)."""
+    return int(_tests_module("tests.support.ports").free_port_for_ray())
 
 
 class LiveCluster:
@@ -217,7 +222,8 @@ class LiveCluster:
                 raise RuntimeError(f"no Ray dashboard under {sys.executable}: install ray[default] there")
             for key, value in DASHBOARD_TIMEOUTS.items():
                 os.environ.setdefault(key, value)
-            shown = {"include_dashboard": True, "dashboard_host": LOOPBACK, "dashboard_port": _free_port()}
+            port = _free_port_for_ray()
+            shown = {"include_dashboard": True, "dashboard_host": LOOPBACK, "dashboard_port": port}
         with _environ(_scenario_env(scenarios, head_name)):
             self.cluster = cluster_class(
                 initialize_head=True,

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import psutil
 
-from tests.conftest import REPO, free_port
+from tests.conftest import REPO
+from tests.support.ports import free_port_for_ray
 
 RAY = Path(REPO) / ".venv" / "bin" / "ray"
 SHORT_HEALTH_CHECKS = {
@@ -47,10 +48,11 @@ class RayHead:
             "--num-gpus=0",
             "--include-dashboard=false",
             "--disable-usage-stats",
-            f"--dashboard-agent-listen-port={free_port()}",
-            f"--dashboard-agent-grpc-port={free_port()}",
-            f"--runtime-env-agent-port={free_port()}",
-            f"--metrics-export-port={free_port()}",
+            # Ray's own ports, numbers in every supported release (free_port_for_ray says why)
+            f"--dashboard-agent-listen-port={free_port_for_ray()}",
+            f"--dashboard-agent-grpc-port={free_port_for_ray()}",
+            f"--runtime-env-agent-port={free_port_for_ray()}",
+            f"--metrics-export-port={free_port_for_ray()}",
             *extra,
         ]
         self.process = subprocess.Popen(

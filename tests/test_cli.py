@@ -7,8 +7,9 @@ from collections.abc import Iterator
 import pytest
 
 from rayscope import __version__
-from tests.conftest import free_port, run_rayscope
+from tests.conftest import run_rayscope
 from tests.schemas import parsed
+from tests.support.ports import refused_port
 
 
 @pytest.fixture
@@ -21,7 +22,7 @@ def silent_listener() -> Iterator[int]:
 
 
 def test_closed_port_is_one_line_and_exit_2_within_the_deadline() -> None:
-    port = free_port()
+    port = refused_port()
     started = time.monotonic()
     done = run_rayscope("status", "--gcs", f"127.0.0.1:{port}")
     assert time.monotonic() - started < 5.0
@@ -69,7 +70,7 @@ def test_help_explains_the_three_numbers() -> None:
 
 def test_node_works_without_any_cluster(tmp_path: object) -> None:
     """Diagnostics on a host with no Ray cluster reachable: sources report, exit 0."""
-    done = run_rayscope("node", "--json", "--gcs", f"127.0.0.1:{free_port()}")
+    done = run_rayscope("node", "--json", "--gcs", f"127.0.0.1:{refused_port()}")
     assert done.returncode == 0, done.stderr
     diag = parsed(done.stdout, "node")
     gcs = next(s for s in diag["sources"] if s["name"] == "gcs")
@@ -87,7 +88,7 @@ def test_a_closed_pipe_ends_quietly_with_the_exit_code_the_answer_had() -> None:
     from tests.conftest import REPO, base_env
 
     process = subprocess.Popen(
-        [sys.executable, "-m", "rayscope", "node", "--gcs", f"127.0.0.1:{free_port()}"],
+        [sys.executable, "-m", "rayscope", "node", "--gcs", f"127.0.0.1:{refused_port()}"],
         cwd=REPO,
         env=base_env(RAY_AUTH_MODE="disabled"),
         stdout=subprocess.PIPE,

@@ -26,8 +26,9 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, base_env, free_port, push_once_a_second, run_rayscope
+from tests.conftest import REPO, base_env, push_once_a_second, run_rayscope
 from tests.support import fake_server
+from tests.support.ports import refused_port
 
 DAY = "give more than 0 and at most 86400 seconds"
 GPU_MB = "give more than 0 and at most 1048576 MB, or -1 for a whole GPU"
@@ -254,7 +255,7 @@ def test_gcs_host_without_a_port_means_6379_as_in_rays_cli() -> None:
 def test_ray_address_is_the_gcs_as_ray_reads_it() -> None:
     """``RAY_ADDRESS`` names the GCS (Ray's own variable, read by ``ray.init()``). Before:
     ignored, the local raylet's cluster (or ``no GCS address``) read instead."""
-    port = free_port()
+    port = refused_port()
     done = run_rayscope(
         "status", "--timeout", "2", env=base_env(RAY_AUTH_MODE="disabled", RAY_ADDRESS=f"127.0.0.1:{port}")
     )
@@ -264,7 +265,7 @@ def test_ray_address_is_the_gcs_as_ray_reads_it() -> None:
 
 
 def test_the_verbose_flag_after_the_command_is_the_global_one() -> None:
-    done = run_rayscope("status", "--gcs", f"127.0.0.1:{free_port()}", "-v")
+    done = run_rayscope("status", "--gcs", f"127.0.0.1:{refused_port()}", "-v")
     assert done.returncode == 2 and "Traceback" in done.stderr  # --verbose's traceback
     assert done.stderr.splitlines()[-1].startswith("rayscope: GCS unreachable at")
 
@@ -588,12 +589,12 @@ def test_a_second_head_on_a_busy_port_says_who_may_hold_it(head_daemon: Any, wir
     ('127.0.0.1', 7531): address already in use``."""
     busy = {"--listen": head_daemon.listen_port, "--http": head_daemon.http_port}
     for option, port in busy.items():
-        ports = {"--listen": free_port(), "--http": free_port(), option: port}
+        ports = {"--listen": 0, "--http": 0, option: port}  # the other one: the OS's
         done = run_rayscope(
             "head",
-            *(word for name, free in ports.items() for word in (name, f"127.0.0.1:{free}")),
+            *(word for name, given in ports.items() for word in (name, f"127.0.0.1:{given}")),
             "--gcs",
-            f"127.0.0.1:{free_port()}",
+            f"127.0.0.1:{refused_port()}",
             "--token-file",
             str(wire_token),
             timeout=60,

@@ -28,6 +28,7 @@ from rayscope.sources.gcs import raycompat
 from rayscope.units import MIB
 from tests import fake_nvml
 from tests.support.dashboard import NODE_ID, FakeDashboard, answer, hangs, http, node
+from tests.support.ports import refused_port
 
 DATA = Path(__file__).resolve().parent / "data" / "dashboard"
 RECORDED = sorted(DATA.glob("ray-*.json"))
@@ -552,9 +553,7 @@ def test_a_chunked_answer_is_read_by_the_one_bounded_reader(serving: Any) -> Non
 
 
 def test_a_closed_port_is_connection_refused() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = refused_port()
     _, status = dashboard.read_nodes(dashboard.Address(f"http://127.0.0.1:{port}", "GCS"), 2.0, None, {})
     assert status.reason == f"no Ray dashboard at http://127.0.0.1:{port} (connection refused)"
 

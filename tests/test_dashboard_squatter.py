@@ -37,6 +37,7 @@ from rayscope.sources.gcs import child as gcs_child
 from rayscope.sources.gcs import prestart as gcs_prestart
 from rayscope.sources.gcs import read as gcs_read
 from tests.support.dashboard import NODE_ID, FakeDashboard, answer, http, node
+from tests.support.ports import refused_port
 
 pytestmark = [
     pytest.mark.usefixtures("no_child_left"),
@@ -127,8 +128,7 @@ def test_an_address_the_operator_named_gets_the_token_whoever_listens() -> None:
 
 
 def test_a_published_address_nobody_listens_on_or_of_another_host_gets_no_token() -> None:
-    with contextlib.closing(socket.create_server(("127.0.0.1", 0))) as sock:
-        free = sock.getsockname()[1]
+    free = refused_port()
     assert dashboard.token_withheld(dashboard.Address(f"http://127.0.0.1:{free}", "GCS")) == (
         f"nothing listens on port {free} on 127.0.0.1 here"
     )

@@ -27,8 +27,9 @@ from rayscope.net import http as net_http
 from rayscope.schema.report import SourceStatus
 from rayscope.schema.status import ClusterStatus
 from tests import scenarios
-from tests.conftest import free_port, write_token
+from tests.conftest import write_token
 from tests.support.fake_head import Run, fake_head, planted, run_cli, run_entry
+from tests.support.ports import refused_port
 
 Headers = list[tuple[str, str]]
 
@@ -192,7 +193,7 @@ def test_unreachable_and_timeout_are_the_clis_lines_said_once(
     """A closed port and a head that takes the connection and never answers: said by the
     fast path itself, in the CLI's words, without asking a second time (the wait would
     double)."""
-    closed = f"http://127.0.0.1:{free_port()}"
+    closed = f"http://127.0.0.1:{refused_port()}"
     argv = ["status", "--head", closed]
     fast = run_entry(argv, capsys, monkeypatch)
     assert (
@@ -320,7 +321,7 @@ def test_the_fast_path_takes_exactly_the_timeouts_the_cli_takes(
 ) -> None:
     """Every ``--timeout`` the fast path takes is one the CLI takes, and the reverse: a value
     it does not take goes to the CLI, which refuses it (exit 2, naming ``--timeout``)."""
-    url = f"http://127.0.0.1:{free_port()}"
+    url = f"http://127.0.0.1:{refused_port()}"
     taken = fast_status.parse(["--head", url, f"--timeout={value}"], False, {}) is not None
     code, _, err = run_cli(["status", "--head", url, f"--timeout={value}"], capsys)
     refused = code == 2 and "--timeout" in err

@@ -336,17 +336,16 @@ def test_a_head_that_fails_once_listening_closes_both_ports(monkeypatch: pytest.
     import asyncio
 
     from rayscope.head import daemon
-    from tests.conftest import free_port
 
     def cannot_start(self: PollerGuard, restarted: bool = False) -> None:
         raise RuntimeError("can't start new thread")
 
     monkeypatch.setattr(PollerGuard, "start", cannot_start)
-    listen, http = ("127.0.0.1", free_port()), ("127.0.0.1", free_port())
-    head = daemon.Head(listen, http, None, 1.0, b"")
+    head = daemon.Head(("127.0.0.1", 0), ("127.0.0.1", 0), None, 1.0, b"")
     with pytest.raises(RuntimeError, match="can't start new thread"):
         asyncio.run(head.serve())
-    for address in (listen, http):
+    assert 0 not in (head.listen[1], head.http[1])  # the ports the OS gave, both bound
+    for address in (head.listen, head.http):
         with socket.socket() as again:
             again.bind(address)  # EADDRINUSE while the failed head's port still listens
 

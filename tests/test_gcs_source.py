@@ -142,9 +142,9 @@ def test_cluster_state_reads_ray_address(monkeypatch: pytest.MonkeyPatch) -> Non
     """``rayscope.cluster_state()``'s docstring says ``$RAY_ADDRESS`` is read: it is. Before:
     ignored (this host's raylet, else ``no GCS address``)."""
     import rayscope
-    from tests.conftest import free_port
+    from tests.support.ports import refused_port
 
-    port = free_port()
+    port = refused_port()
     monkeypatch.delenv("RAYSCOPE_GCS", raising=False)
     monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
     with pytest.raises(rayscope.RayscopeError, match=f"127.0.0.1:{port}"):

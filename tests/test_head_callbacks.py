@@ -29,9 +29,10 @@ from rayscope.head.serve.routes import Routes
 from rayscope.head.store.state import HeadState
 from rayscope.net import wire
 from rayscope.sinks.logs import THROTTLE_S, LogThrottle
-from tests.conftest import REPO, base_env, free_port
+from tests.conftest import REPO, base_env
 from tests.scenarios import SEED_REPORTS
 from tests.support.head import Head as HeadProcess
+from tests.support.ports import HEAD_ON_PORT_0, refused_port
 from tests.support.report_port import Agent, Port, received
 from tests.waiting import eventually
 
@@ -216,8 +217,8 @@ def test_a_head_that_cannot_go_on_exits_70_with_one_line(fault: Any) -> None:
         " restarts the poller; before: one traceback, the head ran on without that tick)",
         "the head stops: one line on stderr, no traceback, exit 70",
     )
-    args = ["head", "--listen", f"127.0.0.1:{free_port()}", "--http", f"127.0.0.1:{free_port()}"]
-    args += ["--gcs", f"127.0.0.1:{free_port()}", "--interval", "0.2", "--dashboard", "none"]
+    args = ["head", *HEAD_ON_PORT_0, "--gcs", f"127.0.0.1:{refused_port()}"]
+    args += ["--interval", "0.2", "--dashboard", "none"]
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(HEAD_OUT_OF_MEMORY), *args],
         check=False,

@@ -25,7 +25,8 @@ import pytest
 import yaml  # type: ignore[import-untyped]  # PyYAML, a dependency of ray; no stubs installed
 
 from tests import unit_sandbox
-from tests.conftest import REPO, free_port, run_rayscope
+from tests.conftest import REPO, run_rayscope
+from tests.support.ports import refused_port
 
 MANIFEST = REPO / "deploy" / "kuberay-raycluster.yaml"
 
@@ -376,7 +377,13 @@ class Pod:
             "PATH": "/usr/bin:/bin",
             "RAYSCOPE_CACHE": self.here(container, env_of(container)["RAYSCOPE_CACHE"]),
         }
-        command = ["/usr/bin/python3", str(self.pyz), "status", "--head", f"http://127.0.0.1:{free_port()}"]
+        command = [
+            "/usr/bin/python3",
+            str(self.pyz),
+            "status",
+            "--head",
+            f"http://127.0.0.1:{refused_port()}",
+        ]
         return self.run(container, [*command, "--token-file", token], env)
 
     def close(self) -> None:

@@ -23,8 +23,9 @@ from rayscope.sources import libraries
 from rayscope.sources.cuda import sample as cuda
 from tests import fake_cuda
 from tests import fake_nvml as fake
-from tests.conftest import REPO, base_env, free_port, run_rayscope
+from tests.conftest import REPO, base_env, run_rayscope
 from tests.reliability_plugin import FaultRecord
+from tests.support.ports import refused_port
 
 NOBODY = 65534
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="planting a file of another uid needs root")
@@ -81,7 +82,7 @@ def run_node_in(cwd: Path, library_path: str, scenario: Path) -> "subprocess.Com
     env = base_env(RAY_AUTH_MODE="disabled", LD_LIBRARY_PATH=library_path)
     env[fake.SCENARIO_ENV] = str(scenario)
     env["PYTHONPATH"] = str(REPO)  # `-m rayscope` from another directory: this worktree's code
-    return run_rayscope("node", "--gpus", "--gcs", f"127.0.0.1:{free_port()}", env=env, cwd=cwd)
+    return run_rayscope("node", "--gpus", "--gcs", f"127.0.0.1:{refused_port()}", env=env, cwd=cwd)
 
 
 @needs_root

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import LiveCluster, free_port, run_rayscope
+from tests.conftest import LiveCluster, run_rayscope
 from tests.schemas import parsed
+from tests.support.ports import refused_port
 
 pytestmark = pytest.mark.live
 
@@ -35,7 +36,7 @@ def test_unreachable_cluster_writes_nothing(rayscope_env: dict[str, str], tmp_pa
     log.write_text('{"good": true}\n')
     prom = tmp_path / "status.prom"  # a .json file for Prometheus text is refused
     prom.write_text("rayscope_good 1\n")
-    address = f"127.0.0.1:{free_port()}"
+    address = f"127.0.0.1:{refused_port()}"
     for args in (
         ["--json", "--output", str(good)],
         ["--append", str(log)],

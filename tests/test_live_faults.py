@@ -29,13 +29,13 @@ from tests.conftest import (
     HeadDaemon,
     LiveCluster,
     base_env,
-    free_port,
     push_agent,
     run_rayscope,
 )
 from tests.raynode import RayHead
 from tests.reliability_plugin import FaultRecord
 from tests.schemas import parsed
+from tests.support.ports import free_port_for_ray, refused_port
 from tests.waiting import eventually, timed
 
 pytestmark = [pytest.mark.live, pytest.mark.fault]
@@ -80,7 +80,7 @@ def test_gcs_killed_then_restarted_on_the_same_port(
         " is, marks node lines, /metrics stale 1; after the restart it heals by itself (exit 0)",
     )
     env = base_env(RAY_AUTH_MODE="disabled")
-    port = free_port()
+    port = free_port_for_ray()  # Ray's GCS port: needed before start, the restart takes it again
     ray = RayHead(port, env, tmp_path / "ray1.log")
     head: Optional[HeadDaemon] = None
     try:
@@ -164,7 +164,7 @@ def proc_state(pid: int) -> str:
 
 
 def local_raylet_ids() -> set[str]:
-    done = run_rayscope("node", "--json", "--gcs", f"127.0.0.1:{free_port()}")
+    done = run_rayscope("node", "--json", "--gcs", f"127.0.0.1:{refused_port()}")
     return {r["node_id"] for r in parsed(done.stdout, "node")["raylets"]}
 
 

@@ -4,14 +4,16 @@ One ``rayscope push`` per Ray node (pinned with ``--node-id``: the test cluster 
 raylets on this one host) and one ``rayscope head``, all with a shared token, interval 1 s.
 """
 
+import socket
 from pathlib import Path
 from typing import Any, Optional
 
 import pytest
 
-from tests.conftest import HeadDaemon, LiveCluster, base_env, free_port, push_agent, run_rayscope
+from tests.conftest import HeadDaemon, LiveCluster, base_env, push_agent, run_rayscope
 from tests.schemas import parsed
 from tests.support.fleet import INTERVAL, NODES, Fleet
+from tests.support.ports import LOOPBACK, refused_port
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.live
@@ -161,7 +163,7 @@ def test_status_head_without_token_says_so(fleet: Fleet) -> None:
 
 
 def test_unreachable_head_is_one_line_and_exit_2() -> None:
-    url = f"http://127.0.0.1:{free_port()}"
+    url = f"http://127.0.0.1:{refused_port()}"
     done = run_rayscope("status", "--head", url)
     assert done.returncode == 2
     assert done.stderr == f"rayscope: head agent unreachable at {url} (connection refused)\n"
@@ -178,11 +180,16 @@ def test_agent_started_before_its_head_connects_when_it_comes_up(
     live_cluster: LiveCluster, tmp_path: Path, wire_token: Path
 ) -> None:
     env = base_env(RAY_AUTH_MODE="disabled")
-    listen = free_port()
+    # The agent needs its head's port before the head starts: a port the OS gave, held bound
+    # (never listening: the agent is refused) and let go only just before the head binds it.
+    held = socket.socket()
+    held.bind((LOOPBACK, 0))
+    listen = int(held.getsockname()[1])
     agent = push_agent(listen, live_cluster.node_id("cpu"), env, tmp_path / "push.log", wire_token)
     try:
         eventually(lambda: "unreachable" in agent.log_text(), what="the agent tries, fails, backs off")
         extra = ["--gcs", live_cluster.gcs_address, "--interval", "1"]
+        held.close()
         head = HeadDaemon(env, tmp_path / "head.log", extra, wire_token, listen_port=listen)
         try:
 
@@ -199,6 +206,7 @@ def test_agent_started_before_its_head_connects_when_it_comes_up(
         assert log.count("unreachable") == 1  # one line per state change, not one per retry
         assert "connected to head" in log
     finally:
+        held.close()  # idempotent: closed already unless the agent never tried
         assert agent.stop() == 0
 
 

@@ -24,9 +24,10 @@ from typing import Any, Optional
 
 import pytest
 
-from tests.conftest import REPO, LiveCluster, base_env, free_port, run_rayscope, running_cluster
+from tests.conftest import REPO, LiveCluster, base_env, run_rayscope, running_cluster
 from tests.raynode import RayHead
 from tests.schemas import parsed
+from tests.support.ports import free_port_for_ray
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.live
@@ -312,9 +313,8 @@ def test_status_json_and_node_carry_each_nodes_labels(selected: Selected) -> Non
 def test_ray_start_labels_reach_status_and_fit(tmp_path: Path) -> None:
     """``ray start --head --labels``, the operator's way: the labels in ``status --json``
     and a ``fit`` selector that admits the node."""
-    port = free_port()
     env = base_env(RAY_AUTH_MODE="disabled")
-    head = RayHead(port, env, tmp_path / "ray.log", ["--labels=zone=x,rack=r1"])
+    head = RayHead(free_port_for_ray(), env, tmp_path / "ray.log", ["--labels=zone=x,rack=r1"])
     try:
         gcs = ["--gcs", head.address, "--timeout", "60"]
         env = {**env, "RAY_TMPDIR": head.root}

@@ -37,9 +37,10 @@ import pytest
 
 from tests import fake_nvml as fake
 from tests.browser import CHROMIUM, Browser, net_log_requests
-from tests.conftest import Daemon, HeadDaemon, LiveCluster, base_env, free_port, push_agent
+from tests.conftest import Daemon, HeadDaemon, LiveCluster, base_env, push_agent
 from tests.support import fake_server, http_get
 from tests.support.page import BADGES, LAYOUT, cells
+from tests.support.ports import refused_port
 
 pytestmark = pytest.mark.live
 
@@ -334,7 +335,7 @@ def bare_head(wire_token: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     read = root / "read-token"
     read.write_text(READ_TOKEN + "\n")
     read.chmod(0o600)
-    extra = ["--gcs", f"127.0.0.1:{free_port()}", "--interval", "1", "--read-token-file", str(read)]
+    extra = ["--gcs", f"127.0.0.1:{refused_port()}", "--interval", "1", "--read-token-file", str(read)]
     head = HeadDaemon(base_env(RAY_AUTH_MODE="disabled"), root / "head.log", extra, wire_token)
     try:
         yield head

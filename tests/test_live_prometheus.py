@@ -16,6 +16,7 @@ for ``rayscope_device_memory_used_bytes`` fails every test; the over-booking rul
 """
 
 import json
+import re
 import signal
 import subprocess
 import time
@@ -28,7 +29,7 @@ import pytest
 
 from tests import debian_deps
 from tests import fake_nvml as fake
-from tests.conftest import Daemon, HeadDaemon, LiveCluster, base_env, free_port, push_agent
+from tests.conftest import Daemon, HeadDaemon, LiveCluster, base_env, push_agent
 from tests.support import http_get
 from tests.support.deploy import DASHBOARD, RULES_DIR
 from tests.support.promtool import lint, promtool
@@ -59,11 +60,17 @@ def scenario(pids: dict[str, int]) -> str:
     return lines
 
 
+LISTENING = re.compile(r'msg="Listening on"[^\n]*? address=127\.0\.0\.1:(\d+)')
+"""Prometheus's line naming the port it listens on: the OS's, for port 0 (its line "Start
+listening for connections" names the 0 it was given)."""
+
+
 class Prometheus:
-    """``prometheus`` on a free loopback port, its storage in ``root``; stopped by pid."""
+    """``prometheus`` on a loopback port the OS picks (read from its log by
+    :meth:`wait_ready`), its storage in ``root``; stopped by pid."""
 
     def __init__(self, root: Path, config: dict[str, Any]) -> None:
-        self.port = free_port()
+        self.port = 0
         self.log_path = root / "prometheus.log"
         (root / "prometheus.yml").write_text(json.dumps(config, indent=2))  # JSON is YAML
         self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
@@ -72,7 +79,7 @@ class Prometheus:
                 debian_deps.need("prometheus"),
                 f"--config.file={root / 'prometheus.yml'}",
                 f"--storage.tsdb.path={root / 'data'}",
-                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--web.listen-address=127.0.0.1:0",
             ],
             cwd=root,
             stdout=self._log,
@@ -100,6 +107,11 @@ class Prometheus:
                 raise RuntimeError(
                     f"prometheus exited {self.process.returncode}:\n{self.log_path.read_text()}"
                 )
+            if not self.port:
+                listening = LISTENING.search(self.log_path.read_text())
+                if listening is None:
+                    return False
+                self.port = int(listening.group(1))
             # 503 until it is ready: an answer, closed (a kept HTTPError would leak its socket)
             return http_get.get(f"http://127.0.0.1:{self.port}/-/ready", timeout_s=5)[0] == 200
 

@@ -30,7 +30,8 @@ from typing import Any, Callable, NamedTuple, Optional, TypeVar
 import pytest
 
 from tests import netns
-from tests.conftest import REPO, base_env, free_port
+from tests.conftest import REPO, base_env
+from tests.support.ports import HEAD_ON_PORT_0, wait_started
 
 pytestmark = pytest.mark.live
 
@@ -132,7 +133,7 @@ def test_demo_keep_stays_up_prints_commands_that_work_and_stops_on_ctrl_c(tmp_pa
             )
             assert done.returncode in (0, 1), (command, done.stderr)  # fit 5120 does not fit: 1
             assert done.stdout.strip() and "Traceback" not in done.stderr
-        assert_the_agents_lines_measure_each_node_s_own_gpus(lines, export, env)
+        assert_the_agents_lines_measure_each_node_s_own_gpus(lines, export, env, tmp_path / "head.log")
         assert demo.poll() is None  # still up after being used
         demo.send_signal(signal.SIGINT)
         assert demo.wait(timeout=90) == 0
@@ -145,28 +146,28 @@ def test_demo_keep_stays_up_prints_commands_that_work_and_stops_on_ctrl_c(tmp_pa
 
 
 def assert_the_agents_lines_measure_each_node_s_own_gpus(
-    lines: list[str], export: str, env: dict[str, str]
+    lines: list[str], export: str, env: dict[str, str], head_log: Path
 ) -> None:
     """The demo's agent lines, pasted (the head's ports taken from the OS instead of 7531 and
     7532): ``status --head`` shows each node's own fake GPU, the T4 at 4.5/15.0 GB, and no
     GPU shared. Before, every ``push`` read the head's scenario from the ``export`` line: the
     T4 node at ``18.8/24.0 GB``, ``shared with 1 other node`` under ``--gpus``."""
-    report_port, http_port = free_port(), free_port()
-
-    def ported(command: str) -> str:
-        command = command.replace("127.0.0.1:7531", f"127.0.0.1:{report_port}")
-        return command.replace("127.0.0.1:7532", f"127.0.0.1:{http_port}")
-
-    head = next(c for c in lines if c.startswith("rayscope head "))
-    head += f" --listen 127.0.0.1:{report_port} --http 127.0.0.1:{http_port}"
-    pushes = [ported(c) for c in lines if " rayscope push " in f" {c}"]
-    status = ported(next(c for c in lines if c.startswith("rayscope status --head")))
-    assert len(pushes) == 2, lines
-    agents = [
-        subprocess.Popen(["sh", "-c", f"{export} && exec env {command}"], env=env, stderr=subprocess.DEVNULL)
-        for command in [head, *pushes]
-    ]
+    head = next(c for c in lines if c.startswith("rayscope head ")) + " " + " ".join(HEAD_ON_PORT_0)
+    with open(head_log, "w") as log:
+        agents = [subprocess.Popen(["sh", "-c", f"{export} && exec env {head}"], env=env, stderr=log)]
     try:
+        report_port, http_port = wait_started(head_log.read_text, agents[0], timeout_s=60)
+
+        def ported(command: str) -> str:
+            command = command.replace("127.0.0.1:7531", f"127.0.0.1:{report_port}")
+            return command.replace("127.0.0.1:7532", f"127.0.0.1:{http_port}")
+
+        pushes = [ported(c) for c in lines if " rayscope push " in f" {c}"]
+        status = ported(next(c for c in lines if c.startswith("rayscope status --head")))
+        assert len(pushes) == 2, lines
+        for command in pushes:
+            shell = ["sh", "-c", f"{export} && exec env {command}"]
+            agents.append(subprocess.Popen(shell, env=env, stderr=subprocess.DEVNULL))
 
         def both_reported() -> Optional[str]:
             done = subprocess.run(

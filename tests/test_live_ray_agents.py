@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 
 from rayscope.node.placed_agents import RETRY_AFTER_INTERVALS
-from tests.conftest import HeadDaemon, LiveCluster, base_env, free_port, run_rayscope, running_cluster
+from tests.conftest import HeadDaemon, LiveCluster, base_env, run_rayscope, running_cluster
 from tests.reliability_plugin import FaultRecord
 from tests.schemas import parsed
+from tests.support.ports import ANY_PORT
 from tests.waiting import eventually, timed
 
 pytestmark = pytest.mark.live
@@ -257,9 +258,9 @@ def test_remove_clears_agents_a_killed_head_left(
     head.daemon.kill()
     assert len(rayscope_actors(cluster)) == 2  # detached: they outlive their head
     env = base_env(RAY_AUTH_MODE="disabled", RAY_TMPDIR=str(cluster.root))
-    done = run_rayscope(
-        "head", "--agents", "ray", "--remove", "--gcs", cluster.gcs_address, "--listen",
-        f"127.0.0.1:{free_port()}", env=env, timeout=120,
+    done = run_rayscope(  # --remove binds nothing: --listen is never listened on
+        "head", "--agents", "ray", "--remove", "--gcs", cluster.gcs_address, "--listen", ANY_PORT,
+        env=env, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout == "removed 2 agent(s) placed through Ray\n"

@@ -25,9 +25,10 @@ from rayscope.head.serve.routes import Request, Response, Routes, text
 from rayscope.head.store.state import HeadState
 from rayscope.head.store.usage_store import open_store
 from rayscope.sinks.logs import LogThrottle
-from tests.conftest import HeadDaemon, base_env, free_port
+from tests.conftest import HeadDaemon, base_env
 from tests.reliability_plugin import FaultRecord
 from tests.support import http_port
+from tests.support.ports import refused_port
 from tests.support.usage_state import ACTORS, INTERVAL_S, full_window
 from tests.waiting import eventually
 
@@ -61,7 +62,7 @@ def test_parallel_usage_requests_never_hold_healthz(tmp_path: Path, fault: Fault
     head = HeadDaemon(
         base_env(RAY_AUTH_MODE="disabled"),
         tmp_path / "head.log",
-        ["--gcs", f"127.0.0.1:{free_port()}", "--interval", str(INTERVAL_S), "--usage-state", str(state)],
+        ["--gcs", f"127.0.0.1:{refused_port()}", "--interval", str(INTERVAL_S), "--usage-state", str(state)],
         None,
     )
     try:

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from tests import fake_nvml as fake
-from tests.conftest import base_env, free_port, run_rayscope
+from tests.conftest import base_env, run_rayscope
 from tests.schemas import parsed
+from tests.support.ports import refused_port
 
 NO_DRIVER = "  NVML: NVML library (libnvidia-ml.so.1) not found: no NVIDIA driver on this node"
 MISMATCH = (
@@ -33,7 +34,7 @@ def run_node(
     path = tmp_path / "scenario.txt"
     path.write_text(scenario)
     env = lib.env(base_env(RAY_AUTH_MODE="disabled"), path)
-    command = ["node", "--gpus", "--gcs", f"127.0.0.1:{free_port()}", *args]
+    command = ["node", "--gpus", "--gcs", f"127.0.0.1:{refused_port()}", *args]
     return run_rayscope(*command, env=env, prefix=prefix)
 
 
@@ -58,7 +59,7 @@ def test_no_driver(tmp_path: Path) -> None:
     """No loadable libnvidia-ml.so.1 (hidden even on a host that has a driver): the source's
     status says so."""
     env = fake.no_driver(tmp_path / "no-driver").env(base_env(RAY_AUTH_MODE="disabled"), tmp_path / "unused")
-    done = run_rayscope("node", "--gpus", "--gcs", f"127.0.0.1:{free_port()}", env=env)
+    done = run_rayscope("node", "--gpus", "--gcs", f"127.0.0.1:{refused_port()}", env=env)
     assert done.returncode == 0, done.stderr
     assert gpu_block(done.stdout) == ["GPUs: NA", NO_DRIVER]
 
@@ -157,7 +158,7 @@ def test_plain_node_keeps_its_one_line_per_gpu(
     path = tmp_path / "scenario.txt"
     path.write_text(fake.two_gpus(sleeper))
     env = fake_nvml_lib.env(base_env(RAY_AUTH_MODE="disabled"), path)
-    done = run_rayscope("node", "--gcs", f"127.0.0.1:{free_port()}", env=env)
+    done = run_rayscope("node", "--gcs", f"127.0.0.1:{refused_port()}", env=env)
     assert gpu_block(done.stdout) == [
         "GPUs: 2 (driver 550.54.14)",
         "  GPU0 NVIDIA GeForce RTX 3090  used 7.0/24.0 GB  util 87%",

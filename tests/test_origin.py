@@ -24,8 +24,9 @@ from rayscope.head.access.origin import Hosts
 from rayscope.head.serve.routes import Request, Response, Routes
 from rayscope.head.store.state import HeadState
 from rayscope.sinks.logs import LogThrottle
-from tests.conftest import HeadDaemon, base_env, free_port, run_rayscope
+from tests.conftest import HeadDaemon, base_env, run_rayscope
 from tests.livecluster import open_url
+from tests.support.ports import ANY_PORT, refused_port
 
 READ = b"read-token-0123456789abcdef"
 PATHS = ("/", "/?fragment=1", "/v1/status", "/v1/usage", "/metrics", "/healthz")
@@ -149,7 +150,7 @@ def test_a_bad_http_host_is_refused_in_one_line(name: str) -> None:
 
 
 def test_the_head_refuses_a_bad_http_host_at_start() -> None:
-    done = run_rayscope("head", "--http", f"127.0.0.1:{free_port()}", "--http-host", "head:7532")
+    done = run_rayscope("head", "--http", ANY_PORT, "--http-host", "head:7532")
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "'head:7532' is not a host name or an IP address" in done.stderr
 
@@ -222,7 +223,7 @@ def test_dns_rebinding_reads_nothing_from_a_real_head(tmp_path: Path) -> None:
     """Over the wire, a token-less loopback head: ``Host: evil.example`` reads no path (the
     probe's ``/v1/status``: 200); every client the tests and the CLI use is answered."""
     env = base_env(RAY_AUTH_MODE="disabled")
-    head = HeadDaemon(env, tmp_path / "head.log", ["--gcs", f"127.0.0.1:{free_port()}"], None)
+    head = HeadDaemon(env, tmp_path / "head.log", ["--gcs", f"127.0.0.1:{refused_port()}"], None)
     try:
         for path in PATHS:
             status, _, body = open_url(head.url + path, Host="evil.example")
@@ -242,7 +243,7 @@ def test_a_rebound_login_is_refused_on_a_real_head(tmp_path: Path, token: Path) 
     """The probe logged in with ``Host`` and ``Origin`` both ``evil.example`` (the login's
     origin check compares them): 303 and a cookie. Now 421, no session."""
     env = base_env(RAY_AUTH_MODE="disabled")
-    head = HeadDaemon(env, tmp_path / "head.log", ["--gcs", f"127.0.0.1:{free_port()}"], token)
+    head = HeadDaemon(env, tmp_path / "head.log", ["--gcs", f"127.0.0.1:{refused_port()}"], token)
     try:
         form = urllib.parse.urlencode({"token": head.token}).encode()
         evil = {"Host": f"evil.example:{head.http_port}", "Origin": f"http://evil.example:{head.http_port}"}
@@ -257,7 +258,7 @@ def test_a_real_head_answers_wrong_tokens_slowly(tmp_path: Path, token: Path) ->
     100 checked (401), 1,199 a second in the probe. Now 10 checked, then at most one a
     second; the CLI says what a 429 means."""
     env = base_env(RAY_AUTH_MODE="disabled")
-    head = HeadDaemon(env, tmp_path / "head.log", ["--gcs", f"127.0.0.1:{free_port()}"], token)
+    head = HeadDaemon(env, tmp_path / "head.log", ["--gcs", f"127.0.0.1:{refused_port()}"], token)
     try:
         started = time.monotonic()
         statuses = []

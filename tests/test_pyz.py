@@ -15,7 +15,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,7 +27,8 @@ import pytest
 
 from rayscope import __version__
 from rayscope.sources.raylet import find_raylets
-from tests.conftest import REPO, LiveCluster, base_env, build_pyz, free_port
+from tests.conftest import REPO, LiveCluster, base_env, build_pyz
+from tests.support.ports import HEAD_ON_PORT_0, refused_port, wait_started
 from tests.waiting import eventually
 
 RUN_TIMEOUT_S = 120.0
@@ -289,11 +289,14 @@ def test_agents_from_the_zipapp_on_the_oldest_python(
     """The systemd units' commands: ``head`` under the Ray environment's Python (it keeps a
     GCS client in process), ``push`` and ``status --head`` under the oldest CPython here."""
     oldest = PYTHONS[min((v for v in PYTHONS if v.rsplit(".", 1)[0] in SUPPORTED), key=version_key)]
-    listen, http = free_port(), free_port()
     env = user_env(shared_cache)
-    head_args = ["head", "--gcs", live_cluster.gcs_address, "--interval", "1"]
-    head_args += ["--listen", f"127.0.0.1:{listen}", "--http", f"127.0.0.1:{http}"]
+    head_args = ["head", "--gcs", live_cluster.gcs_address, "--interval", "1", *HEAD_ON_PORT_0]
     head = PyzDaemon(sys.executable, pyz, head_args, env, tmp_path / "head.log")
+    try:
+        listen, http = wait_started(head.log.read_text, head.process, timeout_s=60)
+    except BaseException:
+        head.stop()
+        raise
     push_args = [
         "push",
         "--head",
@@ -430,17 +433,20 @@ def test_head_stops_within_5_s_of_sigterm_with_agents_connected(
     ``Head.serve``, the 3.13 head was still running 10 s after SIGTERM (3.9: 0.7 s).
     The same check runs with Ray installed for the interpreter in ``make compat``."""
     python, env = PYTHONS[version], user_env(shared_cache)
-    listen, http = free_port(), free_port()
     head_log = tmp_path / "head.log"
-    with socket.socket() as probe:  # a port nobody listens on: no GCS needed for this
-        probe.bind(("127.0.0.1", 0))
-        no_gcs = f"127.0.0.1:{probe.getsockname()[1]}"
-    head_args = ["head", "--gcs", no_gcs, "--listen", f"127.0.0.1:{listen}", "--http", f"127.0.0.1:{http}"]
-    push_args = ["push", "--head", f"127.0.0.1:{listen}", "--interval", "1"]
+    no_gcs = f"127.0.0.1:{refused_port()}"  # no GCS needed for this
+    head_args = ["head", "--gcs", no_gcs, *HEAD_ON_PORT_0]
     with open(head_log, "w") as out:
         head = subprocess.Popen(
             [python, "-I", str(pyz), *head_args, "--interval", "1"], env=env, stdout=out, stderr=out
         )
+    try:
+        listen = wait_started(head_log.read_text, head, timeout_s=60).listen
+    except BaseException:
+        head.kill()
+        head.wait(timeout=15)
+        raise
+    push_args = ["push", "--head", f"127.0.0.1:{listen}", "--interval", "1"]
     agents = [  # two nodes: a node belongs to one agent's connection
         subprocess.Popen([python, "-I", str(pyz), *push_args, "--node-id", f"{i:056x}"], env=env,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -33,7 +33,8 @@ import pytest
 from rayscope.sources.raylet import find_raylets
 from tests import debian_deps, unit_sandbox
 from tests import fake_nvml as fake
-from tests.conftest import LOOPBACK_ENV, REPO, LiveCluster, free_port, run_rayscope
+from tests.conftest import LOOPBACK_ENV, REPO, LiveCluster, run_rayscope
+from tests.support.ports import ANY_PORT, wait_started
 from tests.waiting import eventually
 
 UNITS_DIR = REPO / "deploy" / "systemd"
@@ -332,7 +333,6 @@ def test_the_sandboxed_head_and_node_agent_report_the_seed_cluster(
     CacheDirectory."""
     head_id = live_cluster.node_id("head")
     uid = raylet_uid(head_id)
-    listen, http = free_port(), free_port()
     token = stand_ins.token(uid)
     head = Sandboxed(
         "rayscope-head.service",
@@ -340,14 +340,15 @@ def test_the_sandboxed_head_and_node_agent_report_the_seed_cluster(
         uid,
         {
             "/opt/ray/bin/python": sys.executable,  # the Ray environment's Python: this one imports ray
-            "0.0.0.0:7531": f"127.0.0.1:{listen}",
-            "127.0.0.1:7532": f"127.0.0.1:{http}",
+            "0.0.0.0:7531": ANY_PORT,  # the OS's ports, read from the head's start-up line
+            "127.0.0.1:7532": ANY_PORT,
             "/etc/rayscope/token": str(token),
         },
         ["--gcs", live_cluster.gcs_address, "--interval", INTERVAL],  # other clusters may run here
     ).start()
     push = None
     try:
+        listen, http = wait_started(head.log_text, head.process, timeout_s=60)
         push = Sandboxed(
             "rayscope-push.service",
             stand_ins,

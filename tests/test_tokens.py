@@ -14,8 +14,9 @@ import msgspec
 import pytest
 
 from rayscope.net import tokens
-from tests.conftest import HeadDaemon, base_env, free_port, push_agent, run_rayscope
+from tests.conftest import HeadDaemon, base_env, push_agent, run_rayscope
 from tests.support import http_get
+from tests.support.ports import HEAD_ON_PORT_0, refused_port
 from tests.waiting import eventually
 
 SECRET_LINES = (b"s3cr3t-first-line-AAAA", b"s3cr3t-second-line-BBBB")
@@ -69,12 +70,15 @@ BAD_TOKENS = {
 }
 
 
-def _commands(url: str, listen: str) -> dict[str, list[str]]:
+def _commands(closed: int) -> dict[str, list[str]]:
+    """Each command that takes a token, pointed at the closed port ``closed``; the head on
+    ports the OS picks (it refuses the token before it binds them)."""
+    url = f"http://127.0.0.1:{closed}"
     return {
         "status": ["status", "--head", url, "--timeout", "2"],
         "fit": ["fit", "--gpu-memory-mb", "100", "--head", url, "--timeout", "2"],
-        "head": ["head", "--listen", listen, "--http", f"127.0.0.1:{free_port()}", "--gcs", "127.0.0.1:1"],
-        "push": ["push", "--head", listen, "--node-id", "ab" * 28],
+        "head": ["head", *HEAD_ON_PORT_0, "--gcs", f"127.0.0.1:{closed}"],
+        "push": ["push", "--head", f"127.0.0.1:{closed}", "--node-id", "ab" * 28],
     }
 
 
@@ -87,7 +91,7 @@ def test_every_command_refuses_a_bad_token_in_one_line_and_never_prints_it(
     Positive control: let ``tokens.read_token_file`` return any stripped content."""
     mode = 0o644 if kind == "world-readable" else 0o600
     path = token_file(tmp_path / "token", BAD_TOKENS[kind], mode)
-    args = _commands(f"http://127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}")[command]
+    args = _commands(refused_port())[command]
     try:
         done = run_rayscope(*args, "--token-file", str(path), timeout=20)
     except subprocess.TimeoutExpired:
@@ -127,7 +131,7 @@ def test_a_read_only_token_reads_but_cannot_report(tmp_path: Path) -> None:
     write = token_file(tmp_path / "write", b"write-token-0123456789abcdef\n")
     read = token_file(tmp_path / "read", b"read-token-0123456789abcdef\n")
     env = base_env(RAY_AUTH_MODE="disabled")
-    extra = ["--gcs", f"127.0.0.1:{free_port()}", "--interval", "1", "--read-token-file", str(read)]
+    extra = ["--gcs", f"127.0.0.1:{refused_port()}", "--interval", "1", "--read-token-file", str(read)]
     head = HeadDaemon(env, tmp_path / "head.log", extra, write)
     try:
         for path in ("/v1/status", "/metrics"):
@@ -149,7 +153,7 @@ def test_a_read_only_token_reads_but_cannot_report(tmp_path: Path) -> None:
 def test_the_read_token_must_differ_from_the_write_token(tmp_path: Path) -> None:
     same = token_file(tmp_path / "same", b"one-token-for-both\n")
     done = run_rayscope(
-        "head", "--listen", f"127.0.0.1:{free_port()}", "--http", f"127.0.0.1:{free_port()}",
-        "--gcs", "127.0.0.1:1", "--token-file", str(same), "--read-token-file", str(same), timeout=20,
+        "head", *HEAD_ON_PORT_0, "--gcs", f"127.0.0.1:{refused_port()}",
+        "--token-file", str(same), "--read-token-file", str(same), timeout=20,
     )  # fmt: skip
     assert done.returncode == 2 and "must differ" in done.stderr and done.stderr.count("\n") == 1

@@ -30,8 +30,9 @@ from rayscope.schema.report import GpuDevice, GpuProcess, NodeReport, ProcessInf
 from rayscope.schema.status import ActorBooking
 from rayscope.schema.usage import UsageDocument
 from rayscope.sinks.logs import LogThrottle
-from tests.conftest import free_port, run_rayscope
+from tests.conftest import run_rayscope
 from tests.schemas import parsed
+from tests.support.ports import refused_port
 from tests.support.promtool import lint
 
 GIB = 1024**3
@@ -287,7 +288,7 @@ def test_usage_without_a_head_says_only_the_head_remembers() -> None:
 
 
 def test_usage_of_a_head_that_is_not_there_is_one_line() -> None:
-    port = free_port()
+    port = refused_port()
     done = run_rayscope("usage", "--head", f"127.0.0.1:{port}")
     assert done.returncode == 2
     assert (

@@ -1,4 +1,4 @@
-"""A real ``rayscope head`` process on free loopback ports, for the live tests of its two ports."""
+"""A real ``rayscope head`` process on loopback ports the OS picks, for the live tests of its two ports."""
 
 import json
 import ssl
@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from tests.conftest import REPO, Daemon, base_env, free_port
+from tests.conftest import REPO, Daemon, base_env
+from tests.support.ports import HEAD_ON_PORT_0, refused_port, wait_started
 from tests.waiting import eventually
 
 NODE = "ab" * 28
@@ -17,7 +18,8 @@ ENV = base_env(RAY_AUTH_MODE="disabled")
 
 
 class Head(Daemon):
-    """``rayscope head`` on free loopback ports, optionally with TLS and a file limit."""
+    """``rayscope head`` on loopback ports the OS picks (read from its start-up line),
+    optionally with TLS and a file limit."""
 
     def __init__(
         self,
@@ -28,13 +30,12 @@ class Head(Daemon):
         nofile: Optional[int] = None,
         ssl_context: Optional[ssl.SSLContext] = None,
     ) -> None:
-        self.listen_port, self.http_port = free_port(), free_port()
         self.ssl_context = ssl_context
-        args = ["head", "--listen", f"127.0.0.1:{self.listen_port}", "--http", f"127.0.0.1:{self.http_port}"]
-        args += ["--gcs", f"127.0.0.1:{free_port()}", "--interval", str(interval_s)]
-        args += ["--token-file", str(token_file), *extra]
+        args = ["head", *HEAD_ON_PORT_0, "--gcs", f"127.0.0.1:{refused_port()}"]
+        args += ["--interval", str(interval_s), "--token-file", str(token_file), *extra]
         self.token = token_file.read_text().strip()
         self.args, self.log_path = args, log_path
+        log_start = log_path.stat().st_size if log_path.exists() else 0  # a log may be shared
         self._log = open(log_path, "a")  # noqa: SIM115 - closed in stop()
         limit = ["prlimit", f"--nofile={nofile}:{nofile}", "--"] if nofile else []  # soft and hard
         self.process = subprocess.Popen(
@@ -44,6 +45,7 @@ class Head(Daemon):
             stdout=self._log,
             stderr=self._log,
         )
+        self.listen_port, self.http_port = wait_started(lambda: self.log_text()[log_start:], self.process)
 
         def answers() -> bool:
             assert self.process.poll() is None, self.log_text()

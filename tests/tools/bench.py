@@ -49,12 +49,12 @@ from tests.conftest import (
     HeadDaemon,
     LiveCluster,
     base_env,
-    free_port,
     push_agent,
     running_dashboard_cluster,
     start_cluster,
 )
 from tests.livecluster import demo_scenarios, hold_demo_memory
+from tests.support.ports import HEAD_ON_PORT_0
 from tests.tools import bench_scale
 from tests.tools.bench_agents import keep_marked
 from tests.waiting import eventually
@@ -272,9 +272,10 @@ class BigHead(HeadDaemon):
     """tests/tools/bench_head.py: a real head whose scheduler view is the synthetic cluster."""
 
     def __init__(self, env: dict[str, str], log_path: Path, token_file: Path) -> None:
-        self.listen_port, self.http_port = free_port(), free_port()
-        args = ["--listen", f"127.0.0.1:{self.listen_port}", "--http", f"127.0.0.1:{self.http_port}"]
+        self.listen_port, self.http_port = 0, 0  # the OS's, read from the start-up line
+        args = list(HEAD_ON_PORT_0)
         self.args, self.log_path = args, log_path
+        self._log_start = log_path.stat().st_size if log_path.exists() else 0
         self._log = open(log_path, "a")  # noqa: SIM115 - closed in stop()
         command = [sys.executable, "-m", "tests.tools.bench_head", *args, "--token-file", str(token_file)]
         self.process = subprocess.Popen(command, cwd=REPO, env=env, stdout=self._log, stderr=self._log)

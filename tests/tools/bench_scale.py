@@ -30,7 +30,8 @@ from typing import Optional
 
 from rayscope.sources import dashboard
 from tests import fake_nvml
-from tests.conftest import REPO, LiveCluster, base_env, free_port, running_dashboard_cluster
+from tests.conftest import REPO, LiveCluster, base_env, running_dashboard_cluster
+from tests.support.ports import HEAD_ON_PORT_0, refused_port, started_ports
 from tests.support.usage_state import full_window
 
 DASHBOARD_NODES = 1000
@@ -161,27 +162,25 @@ def head_start_s(
     state_file: Optional[Path], log: Path, interval_s: float = HEAD_INTERVAL_S
 ) -> tuple[float, int, subprocess.Popen[bytes]]:
     """``rayscope head`` from its start to its first ``/healthz`` answer (asked every 10 ms);
-    the head is left running: (seconds, HTTP port, process)."""
-    http_port = free_port()
-    command = [str(Path(sys.executable).parent / "rayscope"), "head", "--listen", f"127.0.0.1:{free_port()}"]
-    command += [
-        "--http",
-        f"127.0.0.1:{http_port}",
-        "--gcs",
-        f"127.0.0.1:{free_port()}",
-        "--interval",
-        str(interval_s),
-    ]
+    the head is left running: (seconds, HTTP port, process). Its ports are the OS's, its HTTP
+    port read from its start-up line (asked as often)."""
+    command = [str(Path(sys.executable).parent / "rayscope"), "head", *HEAD_ON_PORT_0]
+    command += ["--gcs", f"127.0.0.1:{refused_port()}", "--interval", str(interval_s)]
     command += ["--usage-state", str(state_file)] if state_file else []
+    log_start = log.stat().st_size if log.exists() else 0  # the log is shared by every start
+    http_port = 0
     with open(log, "ab") as out:
         started = time.perf_counter()
         head = subprocess.Popen(
             command, cwd=REPO, env=base_env(RAY_AUTH_MODE="disabled"), stdout=out, stderr=out
         )
-        while not healthz_answers(http_port):
+        while not (http_port and healthz_answers(http_port)):
             if head.poll() is not None or time.perf_counter() - started > 120:
                 head.kill()
                 raise RuntimeError(f"the head did not start: {log.read_text()[-2000:]}")
+            if not http_port:
+                bound = started_ports(log.read_bytes()[log_start:].decode(errors="replace"))
+                http_port = bound.http if bound else 0
             time.sleep(0.01)
         return time.perf_counter() - started, http_port, head
 

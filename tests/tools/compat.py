@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, NamedTuple, Optional
 
 from tests import fake_nvml
-from tests.conftest import free_port
+from tests.support.ports import HEAD_ON_PORT_0, wait_started
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("RAYSCOPE_COMPAT_CACHE", "~/.cache/rayscope-compat")).expanduser()
@@ -322,17 +322,19 @@ def check_labels(r: Runner) -> None:
 def check_head(r: Runner, stop_times: list[float]) -> None:
     """``head`` (its in-process GCS client) + one ``push`` per GPU node, read by
     ``status --head``; then SIGTERM with the agents connected."""
-    listen, http = free_port(), free_port()
-    head = r.popen(
-        "head", "--gcs", r.gcs, *DEADLINE, "--listen", f"127.0.0.1:{listen}", "--http", f"127.0.0.1:{http}",
-        "--interval", "1", log=r.root / "head.log",
-    )  # fmt: skip
-    agents = [
-        r.popen("push", "--head", f"127.0.0.1:{listen}", "--interval", "1", "--node-id", r.node_id(name),
-                log=r.root / f"push-{name}.log")
-        for name in ("head", "denbi")
-    ]  # fmt: skip
+    head_log = r.root / "head.log"
+    head = r.popen("head", "--gcs", r.gcs, *DEADLINE, *HEAD_ON_PORT_0, "--interval", "1", log=head_log)
+    agents: list[subprocess.Popen[bytes]] = []
     try:
+        try:
+            listen, http = wait_started(head_log.read_text, head, timeout_s=RUN_TIMEOUT_S)
+        except (AssertionError, RuntimeError) as err:
+            raise Failed(f"head: {str(err).splitlines()[0]}") from None
+        agents += [
+            r.popen("push", "--head", f"127.0.0.1:{listen}", "--interval", "1", "--node-id", r.node_id(name),
+                    log=r.root / f"push-{name}.log")
+            for name in ("head", "denbi")
+        ]  # fmt: skip
         url = f"http://127.0.0.1:{http}"
         # Through the head each node line ends with how its agent runs (`agent: manual` for a
         # push started by hand); until both agents report, a line ends with `no agent`.

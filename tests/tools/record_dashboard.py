@@ -41,6 +41,7 @@ from typing import Any, Optional
 import psutil
 
 from tests import fake_nvml
+from tests.support.ports import free_port_for_ray
 
 REPO = Path(__file__).resolve().parents[2]
 SUMMARY = "/nodes?view=summary"
@@ -70,12 +71,6 @@ print(json.dumps(out))
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def scenario_text(name: str, pid: int) -> str:
     """``two_gpus``: the fake's two RTX 3090s, plus a utilisation sample of the process that
     holds 1.2 GiB on GPU 0: SM 30 %, memory bus busy 50 % of the time (Ray 2.50-2.56 read the
@@ -89,7 +84,8 @@ class Head:
     """``ray start --head --block`` with the dashboard, stopped by pid."""
 
     def __init__(self, ray: Path, env: dict[str, str], root: Path, num_gpus: int) -> None:
-        self.port, self.dashboard_port = free_port(), free_port()
+        # Ray's own ports, numbers in every supported release (free_port_for_ray says why)
+        self.port, self.dashboard_port = free_port_for_ray(), free_port_for_ray()
         self.root = root
         self.log = open(root / "ray-start.log", "a")  # noqa: SIM115 - closed in stop()
         args = [
@@ -106,11 +102,11 @@ class Head:
             "--dashboard-host=127.0.0.1",
             f"--dashboard-port={self.dashboard_port}",
             "--disable-usage-stats",
-            f"--ray-client-server-port={free_port()}",
-            f"--dashboard-agent-listen-port={free_port()}",
-            f"--dashboard-agent-grpc-port={free_port()}",
-            f"--runtime-env-agent-port={free_port()}",
-            f"--metrics-export-port={free_port()}",
+            f"--ray-client-server-port={free_port_for_ray()}",
+            f"--dashboard-agent-listen-port={free_port_for_ray()}",
+            f"--dashboard-agent-grpc-port={free_port_for_ray()}",
+            f"--runtime-env-agent-port={free_port_for_ray()}",
+            f"--metrics-export-port={free_port_for_ray()}",
         ]
         self.process = subprocess.Popen(
             args, cwd=root, env=env, stdout=self.log, stderr=self.log, start_new_session=True

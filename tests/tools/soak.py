@@ -175,8 +175,9 @@ def head_status(url: str, token: str) -> dict[str, Any]:
 def soak(agents: int, seconds: float, clients: int, work: Path) -> dict[str, Any]:
     import psutil
 
-    from tests.conftest import REPO, HeadDaemon, base_env, free_port
+    from tests.conftest import REPO, HeadDaemon, base_env
     from tests.raynode import RayHead
+    from tests.support.ports import free_port_for_ray
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, 4 * agents + 1024)), hard))
@@ -184,7 +185,7 @@ def soak(agents: int, seconds: float, clients: int, work: Path) -> dict[str, Any
     token_file = work / "token"
     token_file.write_text("soak-" + os.urandom(16).hex() + "\n")
     token_file.chmod(0o600)
-    ray = RayHead(free_port(), env, work / "ray.log")
+    ray = RayHead(free_port_for_ray(), env, work / "ray.log")
     head: Optional[HeadDaemon] = None
     procs: list[subprocess.Popen[bytes]] = []
     try:

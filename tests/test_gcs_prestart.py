@@ -207,7 +207,7 @@ def test_ctrl_c_during_the_read_kills_the_child() -> None:
 
     child = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(60)"],
-        stdin=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -221,4 +221,7 @@ def test_ctrl_c_during_the_read_kills_the_child() -> None:
     finally:
         timer.cancel()
         child.kill()
-        child.communicate(timeout=10)
+        child.wait(timeout=10)
+        for stream in (child.stdout, child.stderr):
+            assert stream is not None
+            stream.close()

@@ -1,4 +1,4 @@
-"""rayscope's threads (:mod:`rayscope.threads`): what one raises is kept for its owner, never
+"""rayscope's threads (:class:`rayscope.errors.Worker`): what one raises is kept for its owner, never
 printed, not even while the interpreter shuts down (a daemon thread printing then aborted
 Python 3.13 after Ctrl-C on ``status --watch``); and every thread of ours is one."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rayscope import threads
+from rayscope import errors
 from rayscope.head.poll.restarted import RestartedThread
 from rayscope.sources.nvml.devices import BoundedRead
 from tests.conftest import REPO
@@ -23,7 +23,7 @@ AGENT = REPO / "agent" / "rayscope"
 AT_EXIT = """
 import atexit, sys, threading
 sys.path.insert(0, {agent!r})
-from rayscope import threads
+from rayscope import errors
 
 go = threading.Event()
 
@@ -41,7 +41,7 @@ print("done")
     ("start", "printed"),
     [
         ('threading.Thread(target=read, name="plain", daemon=True); thread.start()', True),
-        ('threads.start(read, "rayscope-read")', False),
+        ('errors.start_worker(read, "rayscope-read")', False),
     ],
     ids=["plain-thread-prints", "worker-is-quiet"],
 )
@@ -59,11 +59,11 @@ def test_a_worker_keeps_what_it_raised(capfd: pytest.CaptureFixture[str]) -> Non
     def fail() -> None:
         raise KeyError("k")
 
-    worker = threads.start(fail, "rayscope-test")
+    worker = errors.start_worker(fail, "rayscope-test")
     worker.join(10)
     assert isinstance(worker.error, KeyError) and not worker.is_alive() and worker.daemon
     assert capfd.readouterr().err == ""
-    done = threads.start(lambda: None, "rayscope-test")
+    done = errors.start_worker(lambda: None, "rayscope-test")
     done.join(10)
     assert done.error is None
 
@@ -112,12 +112,13 @@ def thread_starts(path: Path) -> list[int]:
 
 
 def test_every_thread_of_rayscope_is_a_worker() -> None:
-    """Only ``rayscope/threads.py`` makes a ``threading.Thread`` (the head's HTTP pool is
-    ``concurrent.futures``', which keeps what a task raises in its future)."""
+    """Only ``rayscope/errors.py`` (:class:`~rayscope.errors.Worker`) makes a
+    ``threading.Thread`` (the head's HTTP pool is ``concurrent.futures``', which keeps what a
+    task raises in its future)."""
     made = {
         str(path.relative_to(AGENT)): lines
         for path in sorted(AGENT.rglob("*.py"))
-        if (lines := thread_starts(path)) and path.name != "threads.py"
+        if (lines := thread_starts(path)) and path != AGENT / "errors.py"
     }
     assert made == {}
 

@@ -22,7 +22,7 @@ import socket
 import time
 from typing import Callable, Optional
 
-from rayscope import threads
+from rayscope import errors
 from rayscope.defaults import DEFAULT_GCS_PORT, DEFAULT_HTTP_PORT, DEFAULT_REPORT_PORT
 from rayscope.net import wire
 from rayscope.net.deadline import Deadline
@@ -174,7 +174,7 @@ class Naming:
     def __init__(self, sock: socket.socket, host: str, port: int, deadline: Deadline) -> None:
         self.deadline = deadline
         self._kind: Optional[str] = None
-        self._thread = threads.Worker(lambda: self._run(sock, host, port), "rayscope-probe")
+        self._thread = errors.Worker(lambda: self._run(sock, host, port), "rayscope-probe")
         try:
             self._thread.start()
         except BaseException:  # no thread to close it (at the thread limit): closed here

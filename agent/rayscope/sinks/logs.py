@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from rayscope import threads
+from rayscope import errors
 from rayscope.labels import printable
 from rayscope.units import seconds
 
@@ -135,7 +135,7 @@ def filtered_stderr(interval_s: float = THROTTLE_S) -> Iterator[None]:
         except Exception:  # the filter's own failure: stderr unfiltered rather than blocked
             os.dup2(real, 2)
 
-    thread = threads.start(copy, "rayscope-stderr")
+    thread = errors.start_worker(copy, "rayscope-stderr")
     try:
         yield
     finally:

@@ -6,7 +6,7 @@ import logging
 import threading
 from typing import Callable, Optional
 
-from rayscope import threads
+from rayscope import errors
 from rayscope.labels import printable
 
 log = logging.getLogger("rayscope.head")
@@ -18,14 +18,14 @@ class RestartedThread:
 
     def __init__(self, name: str, stop: threading.Event, set_alive: Callable[..., None]) -> None:
         self._name, self._stop, self._set_alive = name, stop, set_alive
-        self._thread: Optional[threads.Worker] = None
+        self._thread: Optional[errors.Worker] = None
 
     def _run(self) -> None:
         raise NotImplementedError
 
     def start(self, restarted: bool = False) -> None:
         self._set_alive(True, restarted)
-        self._thread = threads.start(self._run, self._name)
+        self._thread = errors.start_worker(self._run, self._name)
 
     def check(self) -> bool:
         """Start a new thread if the last one died; ``True`` if one was started."""

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Mapping
 from typing import Optional
 
-from rayscope import threads
+from rayscope import errors
 from rayscope.defaults import DASHBOARD_ENV
 from rayscope.net import peer_json
 from rayscope.net.deadline import Deadline
@@ -48,7 +48,7 @@ class ParallelRead:
         the operator named is a ``ValueError``, before anything starts."""
         self._deadline, self._environ = deadline, environ
         self._lock = threading.Lock()
-        self._thread: Optional[threads.Worker] = None
+        self._thread: Optional[errors.Worker] = None
         self._address: Optional[dashboard.Address] = None
         self._fetched: Optional[read.Fetched] = None
         self._why = ""
@@ -67,7 +67,7 @@ class ParallelRead:
             if self._thread is not None:
                 return
             self._address = address
-            self._thread = threads.start(self._get, "rayscope-dashboard")
+            self._thread = errors.start_worker(self._get, "rayscope-dashboard")
 
     def _get(self) -> None:
         assert self._address is not None

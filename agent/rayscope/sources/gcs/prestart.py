@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import IO, Optional
 
-from rayscope import threads
+from rayscope import errors
 from rayscope.sources import trust
 from rayscope.sources.gcs import raycompat
 from rayscope.sources.gcs import read as gcs_read
@@ -123,8 +123,8 @@ def finish(
     out: list[str] = []
     err: list[str] = []
     pumps = [
-        threads.Worker(lambda: _pump(child.stdout, out, None), "rayscope-gcs-out"),
-        threads.Worker(lambda: _pump(child.stderr, err, on_line), "rayscope-gcs-err"),
+        errors.Worker(lambda: _pump(child.stdout, out, None), "rayscope-gcs-out"),
+        errors.Worker(lambda: _pump(child.stderr, err, on_line), "rayscope-gcs-err"),
     ]
     for pump in pumps:
         pump.start()

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
 import msgspec
 
-from rayscope import threads
+from rayscope import errors
 from rayscope.defaults import CLUSTER_RAY, DEFAULT_GCS_PORT, DEFAULT_TIMEOUT_S
 from rayscope.labels import printable
 from rayscope.net.addresses import split_address
@@ -65,7 +65,7 @@ def _with_deadline(fn: Callable[[], T], timeout_s: float, busy: list[threading.T
     if len(busy) >= MAX_BLOCKED_CALLS:
         raise TimeoutError(f"{len(busy)} earlier GCS calls still blocked")
     box: list[T] = []
-    thread = threads.Worker(lambda: box.append(fn()), "rayscope-gcs")
+    thread = errors.Worker(lambda: box.append(fn()), "rayscope-gcs")
     busy.append(thread)
     thread.start()
     thread.join(timeout_s)

@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional
 
 import pynvml
 
-from rayscope import threads
+from rayscope import errors
 from rayscope.schema.report import UNSET, GpuDevice, GpuHealth, GpuProcess, SourceStatus
 from rayscope.sources import libraries
 from rayscope.sources.nvml import modes as nvml_modes
@@ -371,7 +371,7 @@ class BoundedRead:
                 return None, None, SourceStatus(name="nvml", ok=False, reason=reason)
             self._hung = None
         box: list[Read] = []
-        thread = threads.Worker(lambda: box.append(self._read()), "rayscope-nvml")
+        thread = errors.Worker(lambda: box.append(self._read()), "rayscope-nvml")
         started = time.monotonic()
         thread.start()
         thread.join(timeout_s)

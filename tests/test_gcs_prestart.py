@@ -197,3 +197,31 @@ def test_one_autoscaler_state_and_one_live_table_serve_nodes_pending_and_actors(
     state = gcs_read.resource_state(client, 5.0)
     gcs_read.read_pending(client, "x:1", 5.0, state, alive=[])
     assert client.state_reads == 1 and "ALIVE" not in client.actor_states
+
+
+def test_ctrl_c_during_the_read_kills_the_child() -> None:
+    """Ctrl-C on ``status --watch`` while a read waits: the child is killed, not left behind."""
+    import os
+    import signal
+    import threading
+
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    timer = threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            gcs_prestart.finish(child, None, timeout_s=30)
+        assert child.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        timer.cancel()
+        child.kill()
+        child.wait(timeout=10)
+        for stream in (child.stdout, child.stderr):
+            assert stream is not None
+            stream.close()

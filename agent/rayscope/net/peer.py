@@ -19,10 +19,10 @@ How each kind is known, by what it says first or to ``GET /healthz``:
 """
 
 import socket
-import threading
 import time
 from typing import Callable, Optional
 
+from rayscope import errors
 from rayscope.defaults import DEFAULT_GCS_PORT, DEFAULT_HTTP_PORT, DEFAULT_REPORT_PORT
 from rayscope.net import wire
 from rayscope.net.deadline import Deadline
@@ -174,9 +174,7 @@ class Naming:
     def __init__(self, sock: socket.socket, host: str, port: int, deadline: Deadline) -> None:
         self.deadline = deadline
         self._kind: Optional[str] = None
-        self._thread = threading.Thread(
-            target=self._run, args=(sock, host, port), name="rayscope-probe", daemon=True
-        )
+        self._thread = errors.Worker(lambda: self._run(sock, host, port), "rayscope-probe")
         try:
             self._thread.start()
         except BaseException:  # no thread to close it (at the thread limit): closed here

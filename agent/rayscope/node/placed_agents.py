@@ -42,6 +42,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from rayscope import errors
 from rayscope.net.addresses import is_loopback
 from rayscope.schema.report import STARTED_BY_RAY, SourceStatus
 from rayscope.sources.placed_agent_calls import NameTaken, RayCluster, this_worker
@@ -120,7 +121,7 @@ class RayscopeAgent:
 
     def __init__(self, node_id: str, head_host: str, head_port: int, interval_s: float) -> None:
         self.node_id, self.head, self.interval_s = node_id, (head_host, head_port), interval_s
-        self._thread: Optional[threading.Thread] = None
+        self._thread: Optional[errors.Worker] = None
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
     def start(self, token: bytes) -> int:
@@ -136,8 +137,7 @@ class RayscopeAgent:
             finally:  # a loop that ended is a crash: let Ray see a dead actor, the head replaces it
                 os._exit(1)
 
-        self._thread = threading.Thread(target=loop, name="rayscope-push", daemon=True)
-        self._thread.start()
+        self._thread = errors.start_worker(loop, "rayscope-push")
         return os.getpid()
 
     def probe(self) -> dict[str, Any]:

@@ -6,12 +6,12 @@ import logging
 import os
 import re
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from rayscope import errors
 from rayscope.labels import printable
 from rayscope.units import seconds
 
@@ -135,8 +135,7 @@ def filtered_stderr(interval_s: float = THROTTLE_S) -> Iterator[None]:
         except Exception:  # the filter's own failure: stderr unfiltered rather than blocked
             os.dup2(real, 2)
 
-    thread = threading.Thread(target=copy, name="rayscope-stderr", daemon=True)
-    thread.start()
+    thread = errors.start_worker(copy, "rayscope-stderr")
     try:
         yield
     finally:

@@ -2,8 +2,14 @@
 it has died (a bug, or a ``BaseException`` from a library): the GCS poller and the dashboard
 worker are each one."""
 
+import logging
 import threading
 from typing import Callable, Optional
+
+from rayscope import errors
+from rayscope.labels import printable
+
+log = logging.getLogger("rayscope.head")
 
 
 class RestartedThread:
@@ -12,19 +18,23 @@ class RestartedThread:
 
     def __init__(self, name: str, stop: threading.Event, set_alive: Callable[..., None]) -> None:
         self._name, self._stop, self._set_alive = name, stop, set_alive
-        self._thread: Optional[threading.Thread] = None
+        self._thread: Optional[errors.Worker] = None
 
     def _run(self) -> None:
         raise NotImplementedError
 
     def start(self, restarted: bool = False) -> None:
         self._set_alive(True, restarted)
-        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-        self._thread.start()
+        self._thread = errors.start_worker(self._run, self._name)
 
     def check(self) -> bool:
         """Start a new thread if the last one died; ``True`` if one was started."""
         if self._stop.is_set() or (self._thread is not None and self._thread.is_alive()):
             return False
+        error = self._thread.error if self._thread is not None else None
+        if error is not None:
+            log.error(
+                "%s died (%s), started again", self._name, printable(f"{type(error).__name__}: {error}")[:300]
+            )
         self.start(restarted=self._thread is not None)
         return True

@@ -18,6 +18,7 @@ import threading
 from collections.abc import Mapping
 from typing import Optional
 
+from rayscope import errors
 from rayscope.defaults import DASHBOARD_ENV
 from rayscope.net import peer_json
 from rayscope.net.deadline import Deadline
@@ -47,7 +48,7 @@ class ParallelRead:
         the operator named is a ``ValueError``, before anything starts."""
         self._deadline, self._environ = deadline, environ
         self._lock = threading.Lock()
-        self._thread: Optional[threading.Thread] = None
+        self._thread: Optional[errors.Worker] = None
         self._address: Optional[dashboard.Address] = None
         self._fetched: Optional[read.Fetched] = None
         self._why = ""
@@ -66,8 +67,7 @@ class ParallelRead:
             if self._thread is not None:
                 return
             self._address = address
-            self._thread = threading.Thread(target=self._get, name="rayscope-dashboard", daemon=True)
-            self._thread.start()
+            self._thread = errors.start_worker(self._get, "rayscope-dashboard")
 
     def _get(self) -> None:
         assert self._address is not None
@@ -114,6 +114,10 @@ class ParallelRead:
             return DashboardRead(status=failed(reason))
         thread.join(max(0.0, self._deadline.left()) + JOIN_GRACE_S)
         fetched = self._fetched
+        if fetched is None and thread.error is not None:  # a bug of ours, said as the source's failure
+            return DashboardRead(
+                status=failed(f"reading the Ray dashboard at {address.url} failed: {thread.error!r}")
+            )
         if fetched is None:  # the GET's own deadline is the command's: not reached here
             return DashboardRead(status=failed(f"the Ray dashboard at {address.url} did not answer in time"))
         nodes, status = read.parsed(fetched, address, cluster_ray_version)

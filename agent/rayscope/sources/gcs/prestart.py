@@ -25,6 +25,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import IO, Optional
 
+from rayscope import errors
 from rayscope.sources import trust
 from rayscope.sources.gcs import raycompat
 from rayscope.sources.gcs import read as gcs_read
@@ -122,8 +123,8 @@ def finish(
     out: list[str] = []
     err: list[str] = []
     pumps = [
-        threading.Thread(target=_pump, args=(child.stdout, out, None), daemon=True),
-        threading.Thread(target=_pump, args=(child.stderr, err, on_line), daemon=True),
+        errors.Worker(lambda: _pump(child.stdout, out, None), "rayscope-gcs-out"),
+        errors.Worker(lambda: _pump(child.stderr, err, on_line), "rayscope-gcs-err"),
     ]
     for pump in pumps:
         pump.start()
@@ -138,6 +139,9 @@ def finish(
         child.wait()
         _drained(child, pumps)
         raise subprocess.TimeoutExpired(child.args, timeout_s, "".join(out), "".join(err)) from None
+    except BaseException:  # Ctrl-C on a --watch: the child does not outlive the read
+        child.kill()
+        raise
     _drained(child, pumps)
     return subprocess.CompletedProcess(child.args, child.returncode, "".join(out), "".join(err))
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
 import msgspec
 
+from rayscope import errors
 from rayscope.defaults import CLUSTER_RAY, DEFAULT_GCS_PORT, DEFAULT_TIMEOUT_S
 from rayscope.labels import printable
 from rayscope.net.addresses import split_address
@@ -63,24 +64,16 @@ def _with_deadline(fn: Callable[[], T], timeout_s: float, busy: list[threading.T
     busy[:] = [t for t in busy if t.is_alive()]
     if len(busy) >= MAX_BLOCKED_CALLS:
         raise TimeoutError(f"{len(busy)} earlier GCS calls still blocked")
-    box: list[Any] = []
-
-    def run() -> None:
-        try:
-            box.append((True, fn()))
-        except BaseException as err:  # handed to the caller's thread
-            box.append((False, err))
-
-    thread = threading.Thread(target=run, name="rayscope-gcs", daemon=True)
+    box: list[T] = []
+    thread = errors.Worker(lambda: box.append(fn()), "rayscope-gcs")
     busy.append(thread)
     thread.start()
     thread.join(timeout_s)
+    if thread.error is not None:  # handed to the caller's thread
+        raise thread.error
     if not box:
         raise TimeoutError
-    ok, value = box[0]
-    if not ok:
-        raise value
-    return value  # type: ignore[no-any-return]
+    return box[0]
 
 
 def check_port(address: str, timeout_s: float, deadline: Optional[Deadline] = None) -> "peer.Naming":

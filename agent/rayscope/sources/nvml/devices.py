@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional
 
 import pynvml
 
+from rayscope import errors
 from rayscope.schema.report import UNSET, GpuDevice, GpuHealth, GpuProcess, SourceStatus
 from rayscope.sources import libraries
 from rayscope.sources.nvml import modes as nvml_modes
@@ -370,12 +371,14 @@ class BoundedRead:
                 return None, None, SourceStatus(name="nvml", ok=False, reason=reason)
             self._hung = None
         box: list[Read] = []
-        thread = threading.Thread(target=lambda: box.append(self._read()), name="rayscope-nvml", daemon=True)
+        thread = errors.Worker(lambda: box.append(self._read()), "rayscope-nvml")
         started = time.monotonic()
         thread.start()
         thread.join(timeout_s)
         if box:
             return box[0]
+        if thread.error is not None:  # a bug of ours: the source's failure, not a traceback
+            return None, None, SourceStatus(name="nvml", ok=False, reason=f"failed: {thread.error!r}")
         self._hung = (thread, started)
         reason = f"timed out after {seconds(timeout_s)} s: an NVML call did not return (hung driver?)"
         return None, None, SourceStatus(name="nvml", ok=False, reason=reason)

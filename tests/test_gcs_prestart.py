@@ -213,6 +213,7 @@ def test_ctrl_c_during_the_read_kills_the_child() -> None:
         text=True,
     )
     timer = threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT))
+    saved = signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own Ctrl-C
     timer.start()
     try:
         with pytest.raises(KeyboardInterrupt):
@@ -220,6 +221,7 @@ def test_ctrl_c_during_the_read_kills_the_child() -> None:
         assert child.wait(timeout=10) == -signal.SIGKILL
     finally:
         timer.cancel()
+        signal.signal(signal.SIGINT, saved)
         child.kill()
         child.wait(timeout=10)
         for stream in (child.stdout, child.stderr):

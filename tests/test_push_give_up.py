@@ -120,3 +120,15 @@ def test_a_report_taken_between_starts_the_count_again() -> None:
     with pytest.raises(AgentError):
         for _ in range(3):
             hopeless.again("x")
+
+
+def test_a_pusher_leaves_the_signal_handlers_as_it_found_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Pusher.run`` takes SIGTERM and SIGINT while it runs (the API embeds it): after it,
+    Ctrl-C is the embedding program's again."""
+    import signal
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    pusher = failing(monkeypatch, connect=ConnectionRefusedError(111, "Connection refused"))
+    pusher.stop()
+    pusher.run()
+    assert {sig: signal.getsignal(sig) for sig in before} == before

@@ -285,8 +285,10 @@ class Pusher:
     def run(self, handle_signals: bool = True) -> None:
         """Collect and send every interval until stopped (SIGTERM and SIGINT stop it, unless
         the process is someone else's: a Ray actor's worker)."""
-        for sig in (signal.SIGTERM, signal.SIGINT) if handle_signals else ():
-            signal.signal(sig, lambda *_: self.stop())
+        saved = {
+            sig: signal.signal(sig, lambda *_: self.stop())
+            for sig in ((signal.SIGTERM, signal.SIGINT) if handle_signals else ())
+        }
         log.info("node agent: sending to %s:%d every %g s", *self.head, self.interval_s)
         if self.cuda is not None:
             log.info("CUDA samples of vGPU guests' GPUs at most every %g s", self.cuda.sampler.min_interval_s)
@@ -298,6 +300,8 @@ class Pusher:
             self.say_goodbye()
         finally:
             self._close()
+            for sig, handler in saved.items():  # as it found them (an embedding program's own)
+                signal.signal(sig, handler)
             log.info("node agent stopped")
 
     def say_goodbye(self) -> None:

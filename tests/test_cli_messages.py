@@ -627,7 +627,8 @@ def test_a_gpu_memory_that_reads_like_gb_is_taken_with_a_warning(mb: int, warned
     """``--gpu-memory-mb 4`` is 4 MB, as given, and said so with what 4 GB would be; sizes
     from 64 MB on (and -1, a whole GPU) say nothing. The cluster is unreachable: the warning
     comes before the read, and the exit code is the read's (2), not the warning's."""
-    done = run_rayscope("fit", "--gpu-memory-mb", str(mb), "--gcs", "127.0.0.1:1", "--timeout", "2")
+    closed = f"127.0.0.1:{refused_port()}"
+    done = run_rayscope("fit", "--gpu-memory-mb", str(mb), "--gcs", closed, "--timeout", "2")
     assert done.returncode == 2, done.stderr
     warning = f"rayscope: warning: --gpu-memory-mb {mb} is {mb} MB, as given; the option is in MB"
     assert (warning in done.stderr) == warned, done.stderr

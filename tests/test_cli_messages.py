@@ -307,7 +307,7 @@ def test_the_hint_follows_only_on_a_terminal() -> None:
 
 def test_a_directory_as_token_file_is_named_a_directory(tmp_path: Path) -> None:
     """Before: ``token file D is open to group or others (mode 755): chmod 600 D``."""
-    done = run_rayscope("status", "--head", "127.0.0.1:1", "--token-file", str(tmp_path))
+    done = run_rayscope("status", "--head", f"127.0.0.1:{refused_port()}", "--token-file", str(tmp_path))
     assert (one_line(done), done.returncode) == (
         f"token file {tmp_path} is a directory: name the file in it that holds the token"
         f" (e.g. {tmp_path}/token)",
@@ -319,7 +319,8 @@ def test_a_fifo_as_token_file_is_refused_not_waited_on(tmp_path: Path) -> None:
     """Before: the read blocked until someone wrote into the FIFO (for ever, from cron)."""
     fifo = tmp_path / "token"
     os.mkfifo(fifo, 0o600)
-    done = run_rayscope("status", "--head", "127.0.0.1:1", "--token-file", str(fifo), timeout=30)
+    closed = f"127.0.0.1:{refused_port()}"
+    done = run_rayscope("status", "--head", closed, "--token-file", str(fifo), timeout=30)
     assert (one_line(done), done.returncode) == (
         f"token file {fifo} is not a regular file: name the file that holds the token",
         2,

@@ -48,7 +48,9 @@ def one_line(done: "subprocess.CompletedProcess[str]") -> str:
     return lines[0][len("rayscope: ") :]
 
 
-# (argv, exit code, the whole line after "rayscope: ")
+# (argv, exit code, the whole line after "rayscope: "). Addresses here are syntax only: each
+# line is a usage error said before anything is dialled (so 127.0.0.1:1 and :2 may stay
+# literal, not tests/support/ports.py's refused_port), and the test ids are made of them.
 USAGE = [
     # before: "internal error: ValueError" (exit 1); then "... nan is not a number of seconds"
     (["status", "--timeout", "nan"], 2, f"status --timeout nan: not a finite number: {DAY}"),

@@ -2,8 +2,10 @@
 ``rayscope`` and uses its public names only (``tests/test_live_api.py`` checks that it does),
 and prints one JSON document of what it got, for the test that runs it in its own process.
 
-``python tests/consumer.py GCS_ADDRESS``: the cluster's state, whether a 4096 MB app fits,
-the error a cluster that is not there raises, and whether ray was imported by this process.
+``python tests/consumer.py GCS_ADDRESS CLOSED_ADDRESS``: the cluster's state, whether a 4096 MB
+app fits, the error a cluster that is not there (``CLOSED_ADDRESS``, where a connect is refused:
+the caller holds it, ``tests/support/ports.py``'s ``refused_port``) raises, and whether ray was
+imported by this process.
 """
 
 import json
@@ -11,14 +13,12 @@ import sys
 
 import rayscope
 
-UNREACHABLE_GCS = "127.0.0.1:1"  # port 1: nothing listens there on a test host
 
-
-def main(gcs: str) -> None:
+def main(gcs: str, unreachable_gcs: str) -> None:
     state = rayscope.cluster_state(gcs=gcs, timeout=30.0)
     answer = rayscope.fit(gpu_memory_mb=4096, gcs=gcs, timeout=30.0)
     try:
-        rayscope.fit(gpu_memory_mb=4096, gcs=UNREACHABLE_GCS, timeout=5.0)
+        rayscope.fit(gpu_memory_mb=4096, gcs=unreachable_gcs, timeout=5.0)
         error = None
     except rayscope.RayscopeError as err:
         error = str(err)
@@ -33,4 +33,4 @@ def main(gcs: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2])

@@ -22,9 +22,11 @@ from rayscope.client import head as client
 from rayscope.errors import EXIT_USAGE
 from tests import scenarios
 from tests.support.fake_head import fake_head
+from tests.support.ports import refused_port
 
-NOWHERE = "http://127.0.0.1:1"
-"""A head URL nothing listens on (never reached by these tests: the reads are replaced)."""
+NOWHERE = f"http://127.0.0.1:{refused_port()}"
+"""A head URL where a connect is refused (the reads are replaced, but for
+:func:`test_an_unreachable_head_is_a_failure_of_the_read_not_of_the_arguments`, which dials it)."""
 
 FUNCTIONS: dict[str, Callable[..., dict[str, Any]]] = {
     "cluster_state": rayscope.cluster_state,

@@ -51,7 +51,7 @@ def test_malformed_address_is_a_usage_error(bad: str) -> None:
 
 
 def test_non_positive_timeout_is_a_usage_error() -> None:
-    done = run_rayscope("status", "--timeout", "0", "--gcs", "127.0.0.1:1")
+    done = run_rayscope("status", "--timeout", "0", "--gcs", f"127.0.0.1:{refused_port()}")
     assert done.returncode == 2 and done.stderr.startswith("rayscope: status --timeout 0: ")
 
 

@@ -48,7 +48,9 @@ def one_line(done: "subprocess.CompletedProcess[str]") -> str:
     return lines[0][len("rayscope: ") :]
 
 
-# (argv, exit code, the whole line after "rayscope: ")
+# (argv, exit code, the whole line after "rayscope: "). Addresses here are syntax only: each
+# line is a usage error said before anything is dialled (so 127.0.0.1:1 and :2 may stay
+# literal, not tests/support/ports.py's refused_port), and the test ids are made of them.
 USAGE = [
     # before: "internal error: ValueError" (exit 1); then "... nan is not a number of seconds"
     (["status", "--timeout", "nan"], 2, f"status --timeout nan: not a finite number: {DAY}"),
@@ -307,7 +309,7 @@ def test_the_hint_follows_only_on_a_terminal() -> None:
 
 def test_a_directory_as_token_file_is_named_a_directory(tmp_path: Path) -> None:
     """Before: ``token file D is open to group or others (mode 755): chmod 600 D``."""
-    done = run_rayscope("status", "--head", "127.0.0.1:1", "--token-file", str(tmp_path))
+    done = run_rayscope("status", "--head", f"127.0.0.1:{refused_port()}", "--token-file", str(tmp_path))
     assert (one_line(done), done.returncode) == (
         f"token file {tmp_path} is a directory: name the file in it that holds the token"
         f" (e.g. {tmp_path}/token)",
@@ -319,7 +321,8 @@ def test_a_fifo_as_token_file_is_refused_not_waited_on(tmp_path: Path) -> None:
     """Before: the read blocked until someone wrote into the FIFO (for ever, from cron)."""
     fifo = tmp_path / "token"
     os.mkfifo(fifo, 0o600)
-    done = run_rayscope("status", "--head", "127.0.0.1:1", "--token-file", str(fifo), timeout=30)
+    closed = f"127.0.0.1:{refused_port()}"
+    done = run_rayscope("status", "--head", closed, "--token-file", str(fifo), timeout=30)
     assert (one_line(done), done.returncode) == (
         f"token file {fifo} is not a regular file: name the file that holds the token",
         2,
@@ -627,7 +630,8 @@ def test_a_gpu_memory_that_reads_like_gb_is_taken_with_a_warning(mb: int, warned
     """``--gpu-memory-mb 4`` is 4 MB, as given, and said so with what 4 GB would be; sizes
     from 64 MB on (and -1, a whole GPU) say nothing. The cluster is unreachable: the warning
     comes before the read, and the exit code is the read's (2), not the warning's."""
-    done = run_rayscope("fit", "--gpu-memory-mb", str(mb), "--gcs", "127.0.0.1:1", "--timeout", "2")
+    closed = f"127.0.0.1:{refused_port()}"
+    done = run_rayscope("fit", "--gpu-memory-mb", str(mb), "--gcs", closed, "--timeout", "2")
     assert done.returncode == 2, done.stderr
     warning = f"rayscope: warning: --gpu-memory-mb {mb} is {mb} MB, as given; the option is in MB"
     assert (warning in done.stderr) == warned, done.stderr

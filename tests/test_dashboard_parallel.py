@@ -22,6 +22,7 @@ from rayscope.sources.dashboard.parallel import ParallelRead
 from rayscope.sources.gcs import child as gcs_child
 from rayscope.sources.gcs import read as gcs_read
 from tests.support.dashboard import NODE_ID, Serving, answer, hangs, http, node
+from tests.support.ports import refused_port
 
 pytestmark = pytest.mark.usefixtures("no_child_left")
 
@@ -108,7 +109,7 @@ def test_no_published_address_says_the_fix() -> None:
 @pytest.mark.parametrize("off", ["none", "NONE", " none "])
 def test_none_reads_nothing(off: str) -> None:
     early = ParallelRead(off, Deadline(5.0), {})
-    assert early.result(None, "127.0.0.1:1", "") is None
+    assert early.result(None, f"127.0.0.1:{refused_port()}", "") is None
     assert early.off_status().ok and early.off_status().detail == "not read (--dashboard none)"
 
 

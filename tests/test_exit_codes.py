@@ -16,6 +16,7 @@ from rayscope.cli import fast_status
 from rayscope.client import head as client
 from rayscope.errors import EXIT_INTERNAL, one_line_errors
 from tests.reliability_plugin import FaultRecord
+from tests.support.ports import refused_port
 
 FAILURES = [MemoryError(), ValueError("invalid literal for int() with base 10: '²'"), KeyError("node_ip")]
 
@@ -31,7 +32,7 @@ def test_an_internal_error_in_a_command_is_exit_70(
 
     monkeypatch.setattr(client, "read_cluster", broken)
     with pytest.raises(SystemExit) as done:
-        cli.main(["status", "--gcs", "127.0.0.1:1"])
+        cli.main(["status", "--gcs", f"127.0.0.1:{refused_port()}"])
     assert done.value.code == EXIT_INTERNAL == 70
     err = capsys.readouterr().err
     assert err.startswith(f"rayscope: internal error: {type(failure).__name__}") and err.count("\n") == 1
@@ -51,7 +52,7 @@ def test_an_internal_error_outside_any_command_is_exit_70(
         raise MemoryError
 
     monkeypatch.setattr(fast_status, "parse", broken)
-    monkeypatch.setattr(sys, "argv", ["rayscope", "status", "--head", "http://127.0.0.1:1"])
+    monkeypatch.setattr(sys, "argv", ["rayscope", "status", "--head", f"http://127.0.0.1:{refused_port()}"])
     with pytest.raises(SystemExit) as done:
         entry.main()
     assert done.value.code == 70

@@ -309,7 +309,7 @@ def test_the_environment_is_read_as_the_cli_reads_it(
     ],
 )
 def test_what_the_fast_path_does_not_know_goes_to_the_cli(words: list[str]) -> None:
-    assert fast_status.parse(["--head", "http://127.0.0.1:1", *words], False, {}) is None
+    assert fast_status.parse(["--head", f"http://127.0.0.1:{refused_port()}", *words], False, {}) is None
 
 
 @pytest.mark.parametrize(

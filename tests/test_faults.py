@@ -27,6 +27,7 @@ from rayscope.sources.gcs import prestart as gcs_prestart
 from rayscope.sources.gcs import reader as gcs
 from tests.scenarios import CPU, NOW, SEED_REPORTS, SEED_VIEWS, T4, UNKNOWN, gpu, mixed_status, report
 from tests.support import http_port
+from tests.support.ports import refused_port
 from tests.waiting import eventually
 
 GCS_DOWN = SourceStatus(name="gcs", ok=False, reason="GCS unreachable at 127.0.0.1:6379 (connection refused)")
@@ -191,7 +192,7 @@ def _guarded_poller(
     failure: BaseException,
 ) -> tuple[HeadState, "FailingReader", threading.Event, PollerGuard]:
     """A started poller whose every GCS read raises ``failure`` (set the event to stop it)."""
-    state = HeadState(interval_s=0.05, gcs_address="127.0.0.1:1")
+    state = HeadState(interval_s=0.05, gcs_address=f"127.0.0.1:{refused_port()}")
     reader = FailingReader(failure)
     stop = threading.Event()
     guard = PollerGuard(state, reader, stop)  # type: ignore[arg-type]
@@ -253,7 +254,7 @@ def test_the_port_check_and_the_child_share_one_deadline(monkeypatch: pytest.Mon
     monkeypatch.setattr(gcs_prestart, "spawn", lambda *args: None)
     monkeypatch.setattr(gcs_prestart, "finish", fake_finish)  # the one wait on every GCS child
     with pytest.raises(gcs.GcsUnavailable, match=r"timeout 0\.5 s"):
-        gcs_child._run_child("127.0.0.1:1", 0.5, "python3")
+        gcs_child._run_child(f"127.0.0.1:{refused_port()}", 0.5, "python3")
     assert seen["timeout"] <= 0.21
 
 

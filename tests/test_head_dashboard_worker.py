@@ -25,6 +25,7 @@ from rayscope.sources.gcs import reader as gcs
 from tests.scenarios import SEED_VIEWS
 from tests.support.dashboard import FakeDashboard, hangs
 from tests.support.poller import ViewsOnly, healthz
+from tests.support.ports import refused_port
 from tests.waiting import eventually
 
 
@@ -36,7 +37,7 @@ class Reader(ViewsOnly):
     cluster_ray_version: Optional[str] = "2.60.0"
 
     def __init__(self, published: str, timeout_s: float) -> None:
-        self.address, self.timeout_s, self.published = "127.0.0.1:1", timeout_s, published
+        self.address, self.timeout_s, self.published = f"127.0.0.1:{refused_port()}", timeout_s, published
         self.reads: list[float] = []
 
     def read(self) -> tuple[list[RayNode], SourceStatus]:
@@ -130,7 +131,7 @@ class Blocking:
 def started_worker(
     read: Any, setting: Optional[DashboardSetting] = None
 ) -> tuple[HeadState, DashboardWorker, threading.Event]:
-    state = HeadState(interval_s=1.0, gcs_address="127.0.0.1:1")
+    state = HeadState(interval_s=1.0, gcs_address=f"127.0.0.1:{refused_port()}")
     stop = threading.Event()
     worker = DashboardWorker(state, setting or DashboardSetting(None, {}), stop, read=read)
     worker.start()
@@ -219,7 +220,7 @@ def test_building_the_job_never_raises_into_the_round(monkeypatch: pytest.Monkey
         raise ValueError("no address today")
 
     monkeypatch.setattr(head_dashboard, "dashboard_job", broken)
-    state = HeadState(interval_s=1.0, gcs_address="127.0.0.1:1")
+    state = HeadState(interval_s=1.0, gcs_address=f"127.0.0.1:{refused_port()}")
     worker = DashboardWorker(state, DashboardSetting(None, {}), threading.Event())
     status = poll_once(state, Reader("127.0.0.1:9", 3.0), dashboard=worker)  # type: ignore[arg-type]
     assert status.ok and state.health()["dashboard"]["reason"] == "ValueError: no address today"

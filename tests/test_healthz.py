@@ -22,6 +22,9 @@ from tests.support.poller import ViewsOnly, healthz
 from tests.waiting import eventually
 
 DOWN = SourceStatus(name="gcs", ok=False, reason="GCS unreachable at 127.0.0.1:1 (timeout 5 s)")
+"""What a dead GCS gives. 127.0.0.1:1 here (and as the state's address) is only text: nothing
+dials it (the reader is a stand-in), and the reason lands in RELIABILITY.md's row, which must
+read the same every run (a port from the OS would not)."""
 
 
 class Reader(ViewsOnly):

@@ -46,6 +46,7 @@ from tests.misbehaving_head import MisbehavingHead
 from tests.reliability_plugin import FaultRecord
 from tests.support import fake_server
 from tests.support.http_port import asyncio_serving
+from tests.support.ports import refused_port
 
 TIMEOUT_S = 3.0
 SLACK_S = 0.5
@@ -101,8 +102,9 @@ def test_a_misbehaving_head_is_one_line_exit_2_within_the_timeout_and_the_cap(
     mode: str, command: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(head_request, "MAX_BODY_BYTES", SMALL_CAP)
+    closed = f"127.0.0.1:{refused_port()}"
     for warm in (["status"], ["usage"]):  # the imports of both paths, before measuring
-        run_entry([*warm, "--head", "127.0.0.1:1"], capsys, monkeypatch)
+        run_entry([*warm, "--head", closed], capsys, monkeypatch)
     with MisbehavingHead(mode) as head:
         argv = [*COMMANDS[command], "--head", head.url, "--timeout", f"{TIMEOUT_S:g}"]
         tracemalloc.start()

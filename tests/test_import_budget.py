@@ -14,6 +14,7 @@ import pytest
 
 from tests.conftest import REPO, base_env
 from tests.support.fake_head import fake_head, planted
+from tests.support.ports import refused_port
 
 NOT_ON_THE_FAST_PATH = ("typer", "click", "http.client", "ray", "psutil", "pynvml", "urllib.request")
 
@@ -55,8 +56,9 @@ def test_the_fast_path_runs_without_the_collector_and_gives_it_back(
     from rayscope import __main__ as entry
 
     seen: list[bool] = []
+    closed = f"127.0.0.1:{refused_port()}"
     with fake_head(planted()) as head:
-        for argv in (["status", "--head", head.url], ["status", "--head", "127.0.0.1:1"], ["--version"]):
+        for argv in (["status", "--head", head.url], ["status", "--head", closed], ["--version"]):
             monkeypatch.setattr(sys, "argv", ["rayscope", *argv])
             with pytest.raises(SystemExit):
                 entry.main()

@@ -16,6 +16,7 @@ from rayscope.node.push import Pusher
 from rayscope.schema.report import GpuDevice, GpuProcess, NodeReport, ProcessInfo
 from rayscope.sinks.logs import LogThrottle
 from tests.scenarios import SEED_REPORTS
+from tests.support.ports import refused_port
 from tests.support.report_port import TOKEN, Port, closed_by_head, connect, received
 
 
@@ -134,7 +135,7 @@ def test_a_report_too_big_for_a_frame_loses_its_process_lists(caplog: pytest.Log
         gpus=[GpuDevice(index=0, name="big", processes=many)],
         processes=[ProcessInfo(pid=i, name="python" * 10, title="ray::Worker" * 5) for i in range(20_000)],
     )
-    pusher = Pusher(("127.0.0.1", 1), TOKEN, 1.0)
+    pusher = Pusher(("127.0.0.1", refused_port()), TOKEN, 1.0)
     with caplog.at_level(logging.WARNING):
         payload = pusher.encode(report)
         pusher.encode(report)

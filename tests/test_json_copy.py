@@ -27,6 +27,7 @@ from rayscope.schema import DOCUMENT_SCHEMA
 from tests import scenarios
 from tests.support.fake_head import fake_head, run_cli, run_entry
 from tests.support.fake_server import FakeServer
+from tests.support.ports import refused_port
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -106,8 +107,9 @@ def test_a_document_of_many_parts_is_printed_whole_holding_one_part_at_a_time(
     (before: the whole document, and its indented copy)."""
     body = document(20 * 2**20)
     printed = Digest()
+    closed = f"127.0.0.1:{refused_port()}"
     with raw_head(body) as url:
-        run_entry(["status", "--head", "127.0.0.1:1"], capsys, monkeypatch)  # imports, before measuring
+        run_entry(["status", "--head", closed], capsys, monkeypatch)  # imports, before measuring
         monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(io.BufferedWriter(printed), encoding="utf-8"))
         monkeypatch.setattr(sys, "argv", ["rayscope", "status", "--head", url, "--json"])
         tracemalloc.start()

@@ -21,6 +21,7 @@ import pytest
 
 import rayscope
 from tests.conftest import REPO, LiveCluster, base_env
+from tests.support.ports import refused_port
 
 CONSUMER = REPO / "tests" / "consumer.py"
 RUN_TIMEOUT_S = 180.0
@@ -67,8 +68,9 @@ def test_import_rayscope_stays_cheap() -> None:
 
 @pytest.mark.live
 def test_a_program_gets_the_status_and_fit_documents(live_cluster: LiveCluster) -> None:
+    closed = f"127.0.0.1:{refused_port()}"
     done = subprocess.run(
-        [sys.executable, str(CONSUMER), live_cluster.gcs_address],
+        [sys.executable, str(CONSUMER), live_cluster.gcs_address, closed],
         cwd="/",
         env={**live_cluster.env, "PYTHONPATH": str(REPO / "agent")},
         capture_output=True,
@@ -85,7 +87,7 @@ def test_a_program_gets_the_status_and_fit_documents(live_cluster: LiveCluster) 
     assert doc["fit"]["shape"] == {"GPU": 0.01, "VRAM_MB": 4096}
     placed = {n["node_id"]: n["placed"] for n in doc["fit"]["nodes"]}
     assert placed[live_cluster.node_id("head")] == 1
-    assert doc["error"] == "GCS unreachable at 127.0.0.1:1 (connection refused)"
+    assert doc["error"] == f"GCS unreachable at {closed} (connection refused)"
     assert doc["ray_imported"] is False  # the GCS read ran in a child process: no ray.init here
 
 

@@ -12,6 +12,7 @@ from rayscope.render.status import node_line
 from rayscope.schema.report import NodeReport
 from rayscope.schema.status import NodeStatus, RayNode, ReceivedReport
 from tests.conftest import run_rayscope
+from tests.support.ports import refused_port
 from tests.tools.bench_agents import BEGIN, END, keep_marked, write_section
 
 
@@ -90,7 +91,7 @@ def test_status_says_how_each_node_is_covered() -> None:
 
 
 def test_remove_without_agents_ray_is_one_line_exit_2() -> None:
-    done = run_rayscope("head", "--remove", "--gcs", "127.0.0.1:1")
+    done = run_rayscope("head", "--remove", "--gcs", f"127.0.0.1:{refused_port()}")
     assert (done.returncode, done.stderr) == (2, "rayscope: --remove goes with --agents ray\n")
 
 

@@ -24,8 +24,11 @@ from rayscope.node.placed_agents import (
     node_of,
 )
 from rayscope.sources.placed_agent_calls import NameTaken, RayCluster
+from tests.support.ports import refused_port
 
 INTERVAL_S = 1.0
+GCS = f"127.0.0.1:{refused_port()}"
+"""The stand-in's GCS: never dialled (its ``connect`` does nothing), refused if it were."""
 
 
 class Ref:
@@ -42,7 +45,7 @@ class StandIn(RayCluster):
     the head's listing and its placement."""
 
     def __init__(self, squatted: Iterable[str] = (), taken_on_place: Iterable[str] = ()) -> None:
-        super().__init__("127.0.0.1:1", NAMESPACE, [])
+        super().__init__(GCS, NAMESPACE, [])
         self._connected = True
         self.squatted = set(squatted)
         self.taken_on_place = {agent_name(n) for n in taken_on_place}
@@ -92,7 +95,7 @@ def clock() -> list[float]:
 
 
 def agents_for(cluster: StandIn, clock: list[float]) -> RayAgents:
-    return RayAgents("127.0.0.1:1", ("127.0.0.1", 7531), b"t" * 32, INTERVAL_S, cluster, lambda: clock[0])
+    return RayAgents(GCS, ("127.0.0.1", 7531), b"t" * 32, INTERVAL_S, cluster, lambda: clock[0])
 
 
 def test_a_name_someone_keeps_re_creating_is_said_not_fought_over(clock: list[float]) -> None:

@@ -22,6 +22,7 @@ from rayscope.sources.gcs import child as gcs_child
 from rayscope.sources.gcs import raycompat
 from rayscope.sources.gcs.child import gcs_python
 from rayscope.sources.gcs.reader import ray_versions_status
+from tests.support.ports import refused_port
 
 RAYLET = Path("lib/python3.9/site-packages/ray/core/src/ray/raylet/raylet")
 
@@ -135,7 +136,7 @@ def test_the_child_script_is_standalone() -> None:
     """What a Ray node's Python runs: raycompat and gcs_read joined, importing nothing of
     rayscope (``-S``: no site-packages at all, so no ray either: the answer says so)."""
     done = subprocess.run(
-        [sys.executable, "-I", "-S", "-c", gcs_child.child_script(), "127.0.0.1:1", "1"],
+        [sys.executable, "-I", "-S", "-c", gcs_child.child_script(), f"127.0.0.1:{refused_port()}", "1"],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr

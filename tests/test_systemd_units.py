@@ -34,7 +34,7 @@ from rayscope.sources.raylet import find_raylets
 from tests import debian_deps, unit_sandbox
 from tests import fake_nvml as fake
 from tests.conftest import LOOPBACK_ENV, REPO, LiveCluster, run_rayscope
-from tests.support.ports import ANY_PORT, wait_started
+from tests.support.ports import ANY_PORT, refused_port, wait_started
 from tests.waiting import eventually
 
 UNITS_DIR = REPO / "deploy" / "systemd"
@@ -489,7 +489,8 @@ def test_as_the_raylets_own_user_the_sandboxed_agent_reads_its_gpu_environment(s
     which decides which of the node's GPUs are Ray's GPU 0, 1, ..."""
     node_id = "ab" * 28
     words = exec_start("rayscope-push.service")
-    command = [words[0], str(stand_ins.pyz), "node", "--json", "--gcs", "127.0.0.1:1", "--timeout", "1"]
+    closed = f"127.0.0.1:{refused_port()}"
+    command = [words[0], str(stand_ins.pyz), "node", "--json", "--gcs", closed, "--timeout", "1"]
     with raylet_of_nobody(stand_ins, node_id) as pid:
         inside = Sandboxed("rayscope-push.service", stand_ins, NOBODY, {}, command=command)
         done = inside.run()

@@ -37,6 +37,8 @@ from typing import Any, Optional
 from packaging.requirements import Requirement
 from packaging.version import Version
 
+from tests.support.ports import refused_port
+
 REPO = Path(__file__).resolve().parents[2]
 LOCK = REPO / "constraints.txt"
 ENDS = ("newest", "lowest")
@@ -252,7 +254,10 @@ class End:
     def check_gcs_via_ray_python(self, gcs: str, head_node: str, env: Mapping[str, str]) -> None:
         """The API and ``status`` from a venv without ray: the GCS read under the raylet's Python."""
         done = run(
-            [self.python, str(REPO / "tests" / "consumer.py"), gcs], env=env, cwd=Path("/"), timeout=300
+            [self.python, str(REPO / "tests" / "consumer.py"), gcs, f"127.0.0.1:{refused_port()}"],
+            env=env,
+            cwd=Path("/"),
+            timeout=300,
         )
         try:
             doc: dict[str, Any] = json.loads(done.stdout)

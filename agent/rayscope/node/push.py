@@ -283,12 +283,9 @@ class Pusher:
         return wait
 
     def run(self, handle_signals: bool = True) -> None:
-        """Collect and send every interval until stopped (SIGTERM and SIGINT stop it, unless
-        the process is someone else's: a Ray actor's worker)."""
-        saved = {
-            sig: signal.signal(sig, lambda *_: self.stop())
-            for sig in ((signal.SIGTERM, signal.SIGINT) if handle_signals else ())
-        }
+        """Collect and send until stopped; SIGTERM, SIGINT too (given back after) but in a Ray worker."""
+        signals = (signal.SIGTERM, signal.SIGINT) if handle_signals else ()
+        saved = {sig: signal.signal(sig, lambda *_: self.stop()) for sig in signals}
         log.info("node agent: sending to %s:%d every %g s", *self.head, self.interval_s)
         if self.cuda is not None:
             log.info("CUDA samples of vGPU guests' GPUs at most every %g s", self.cuda.sampler.min_interval_s)
@@ -305,9 +302,8 @@ class Pusher:
             log.info("node agent stopped")
 
     def say_goodbye(self) -> None:
-        """A clean stop: tell the head (an empty frame, :data:`rayscope.net.wire.GOODBYE`), so it shows
-        the node as ``no agent`` at once instead of stale later. Best effort, one short try:
-        a head that is away learns it from the report going stale."""
+        """A clean stop: tell the head (an empty frame, :data:`rayscope.net.wire.GOODBYE`), so it
+        shows ``no agent`` at once, not stale later. One short try: a head away sees it go stale."""
         if self._sock is None:
             return
         try:

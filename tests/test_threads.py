@@ -3,16 +3,13 @@ printed, not even while the interpreter shuts down (a daemon thread printing the
 Python 3.13 after Ctrl-C on ``status --watch``); and every thread of ours is one."""
 
 import ast
-import logging
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 
 from rayscope import errors
-from rayscope.head.poll.restarted import RestartedThread
 from rayscope.sources.nvml.devices import BoundedRead
 from tests.conftest import REPO
 
@@ -78,23 +75,6 @@ def test_a_bounded_nvml_read_that_raises_is_a_failed_source_not_a_traceback(
     assert (gpus, host, status.ok) == (None, None, False)
     assert "RuntimeError" in status.reason and "timed out" not in status.reason
     assert capfd.readouterr().err == ""
-
-
-class Dies(RestartedThread):
-    def _run(self) -> None:
-        raise OSError("the loop's bug")
-
-
-def test_a_restarted_loop_logs_why_it_died(caplog: pytest.LogCaptureFixture) -> None:
-    alive: list[tuple[bool, bool]] = []
-    loop = Dies("rayscope-test-loop", threading.Event(), lambda a, r: alive.append((a, r)))
-    loop.start()
-    assert loop._thread is not None
-    loop._thread.join(10)
-    with caplog.at_level(logging.ERROR, logger="rayscope.head"):
-        assert loop.check()
-    assert alive[-1] == (True, True)
-    assert "rayscope-test-loop died (OSError: the loop's bug), started again" in caplog.text
 
 
 def thread_starts(path: Path) -> list[int]:

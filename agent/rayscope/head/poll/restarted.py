@@ -2,19 +2,16 @@
 it has died (a bug, or a ``BaseException`` from a library): the GCS poller and the dashboard
 worker are each one."""
 
-import logging
 import threading
 from typing import Callable, Optional
 
 from rayscope import errors
-from rayscope.labels import printable
-
-log = logging.getLogger("rayscope.head")
 
 
 class RestartedThread:
     """Runs :meth:`_run` in a thread named ``name``; ``set_alive(alive, restarted)`` tells the
-    health the loop reports to (``/healthz``). Subclasses write :meth:`_run`."""
+    health the loop reports to (``/healthz``). Subclasses write :meth:`_run`, which says why
+    its loop died (each has its own health entry and log line) before the thread ends."""
 
     def __init__(self, name: str, stop: threading.Event, set_alive: Callable[..., None]) -> None:
         self._name, self._stop, self._set_alive = name, stop, set_alive
@@ -31,10 +28,5 @@ class RestartedThread:
         """Start a new thread if the last one died; ``True`` if one was started."""
         if self._stop.is_set() or (self._thread is not None and self._thread.is_alive()):
             return False
-        error = self._thread.error if self._thread is not None else None
-        if error is not None:
-            log.error(
-                "%s died (%s), started again", self._name, printable(f"{type(error).__name__}: {error}")[:300]
-            )
         self.start(restarted=self._thread is not None)
         return True

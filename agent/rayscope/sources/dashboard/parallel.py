@@ -115,9 +115,8 @@ class ParallelRead:
         thread.join(max(0.0, self._deadline.left()) + JOIN_GRACE_S)
         fetched = self._fetched
         if fetched is None and thread.error is not None:  # a bug of ours, said as the source's failure
-            return DashboardRead(
-                status=failed(f"reading the Ray dashboard at {address.url} failed: {thread.error!r}")
-            )
+            error = f"{type(thread.error).__name__}: {thread.error}"
+            return DashboardRead(status=failed(f"reading the Ray dashboard at {address.url} failed: {error}"))
         if fetched is None:  # the GET's own deadline is the command's: not reached here
             return DashboardRead(status=failed(f"the Ray dashboard at {address.url} did not answer in time"))
         nodes, status = read.parsed(fetched, address, cluster_ray_version)

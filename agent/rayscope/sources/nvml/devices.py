@@ -378,7 +378,13 @@ class BoundedRead:
         if box:
             return box[0]
         if thread.error is not None:  # a bug of ours: the source's failure, not a traceback
-            return None, None, SourceStatus(name="nvml", ok=False, reason=f"failed: {thread.error!r}")
+            return (
+                None,
+                None,
+                SourceStatus(
+                    name="nvml", ok=False, reason=f"failed: {type(thread.error).__name__}: {thread.error}"
+                ),
+            )
         self._hung = (thread, started)
         reason = f"timed out after {seconds(timeout_s)} s: an NVML call did not return (hung driver?)"
         return None, None, SourceStatus(name="nvml", ok=False, reason=reason)
